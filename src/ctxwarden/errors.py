@@ -1,0 +1,107 @@
+"""The one error tree of ctxwarden.
+
+Every error the library raises on purpose is a :class:`CtxwardenError`; backend exceptions are
+translated at the boundary (``raise StoreError(...) from exc``). Messages say what to do next.
+
+::
+
+    CtxwardenError
+    ├── ConfigError        a setting, policy or registry entry is invalid
+    │   └── BudgetError    a budget policy is invalid or cannot be met
+    ├── InputError         a record, request or argument is invalid (names the field and line)
+    ├── TokenizerError     no tokenizer can be had, or text cannot be counted
+    ├── StoreError         the database failed or is in an unexpected state
+    │   └── ConflictError  a write lost a race or breaks a uniqueness rule
+    ├── EmbedError         the embedder failed or is not the one the store was built with
+    ├── SummarizeError     the summariser failed or its output could not be validated
+    ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
+    ├── AuthError          a missing, unknown or insufficient API key
+    └── NotFound           an id, session or tenant that does not exist
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthError",
+    "BudgetError",
+    "ConfigError",
+    "ConflictError",
+    "CtxwardenError",
+    "EmbedError",
+    "InputError",
+    "NotFound",
+    "StoreError",
+    "SummarizeError",
+    "TokenizerError",
+    "UpstreamError",
+]
+
+
+class CtxwardenError(Exception):
+    """Base of every error ctxwarden raises on purpose."""
+
+
+class ConfigError(CtxwardenError):
+    """A setting, policy or registry entry is invalid.
+
+    >>> raise ConfigError("budget.reserve: 9000 must be below the window (8192)")
+    Traceback (most recent call last):
+    ...
+    ctxwarden.errors.ConfigError: budget.reserve: 9000 must be below the window (8192)
+    """
+
+
+class BudgetError(ConfigError):
+    """A budget policy is invalid (names the field) or cannot hold the fixed blocks."""
+
+
+class InputError(CtxwardenError):
+    """A record, request or argument is invalid.
+
+    ``field`` names the offending field and ``line`` the 1-based line (or record index) where it
+    came from, when known; both are also in the message.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, line: int | None = None) -> None:
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.field = field
+        self.line = line
+        self.reason = message
+
+
+class TokenizerError(CtxwardenError):
+    """No tokenizer can be had for a model, or a text cannot be counted."""
+
+
+class StoreError(CtxwardenError):
+    """The database failed or holds something unexpected."""
+
+
+class ConflictError(StoreError):
+    """A write lost a race or would break a uniqueness rule."""
+
+
+class EmbedError(CtxwardenError):
+    """The embedder failed, or differs from the one the store's vectors were built with."""
+
+
+class SummarizeError(CtxwardenError):
+    """The summariser failed or its output could not be validated and repaired."""
+
+
+class UpstreamError(CtxwardenError):
+    """An upstream model server failed: timeout, error status or an unusable body."""
+
+
+class AuthError(CtxwardenError):
+    """A missing, unknown or insufficient API key."""
+
+
+class NotFound(CtxwardenError):  # noqa: N818 - the house style names it so, like httpx's NotFound-style names
+    """An id, session or tenant that does not exist."""
