@@ -1,0 +1,224 @@
+"""Tests of ctxwarden.normalize: canonical text, URLs, volatile masking, attachments, line keys."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxwarden.errors import InputError
+from ctxwarden.normalize import (
+    attachment_text,
+    canonical,
+    canonical_url,
+    line_key,
+    mask_volatile,
+    mask_volatile_values,
+)
+
+# Text that looks like chat: words, numbers, times, URLs, bullets, emoji, odd Unicode.
+_PIECES = st.sampled_from(
+    [
+        "deploy",
+        "Standup",
+        " ",
+        "\n",
+        "- ",
+        "• ",
+        "1. ",
+        "#4812",
+        "10:30",
+        "9am",
+        "2026-03-01",
+        "3f2a9c1",
+        "$1,299.00",
+        "+1.1%",
+        "1h30m",
+        "db-1",
+        "march 15",
+        "monday",
+        "not",
+        "https://Ex.com/a/?utm_source=x&b=2#f",
+        "http://x.io/p.",
+        "👍",
+        "ǅ",
+        "ﬁ",
+        "ß",
+        "İ",
+        "\u200b",
+        "K",
+        "...",
+        "?",
+        "<num>",
+        "commit bcffbfe",
+    ]
+)
+_KINDS = ("uuid", "date", "time", "hex", "counter", "amount", "pct", "dur", "range", "num", "day")
+chatty = st.lists(_PIECES, max_size=12).map("".join)
+any_text = st.one_of(st.text(), chatty)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("  Deploy   DONE  ", "deploy done"),
+        ("- item", "item"),
+        ("• item\n* other\n1. third\n2) fourth", "item other third fourth"),
+        ("[ ] todo\n[x] done", "todo done"),
+        ("ﬁle Ⅻ", "file xii"),  # NFKC compatibility forms
+        ("STRASSE straße", "strasse strasse"),  # case folding, not just lower()
+        ("zero\u200bwidth", "zerowidth"),
+        ("-5% today", "-5% today"),  # a sign, not a bullet
+        ("*bold* move", "*bold* move"),  # emphasis, not a bullet
+    ],
+)
+def test_canonical_examples(raw: str, expected: str) -> None:
+    assert canonical(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("HTTPS://Blog.Example.COM/Post/", "https://blog.example.com/Post"),
+        ("https://x.io/a?utm_source=rss&utm_medium=feed", "https://x.io/a"),
+        ("https://x.io/a?fbclid=1&gclid=2&mc_cid=3&ref=hn&id=7", "https://x.io/a?id=7"),
+        ("https://x.io/a?b=2&a=1&UTM_Campaign=z", "https://x.io/a?a=1&b=2"),
+        ("https://x.io/a#section-2", "https://x.io/a"),
+        ("http://x.io:80/a", "http://x.io/a"),
+        ("https://x.io:8443/a", "https://x.io:8443/a"),
+        ("https://youtube.com/watch?v=dQw4w9WgXcQ", "https://youtube.com/watch?v=dQw4w9WgXcQ"),
+        ("not a url", "not a url"),
+        ("http://[::1", "http://[::1"),  # unparsable: left alone, no exception
+    ],
+)
+def test_canonical_url_examples(raw: str, expected: str) -> None:
+    assert canonical_url(raw) == expected
+
+
+def test_canonical_rewrites_urls_in_text_but_keeps_trailing_punctuation_outside() -> None:
+    text = "New post: Flags https://Blog.x.com/flags/?utm_source=rss&utm_medium=feed."
+    assert canonical(text) == "new post: flags https://blog.x.com/flags."
+
+
+def test_url_path_case_is_kept_but_text_case_folded() -> None:
+    assert canonical("See HTTPS://X.io/ReadMe") == "see https://x.io/ReadMe"
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("deploy #4812 at 10:02 (sha 3f2a9c1)", "deploy <counter> at <time> (sha <hex>)"),
+        ("eth: 44,914.49 usd (+1.1% in 1h)", "eth: <amount> (<pct> in <dur>)"),
+        ("id 123e4567-e89b-12d3-a456-426614174000", "id <uuid>"),
+        ("on 2026-03-01t08:04:49z and 01/03/2026", "on <date> and <date>"),
+        ("due march 15, not 15 april", "due <date>, not <date>"),
+        ("at 9am or 9 p.m. or 18:30:05", "at <time> or <time> or <time>"),
+        ("took 250ms then 1h30m then 3 days", "took <dur> then <dur> then <dur>"),
+        ("cost $5 and €3.50", "cost <amount> and <amount>"),
+        ("report for monday", "report for <day>"),
+        ("commit bcffbfe landed", "commit <hex> landed"),
+        ("5 of 12 shards, 2-3 left, 4th try", "<num> of <num> shards, <range> left, <num> try"),
+    ],
+)
+def test_mask_volatile_examples(text: str, masked: str) -> None:
+    assert mask_volatile(text) == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "db-1 is down",  # a host name, not a reading
+        "ship v2 and python3",
+        "flag ff_dark_mode_80",
+        "see https://x.io/posts/4812",  # URLs are identities
+        "deadbeef cafe",  # hex-looking words without digits, not named as hashes
+        "no numbers here",
+    ],
+)
+def test_mask_volatile_leaves_identifiers_alone(text: str) -> None:
+    assert mask_volatile(text) == text
+
+
+def test_mask_values_line_up_with_placeholders() -> None:
+    masked, values = mask_volatile_values("monday at 10:30 build #7 for march 3")
+    assert masked == "<day> at <time> build <counter> for <date>"
+    assert values == ("monday", "10:30", "#7", "march 3")
+
+
+def test_attachment_text_keeps_title_description_and_main_url() -> None:
+    attachments = [
+        {"title": "Q3 plan", "description": "Draft", "url": "https://x.io/q3", "color": 3},
+        {"filename": "notes.txt", "size": 120, "proxy_url": "https://cdn/x"},
+        {"name": "chart", "thumbnail": {"url": "https://cdn/t.png"}},
+    ]
+    assert attachment_text(attachments) == "Q3 plan\nDraft\nhttps://x.io/q3\nnotes.txt\nchart"
+    assert attachment_text(None) == ""
+    assert attachment_text([]) == ""
+
+
+def test_attachment_text_names_the_bad_field() -> None:
+    with pytest.raises(InputError, match=r"attachments\[1\]"):
+        attachment_text([{"title": "ok"}, "not an object"])  # type: ignore[list-item]
+    with pytest.raises(InputError, match=r"attachments\[0\]\.title"):
+        attachment_text([{"title": 5}])
+    with pytest.raises(InputError, match="attachments"):
+        attachment_text("a string")  # type: ignore[arg-type]
+
+
+def test_line_key_matches_summary_lines_up_to_formatting() -> None:
+    assert line_key("  • Standup   MOVED to 10:30 ") == line_key("- standup moved to 10:30")
+    assert line_key("standup moved to 10:30") != line_key("standup moved to 11:30")
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_text)
+def test_canonical_is_idempotent_and_total(text: str) -> None:
+    once = canonical(text)
+    assert canonical(once) == once
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_text)
+def test_mask_volatile_is_idempotent_and_total(text: str) -> None:
+    once = mask_volatile(canonical(text))
+    assert mask_volatile(once) == once
+    raw_once = mask_volatile(text)
+    assert mask_volatile(raw_once) == raw_once
+
+
+@settings(max_examples=200, deadline=None)
+@given(any_text)
+def test_mask_values_rebuild_the_text(text: str) -> None:
+    # Every placeholder stands for exactly the value recorded for it, in order.
+    canon = canonical(text)
+    masked, values = mask_volatile_values(canon)
+    rebuilt = masked
+    for value in values:
+        start = min(
+            (rebuilt.find(f"<{kind}>"), kind) for kind in _KINDS if rebuilt.find(f"<{kind}>") >= 0
+        )
+        rebuilt = rebuilt[: start[0]] + value + rebuilt[start[0] + len(start[1]) + 2 :]
+    if "<" not in canon:  # literal placeholders in the input make the rebuild ambiguous
+        assert rebuilt == canon
+
+
+@settings(max_examples=200, deadline=None)
+@given(any_text)
+def test_line_key_is_idempotent(text: str) -> None:
+    once = line_key(text)
+    assert line_key(once) == once
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.text())
+def test_canonical_url_is_idempotent(path: str, query: str) -> None:
+    url = f"https://Ex.com/{path}?{query}"
+    once = canonical_url(url)
+    assert canonical_url(once) == once
+
+
+def test_canonical_is_stable_across_calls() -> None:
+    # Pinned output: a change here changes every stored exact key, so it must be deliberate.
+    assert canonical("• Deploy #12 DONE https://X.io/a/?utm_source=z&b=1#top") == (
+        "deploy #12 done https://x.io/a?b=1"
+    )
