@@ -40,6 +40,7 @@ is masked.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,8 @@ _BULLET_RE: Final = re.compile(
 _DEFAULT_PORTS: Final = {"http": ":80", "https": ":443", "ftp": ":21"}
 
 
+# Feed and alert bots post the same few URLs over and over: parsing dominates their cost.
+@functools.lru_cache(maxsize=4096)
 def canonical_url(url: str) -> str:
     """Return ``url`` canonicalised for hashing; a string that is not a URL comes back unchanged.
 
@@ -286,7 +289,34 @@ _VOLATILE_RE: Final = re.compile(
 # with a-f, "march 15") are found by backing up from their first digit, see _volatile_spans.
 _START_RE: Final = re.compile(r"[\d#$€£¥₹₿+\-−]")
 _HEX_RUN: Final = frozenset("0123456789abcdefABCDEF-")
-_MONTH_INITIALS: Final = frozenset("jfmasondJFMASOND")
+_MONTH_WORDS: Final = frozenset(
+    [
+        "jan",
+        "january",
+        "feb",
+        "february",
+        "mar",
+        "march",
+        "apr",
+        "april",
+        "may",
+        "jun",
+        "june",
+        "jul",
+        "july",
+        "aug",
+        "august",
+        "sep",
+        "sept",
+        "september",
+        "oct",
+        "october",
+        "nov",
+        "november",
+        "dec",
+        "december",
+    ]
+)
 
 
 def _volatile_spans(text: str) -> list[tuple[int, int, str]]:
@@ -309,8 +339,8 @@ def _volatile_spans(text: str) -> list[tuple[int, int, str]]:
                 start -= 1
             match = match_at(text, start)
         elif index >= position + 2 and text[index - 1] == " ":
-            start = text.rfind(" ", position, index - 1) + 1
-            if 0 < index - 1 - start <= 10 and text[start] in _MONTH_INITIALS:
+            start = max(position, text.rfind(" ", position, index - 1) + 1)
+            if text[start : index - 1].rstrip(".").lower() in _MONTH_WORDS:
                 match = match_at(text, start)
                 if match is not None and match.end() <= index:
                     match = None
@@ -328,9 +358,27 @@ def _volatile_spans(text: str) -> list[tuple[int, int, str]]:
 _DAY_RE: Final = re.compile(r"(?i)\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b")
 # A hash named as one ("commit bcffbfe", "sha: deadbeef") is a hash even with no digit in it.
 _NAMED_HEX_RE: Final = re.compile(
-    r"(?i)\b(?:commit|sha|sha1|sha256|hash|rev|revision|digest)[\s:=#@]+(?P<hex>[0-9a-f]{7,64})(?![\w<])"
+    r"(?i)\b(?:commit|sha|sha1|sha256|hash|rev|revision|digest)[\s:=#@]+"
+    r"(?P<hex>[0-9a-f]{7,64})(?![\w<])"
+)
+# The same without IGNORECASE and the leading \b, for lower-case ASCII text: a pattern that opens
+# with plain literals lets the regex engine skip ahead in C (the \b is checked afterwards).
+_NAMED_HEX_LOWER_RE: Final = re.compile(
+    r"(?:commit|sha|sha1|sha256|hash|rev|revision|digest)[\s:=#@]+"
+    r"(?P<hex>[0-9a-f]{7,64})(?![\w<])"
 )
 _HAS_DIGIT: Final = re.compile(r"\d")
+
+
+def _named_hex_spans(piece: str) -> list[tuple[int, int, str]]:
+    if not piece.isascii():
+        return [(m.start("hex"), m.end("hex"), "hex") for m in _NAMED_HEX_RE.finditer(piece)]
+    lowered = piece.lower()
+    return [
+        (m.start("hex"), m.end("hex"), "hex")
+        for m in _NAMED_HEX_LOWER_RE.finditer(lowered)
+        if m.start() == 0 or not (lowered[m.start() - 1].isalnum() or lowered[m.start() - 1] == "_")
+    ]
 
 
 def mask_volatile_values(text: str) -> tuple[str, tuple[str, ...]]:
@@ -363,9 +411,7 @@ def mask_volatile_values(text: str) -> tuple[str, tuple[str, ...]]:
         if has_day:
             spans.extend((m.start(), m.end(), "day") for m in _DAY_RE.finditer(piece))
         if has_named_hex:
-            spans.extend(
-                (m.start("hex"), m.end("hex"), "hex") for m in _NAMED_HEX_RE.finditer(piece)
-            )
+            spans.extend(_named_hex_spans(piece))
         if has_day or has_named_hex:
             # Merge the passes in text order so values line up with their placeholders.
             spans.sort()
