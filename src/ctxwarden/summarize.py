@@ -1,0 +1,888 @@
+"""Structured, token-bounded summaries: the :class:`Summarizer` protocol and two summarisers.
+
+A :class:`Summary` has the same fields whoever writes it: ``time_range``, ``key_entities``,
+``main_events``, ``decisions``, ``open_loops``, ``spam_patterns`` and ``source_ids``. Its
+:meth:`Summary.render` is the compact text that goes into a prompt, and a summariser's contract is
+that this rendered text counts at most ``max_tokens`` with the tokenizer it is given.
+
+- :class:`ExtractiveSummarizer` (offline default, no model) keeps the most informative sentences
+  verbatim, each line citing its source message as ``[id]``.
+- :class:`LLMSummarizer` asks an OpenAI-compatible model for the JSON object, repairs and
+  validates it, re-asks once on an invalid reply and once when too long, and truncates lists as
+  the last resort. It raises :class:`~ctxwarden.errors.SummarizeError` rather than ever
+  returning a placeholder.
+
+Provenance convention: ``source_ids`` lists every input the summary covers (spam included), in
+input order. Lines of ``main_events``, ``decisions`` and ``open_loops`` may start with a citation
+``[id]`` or ``[id1,id2]``; :func:`line_sources` reads it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol, runtime_checkable
+
+from ctxwarden.errors import InputError, SummarizeError, UpstreamError
+from ctxwarden.jsonrepair import repair_json
+from ctxwarden.types import format_time, parse_time
+
+__all__ = [
+    "LIST_FIELDS",
+    "ExtractiveSummarizer",
+    "LLMSummarizer",
+    "Summarizer",
+    "Summary",
+    "SummaryItem",
+    "SummaryOutcome",
+    "TokenCounter",
+    "line_sources",
+    "truncate_summary",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The list fields of a summary, in render order.
+LIST_FIELDS = ("key_entities", "main_events", "decisions", "open_loops", "spam_patterns")
+_SECTION_TITLES = {
+    "main_events": "Events:",
+    "decisions": "Decisions:",
+    "open_loops": "Open questions:",
+    "spam_patterns": "Noise:",
+}
+_CITATION = re.compile(r"^\[([^\[\]\s]+(?:,\s*[^\[\]\s,]+)*)\]\s*")
+
+
+class TokenCounter(Protocol):
+    """Anything that counts tokens; :class:`ctxwarden.tokens.Tokenizer` is one."""
+
+    def count(self, text: str) -> int:
+        """The number of tokens in ``text``."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryItem:
+    """One input to a summariser: a stored message or an earlier summary.
+
+    ``created_at`` is epoch seconds (UTC), as :class:`ctxwarden.types.Memory` keeps it;
+    ``author_kind`` is ``human``, ``bot``, ``agent`` or ``tool``; ``kind`` is ``summary`` for
+    the rendered text of an earlier summary (summaries of summaries), else ``message``.
+    :meth:`of` copies these attributes from any object that has them (a ``Memory``).
+    """
+
+    id: str
+    content: str
+    author: str | None = None
+    author_kind: str = "human"
+    channel: str | None = None
+    created_at: float | None = None
+    kind: str = "message"
+    thread_id: str | None = None
+
+    @classmethod
+    def of(cls, source: Any) -> SummaryItem:
+        """Build an item from any object with the same attribute names (e.g. a Memory)."""
+        return cls(
+            **{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
+        )
+
+
+def line_sources(line: str) -> tuple[str, ...]:
+    """The source ids a summary line cites (``"[m1,m2] text"`` gives ``("m1", "m2")``).
+
+    >>> line_sources("[m1,m2] alice: moved to Friday")
+    ('m1', 'm2')
+    >>> line_sources("no citation")
+    ()
+    """
+    match = _CITATION.match(line)
+    if match is None:
+        return ()
+    return tuple(part.strip() for part in match.group(1).split(","))
+
+
+def _field_strings(data: Mapping[str, Any], name: str) -> tuple[str, ...]:
+    value = data.get(name, [])
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InputError(f"must be a list of strings, got {type(value).__name__}", field=name)
+    out = []
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise InputError(
+                f"must be a string, got {type(item).__name__}", field=f"{name}[{index}]"
+            )
+        text = " ".join(item.split())
+        if text:
+            out.append(text)
+    return tuple(out)
+
+
+def _time_bound(value: Any, name: str) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise InputError("must be an ISO 8601 time", field=name)
+    try:
+        return format_time(parse_time(value, field_name=name))
+    except InputError:
+        raise
+    except (ValueError, OverflowError, OSError) as exc:
+        raise InputError(f"not a usable time: {exc}", field=name) from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """A structured summary. Lists are tuples; ``time_range`` is ISO 8601 UTC (start, end).
+
+    >>> s = Summary(main_events=("[m1] alice: release moved to Friday",), source_ids=("m1",))
+    >>> print(s.render())
+    Summary of 1 message
+    Events:
+    - [m1] alice: release moved to Friday
+    """
+
+    time_range: tuple[str, str] | None = None
+    key_entities: tuple[str, ...] = ()
+    main_events: tuple[str, ...] = ()
+    decisions: tuple[str, ...] = ()
+    open_loops: tuple[str, ...] = ()
+    spam_patterns: tuple[str, ...] = ()
+    source_ids: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (``time_range`` as ``{"start", "end"}`` or null)."""
+        out: dict[str, Any] = {
+            "time_range": None
+            if self.time_range is None
+            else {"start": self.time_range[0], "end": self.time_range[1]}
+        }
+        for name in (*LIST_FIELDS, "source_ids"):
+            out[name] = list(getattr(self, name))
+        return out
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Summary:
+        """Validate and build a summary; raises :class:`InputError` naming the bad field.
+
+        ``time_range`` may be null, ``{"start": ..., "end": ...}`` or ``[start, end]``; missing
+        list fields are empty; unknown keys are an error (the format is a contract).
+        """
+        if not isinstance(data, Mapping):
+            raise InputError("a summary must be a JSON object", field="summary")
+        unknown = sorted(set(data) - {"time_range", "source_ids", *LIST_FIELDS})
+        if unknown:
+            raise InputError(f"unknown field(s) {', '.join(unknown)}", field=unknown[0])
+        raw = data.get("time_range")
+        time_range: tuple[str, str] | None
+        if raw is None:
+            time_range = None
+        elif isinstance(raw, Mapping):
+            time_range = (
+                _time_bound(raw.get("start"), "time_range.start"),
+                _time_bound(raw.get("end"), "time_range.end"),
+            )
+        elif isinstance(raw, list | tuple) and len(raw) == 2:
+            time_range = (
+                _time_bound(raw[0], "time_range.start"),
+                _time_bound(raw[1], "time_range.end"),
+            )
+        else:
+            raise InputError("must be {start, end}, [start, end] or null", field="time_range")
+        if time_range is not None and parse_time(time_range[0]) > parse_time(time_range[1]):
+            raise InputError("start is after end", field="time_range")
+        lists = {name: _field_strings(data, name) for name in LIST_FIELDS}
+        sources = tuple(dict.fromkeys(_field_strings(data, "source_ids")))
+        return cls(time_range=time_range, source_ids=sources, **lists)
+
+    def render(self) -> str:
+        """Compact text lines for a prompt; empty sections are left out."""
+        count = len(self.source_ids)
+        header = f"Summary of {count} message{'' if count == 1 else 's'}"
+        if self.time_range is not None:
+            start, end = (t[:16].replace("T", " ") for t in self.time_range)
+            if start == end:
+                header += f", {start} UTC"
+            elif start[:10] == end[:10]:
+                header += f", {start}-{end[11:]} UTC"
+            else:
+                header += f", {start} to {end} UTC"
+        lines = [header]
+        if self.key_entities:
+            lines.append("Entities: " + ", ".join(self.key_entities))
+        for name, title in _SECTION_TITLES.items():
+            items: tuple[str, ...] = getattr(self, name)
+            if items:
+                lines.append(title)
+                lines.extend(f"- {item}" for item in items)
+        return "\n".join(lines)
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Writes a :class:`Summary` of items whose :meth:`Summary.render` fits ``max_tokens``.
+
+    Contract: the result's ``render()`` counts at most ``max_tokens`` with ``tokenizer``;
+    ``source_ids`` lists every item summarised; the same items give the same summary from a
+    deterministic summariser; failure raises :class:`SummarizeError`, never a placeholder.
+    An empty ``items`` is an :class:`InputError`.
+    """
+
+    def summarize(
+        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
+    ) -> Summary:
+        """Summarise ``items`` within ``max_tokens`` rendered tokens."""
+        ...
+
+
+def _check_inputs(items: Sequence[SummaryItem], max_tokens: int) -> None:
+    if not items:
+        raise InputError("nothing to summarise: pass at least one item", field="items")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise InputError(f"must be a positive integer, got {max_tokens!r}", field="max_tokens")
+    for index, item in enumerate(items):
+        if not isinstance(item.id, str) or not item.id:
+            raise InputError("every item needs a non-empty string id", field=f"items[{index}].id")
+        if not isinstance(item.content, str):
+            raise InputError("content must be text", field=f"items[{index}].content")
+
+
+def _time_range(items: Iterable[SummaryItem]) -> tuple[str, str] | None:
+    times = [item.created_at for item in items if item.created_at is not None]
+    if not times:
+        return None
+    return format_time(min(times)), format_time(max(times))
+
+
+def _source_ids(items: Iterable[SummaryItem]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(item.id for item in items))
+
+
+def truncate_summary(summary: Summary, *, max_tokens: int, tokenizer: TokenCounter) -> Summary:
+    """Drop list items deterministically until ``summary.render()`` fits ``max_tokens``.
+
+    The last item of the section with the most text goes first (ties: noise, entities, events,
+    open questions, decisions), so no section is wiped while another is long. Raises
+    :class:`SummarizeError` when even the bare header does not fit.
+    """
+    order = ("spam_patterns", "key_entities", "main_events", "open_loops", "decisions")
+    current = summary
+    while tokenizer.count(current.render()) > max_tokens:
+        sizes = [
+            (sum(len(s) for s in getattr(current, name)), -rank, name)
+            for rank, name in enumerate(order)
+        ]
+        size, _, name = max(sizes)
+        if size == 0:
+            raise SummarizeError(
+                f"max_tokens={max_tokens} cannot hold even the summary header "
+                f"({tokenizer.count(current.render())} tokens); raise max_tokens"
+            )
+        current = replace(current, **{name: getattr(current, name)[:-1]})
+    return current
+
+
+# ---------------------------------------------------------------------------- extractive
+
+_STOPWORD_TEXT = """
+    a an the and or but if then else of to in on at by for with from into onto over under
+    about as is are was were be been being am do does did done have has had having i me my we
+    us our you your he him his she her it its they them their this that these those there here
+    what which who whom whose when where why how all any both each few more most other some such
+    no nor not only own same so than too very can could should would will shall may might must
+    just also still yet again ever even now up down out off once via per get got go going went
+    ok okay yeah yes yep hi hey hello thanks thank thx please pls lol haha nice cool sure"""
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+_ACKS = _STOPWORDS | {
+    "+1",
+    "ty",
+    "np",
+    "gm",
+    "gn",
+    "brb",
+    "lgtm",
+    "ack",
+    "noted",
+    "great",
+    "agreed",
+}
+_WORD = re.compile(r"[a-z][a-z0-9_'./-]*[a-z0-9]|[a-z]|\d[\d.,:%/-]*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9@#])")
+_URL = re.compile(r"https?://[^\s)>\]]+")
+_VOLATILE = re.compile(r"\b[0-9a-f]{7,40}\b|\d+")
+_DECISION = re.compile(
+    r"\b(decided|decision|agreed|agree on|approved|we'll|we will|let's|lets go|going with|"
+    r"go with|settled|chose|choosing|final|from now on|the plan is|plan is to|switch(?:ed|ing)? to|"
+    r"moving to|moved to|chang(?:e|ed|ing) (?:it )?to|instead of|postponed?|pushed to|"
+    r"cancel+ed|deadline|scheduled|is now|will be|starting (?:on|from|next)|new (?:date|time|"
+    r"owner|price|limit|budget|version)|owner is|assigned to|taking over)\b",
+    re.IGNORECASE,
+)
+_CHANGE = re.compile(
+    r"\b(chang(?:e|ed|es)|mov(?:e|ed)|renam(?:e|ed)|updat(?:e|ed)|bump(?:ed)?|raised|lowered|"
+    r"increas(?:e|ed)|decreas(?:e|ed)|replac(?:e|ed)|migrat(?:e|ed)|deployed|released|shipped|"
+    r"merged|fixed|broke|broken|rolled back|reverted|outage|down|failing|blocked)\b",
+    re.IGNORECASE,
+)
+_CAPITALISED = r"(?:[A-Z][A-Za-z0-9]*[a-z0-9][A-Za-z0-9]*|[A-Z]{2,}[0-9]*)"
+_ENTITY = re.compile(
+    rf"(?<![\w@#])(?:[@#][A-Za-z][\w.-]*|{_CAPITALISED}(?:[ -]{_CAPITALISED})*|v\d+(?:\.\d+)+)"
+    r"(?![\w])"
+)
+_AUTHOR_PREFIX = re.compile(r"^[\w.@-]+: ")
+_SUMMARY_HEADERS = {
+    "Events:": "main_events",
+    "Decisions:": "decisions",
+    "Open questions:": "open_loops",
+    "Noise:": "spam_patterns",
+}
+
+
+@dataclass
+class _Sentence:
+    index: int  # position in input order, the tie-break everywhere
+    item: int
+    text: str
+    section: str
+    score: float = 0.0
+    cost: int = 0
+
+
+def _terms(text: str) -> list[str]:
+    return [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS]
+
+
+def _spam_key(content: str) -> str:
+    text = _URL.sub(lambda m: m.group().split("?")[0], content.lower())
+    return " ".join(_VOLATILE.sub("#", text).split())
+
+
+def _split_sentences(text: str) -> list[str]:
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.strip().lstrip("-*•>").strip()
+        if line:
+            out.extend(s.strip() for s in _SENTENCE_END.split(line) if s.strip())
+    return out
+
+
+def _is_chatter(text: str) -> bool:
+    words = re.findall(r"[\w+']+", text.lower())
+    return len(words) < 2 or all(w in _ACKS for w in words)
+
+
+class ExtractiveSummarizer:
+    """The offline default: the most informative sentences, verbatim, within the token target.
+
+    Scoring (per sentence, deterministic): the rarity of its terms within the batch (TF-IDF),
+    plus bonuses for decision language, change language, numbers, named entities and questions
+    no later message answered; bot authors and one-word chatter score low. Messages repeated at
+    least ``spam_min_repeats`` times (after masking numbers, hashes and URL query strings) become
+    ``spam_patterns`` lines (``"deploybot x37, last: <the last one verbatim>"``), not events.
+    Sentences are chosen by score per token until the rendered summary is full, then rendered
+    in input order as ``[id] author: text`` (``cite_sources=False`` leaves out the ``[id]``).
+    """
+
+    def __init__(
+        self,
+        *,
+        cite_sources: bool = True,
+        spam_min_repeats: int = 3,
+        max_sentence_tokens: int = 80,
+        max_entities: int = 12,
+        entity_share: float = 0.12,
+        spam_share: float = 0.2,
+        min_score: float = 0.3,
+    ) -> None:
+        if spam_min_repeats < 2:
+            raise InputError("must be 2 or more", field="spam_min_repeats")
+        if max_sentence_tokens < 8:
+            raise InputError("must be 8 or more", field="max_sentence_tokens")
+        self.cite_sources = cite_sources
+        self.spam_min_repeats = spam_min_repeats
+        self.max_sentence_tokens = max_sentence_tokens
+        self.max_entities = max_entities
+        self.entity_share = entity_share
+        self.spam_share = spam_share
+        self.min_score = min_score
+
+    def summarize(
+        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
+    ) -> Summary:
+        """Summarise ``items``; the rendered result counts at most ``max_tokens``."""
+        _check_inputs(items, max_tokens)
+        base = Summary(time_range=_time_range(items), source_ids=_source_ids(items))
+        header_cost = tokenizer.count(base.render())
+        if header_cost > max_tokens:
+            raise SummarizeError(
+                f"max_tokens={max_tokens} cannot hold even the summary header "
+                f"({header_cost} tokens); raise max_tokens"
+            )
+        spam_items, spam_lines = self._spam(items)
+        sentences, carried_spam = self._sentences(items, spam_items)
+        spam_lines = carried_spam + spam_lines
+        budget = max_tokens - header_cost
+        entities = self._fit(
+            self._entities(items, spam_items, sentences),
+            budget * self.entity_share,
+            tokenizer,
+            ", ",
+        )
+        spam = self._fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
+        self._score(items, sentences, tokenizer)
+        summary = replace(base, key_entities=tuple(entities), spam_patterns=tuple(spam))
+        used = tokenizer.count(summary.render())
+        chosen = self._choose(sentences, max_tokens - used - 6, self.min_score)
+        while True:
+            summary = self._with_sections(summary, items, chosen)
+            if tokenizer.count(summary.render()) <= max_tokens:
+                return summary
+            if chosen:
+                # The per-line costs are estimates (line joins, section titles): drop the
+                # weakest choice and count again.
+                weakest = min(chosen, key=lambda s: (s.score / math.sqrt(s.cost), -s.index))
+                chosen = [s for s in chosen if s is not weakest]
+            else:
+                return truncate_summary(summary, max_tokens=max_tokens, tokenizer=tokenizer)
+
+    # -- steps
+
+    def _spam(self, items: Sequence[SummaryItem]) -> tuple[set[int], list[str]]:
+        groups: dict[str, list[int]] = {}
+        for position, item in enumerate(items):
+            if item.kind != "summary":
+                groups.setdefault(_spam_key(item.content), []).append(position)
+        spam: set[int] = set()
+        lines: list[tuple[int, int, str]] = []
+        for members in groups.values():
+            bot = all(items[m].author_kind in ("bot", "tool") for m in members)
+            if len(members) < self.spam_min_repeats and not (bot and len(members) >= 2):
+                continue
+            spam.update(members)
+            last = items[members[-1]]
+            authors = list(dict.fromkeys(items[m].author or "?" for m in members))
+            who = ", ".join(authors[:2]) + (" and others" if len(authors) > 2 else "")
+            text = " ".join(last.content.split())
+            if len(text) > 100:
+                text = text[:97] + "..."
+            lines.append((-len(members), members[0], f"{who} x{len(members)}, last: {text}"))
+        return spam, [line for _, _, line in sorted(lines)]
+
+    def _sentences(
+        self, items: Sequence[SummaryItem], spam: set[int]
+    ) -> tuple[list[_Sentence], list[str]]:
+        out: list[_Sentence] = []
+        carried_spam: list[str] = []
+        for position, item in enumerate(items):
+            if position in spam:
+                continue
+            if item.kind == "summary":
+                section = "main_events"
+                for raw in item.content.splitlines():
+                    line = raw.strip()
+                    if line in _SUMMARY_HEADERS:
+                        section = _SUMMARY_HEADERS[line]
+                    elif line.startswith(("Summary of ", "Entities: ")) or not line:
+                        continue
+                    else:
+                        text = _CITATION.sub("", line.lstrip("- ").strip())
+                        if section == "spam_patterns":
+                            carried_spam.append(text)
+                        elif text:
+                            out.append(_Sentence(len(out), position, text, section))
+                continue
+            for text in _split_sentences(item.content):
+                if not _is_chatter(text):
+                    out.append(_Sentence(len(out), position, text, "main_events"))
+        return out, carried_spam
+
+    def _entities(
+        self, items: Sequence[SummaryItem], spam: set[int], sentences: list[_Sentence]
+    ) -> list[str]:
+        counts: dict[str, int] = {}
+
+        def add(name: str) -> None:
+            counts[name] = counts.get(name, 0) + 1
+
+        for position, item in enumerate(items):
+            if position in spam:
+                continue
+            if item.author and item.author_kind == "human":
+                add(item.author)
+            if item.kind == "summary":
+                for line in item.content.splitlines():
+                    if line.startswith("Entities: "):
+                        for name in line[len("Entities: ") :].split(", "):
+                            add(name)
+        for sentence in sentences:
+            text = _AUTHOR_PREFIX.sub("", sentence.text)
+            for match in _ENTITY.finditer(text):
+                name = match.group()
+                # A capitalised first word is usually just the start of a sentence.
+                if match.start() == 0 and " " not in name and name[1:].islower():
+                    continue
+                if name.lower() not in _STOPWORDS:
+                    add(name)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [name for name, _ in ranked[: self.max_entities]]
+
+    @staticmethod
+    def _fit(values: list[str], budget: float, tokenizer: TokenCounter, joiner: str) -> list[str]:
+        kept: list[str] = []
+        for value in values:
+            if tokenizer.count(joiner.join([*kept, value])) > budget:
+                break
+            kept.append(value)
+        return kept
+
+    def _score(
+        self, items: Sequence[SummaryItem], sentences: list[_Sentence], tokenizer: TokenCounter
+    ) -> None:
+        documents = max(1, len({s.item for s in sentences}))
+        frequency: dict[str, int] = {}
+        per_item: dict[int, set[str]] = {}
+        for sentence in sentences:
+            per_item.setdefault(sentence.item, set()).update(_terms(sentence.text))
+        for terms in per_item.values():
+            for term in terms:
+                frequency[term] = frequency.get(term, 0) + 1
+        answered = self._answered_questions(items, sentences, per_item)
+        infos = []
+        for sentence in sentences:
+            unique = dict.fromkeys(_terms(sentence.text))
+            infos.append(sum(math.log((1 + documents) / (1 + frequency[t])) + 1 for t in unique))
+        top = max(infos, default=1.0) or 1.0
+        for sentence, info in zip(sentences, infos, strict=True):
+            item = items[sentence.item]
+            text = sentence.text
+            score = info / top
+            fresh = item.kind != "summary"  # lines of a summary keep the section they had
+            if _DECISION.search(text):
+                score += 2.0
+                if fresh and sentence.section == "main_events":
+                    sentence.section = "decisions"
+            if _CHANGE.search(text):
+                score += 0.8
+            if re.search(r"\d", text):
+                score += 0.6
+            score += 0.3 * min(3, len(_ENTITY.findall(text)))
+            if fresh and text.rstrip().endswith("?") and sentence.section == "main_events":
+                if sentence.index in answered:
+                    score -= 0.3
+                else:
+                    score += 1.2
+                    sentence.section = "open_loops"
+            if item.author_kind in ("bot", "tool"):
+                score -= 0.5
+            if len(unique_terms := _terms(text)) < 3:
+                score -= 0.8 if unique_terms else 1.5
+            sentence.text = self._shorten(text, tokenizer)
+            sentence.score = max(score, 0.01)
+            sentence.cost = tokenizer.count(self._line(item, sentence.text)) + 2
+
+    @staticmethod
+    def _answered_questions(
+        items: Sequence[SummaryItem], sentences: list[_Sentence], terms: dict[int, set[str]]
+    ) -> set[int]:
+        """Questions a later message by someone else in the same channel (or thread) answers:
+        one of the next eight there that shares a term with the question."""
+        answered: set[int] = set()
+        for sentence in sentences:
+            if not sentence.text.rstrip().endswith("?"):
+                continue
+            asked = items[sentence.item]
+            words = set(_terms(sentence.text))
+            seen = 0
+            for later in range(sentence.item + 1, len(items)):
+                other = items[later]
+                same_place = (
+                    other.thread_id == asked.thread_id
+                    if asked.thread_id is not None
+                    else other.channel == asked.channel
+                )
+                if not same_place or other.author == asked.author:
+                    continue
+                seen += 1
+                reply_terms = terms.get(later, set(_terms(other.content)))
+                if words & reply_terms or (asked.author and asked.author in other.content):
+                    answered.add(sentence.index)
+                    break
+                if seen >= 8:
+                    break
+        return answered
+
+    def _shorten(self, text: str, tokenizer: TokenCounter) -> str:
+        cost = tokenizer.count(text)
+        if cost <= self.max_sentence_tokens:
+            return text
+        words = text.split()
+        keep = max(1, int(len(words) * self.max_sentence_tokens / cost))
+        while (
+            keep > 1 and tokenizer.count(" ".join(words[:keep]) + " ...") > self.max_sentence_tokens
+        ):
+            keep -= max(1, keep // 8)
+        return " ".join(words[:keep]) + " ..."
+
+    def _line(self, item: SummaryItem, text: str, ids: Sequence[str] = ()) -> str:
+        cite = f"[{','.join(ids or [item.id])}] " if self.cite_sources else ""
+        who = f"{item.author}: " if item.author and item.kind != "summary" else ""
+        return f"{cite}{who}{text}"
+
+    @staticmethod
+    def _choose(sentences: list[_Sentence], budget: int, min_score: float) -> list[_Sentence]:
+        chosen: list[_Sentence] = []
+        seen: set[str] = set()
+        spent = 0
+        ranked = sorted(sentences, key=lambda s: (-s.score / math.sqrt(s.cost), s.index))
+        for sentence in ranked:
+            key = " ".join(_terms(sentence.text))
+            if sentence.score < min_score or key in seen or spent + sentence.cost > budget:
+                continue
+            seen.add(key)
+            chosen.append(sentence)
+            spent += sentence.cost
+        return chosen
+
+    def _with_sections(
+        self, summary: Summary, items: Sequence[SummaryItem], chosen: list[_Sentence]
+    ) -> Summary:
+        """Lines per section in input order; consecutive sentences of one item share a line."""
+        sections: dict[str, list[str]] = {"main_events": [], "decisions": [], "open_loops": []}
+        previous: tuple[str, int] | None = None
+        for sentence in sorted(chosen, key=lambda s: s.index):
+            lines = sections[sentence.section]
+            merge = items[sentence.item].kind != "summary"
+            if merge and previous == (sentence.section, sentence.item):
+                lines[-1] = f"{lines[-1]} {sentence.text}"
+            else:
+                lines.append(self._line(items[sentence.item], sentence.text))
+            previous = (sentence.section, sentence.item)
+        return replace(
+            summary,
+            main_events=tuple(sections["main_events"]),
+            decisions=tuple(sections["decisions"]),
+            open_loops=tuple(sections["open_loops"]),
+        )
+
+
+# ---------------------------------------------------------------------------- LLM
+
+_SYSTEM_PROMPT = (
+    "You write structured summaries of chat logs. You answer with one JSON object and nothing "
+    "else: no code fence, no comments, no prose."
+)
+_SHAPE = """{
+  "time_range": {"start": "<ISO 8601 time of the first message>", "end": "<of the last>"},
+  "key_entities": ["<people, teams, projects, systems named>"],
+  "main_events": ["<what happened, one short sentence each>"],
+  "decisions": ["<what was decided or changed, with the value now in force>"],
+  "open_loops": ["<questions and tasks left open>"],
+  "spam_patterns": ["<repeated or automated messages, e.g. 'deploybot x12: deploy succeeded'>"],
+  "source_ids": ["<ids of the messages your events and decisions come from>"]
+}"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryOutcome:
+    """A summary and how it was had: model calls made, deterministic repairs applied (JSON
+    repairs, ``extra_keys_dropped``, ``string_as_list``), whether it was re-asked after an
+    invalid reply, re-asked to shorten, and truncated as the last resort."""
+
+    summary: Summary
+    calls: int
+    repairs: tuple[str, ...]
+    reasked_invalid: bool
+    reasked_shorter: bool
+    truncated: bool
+
+
+class LLMSummarizer:
+    """Summaries written by a model behind an OpenAI-compatible chat endpoint.
+
+    ``client`` is an :class:`ctxwarden.llm.LLMClient` (anything with its ``chat`` method).
+    The model is asked for the JSON object of a :class:`Summary`; its reply is repaired
+    deterministically (:func:`ctxwarden.jsonrepair.repair_json`), validated, and re-asked once
+    with the validation error when that fails. ``source_ids`` and ``time_range`` are then set
+    from the inputs themselves (the model's ids are not trusted; a time range is kept only when
+    no input has a time). When the rendered summary is over ``max_tokens`` the model is asked
+    once to shorten it; if it is still over, list items are dropped by
+    :func:`truncate_summary` and a warning is logged. Every failure raises
+    :class:`SummarizeError`.
+
+    ``json_mode`` sends ``response_format={"type": "json_object"}`` (llama.cpp, Ollama, vLLM
+    and OpenAI honour it); turn it off for servers that reject the field.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        model: str | None = None,
+        *,
+        json_mode: bool = True,
+        temperature: float = 0.0,
+        max_message_chars: int = 2000,
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.json_mode = json_mode
+        self.temperature = temperature
+        self.max_message_chars = max_message_chars
+
+    def summarize(
+        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
+    ) -> Summary:
+        """Summarise ``items``; the rendered result counts at most ``max_tokens``."""
+        return self.summarize_detailed(items, max_tokens=max_tokens, tokenizer=tokenizer).summary
+
+    def summarize_detailed(
+        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
+    ) -> SummaryOutcome:
+        """Like :meth:`summarize`, and say how the summary was had."""
+        _check_inputs(items, max_tokens)
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": _SYSTEM_PROMPT},
+            {"role": "user", "content": self._request(items, max_tokens)},
+        ]
+        calls = 0
+        repairs: list[str] = []
+        reasked_invalid = False
+
+        text = self._ask(messages, max_tokens)
+        calls += 1
+        summary, error = self._read(text, items, repairs)
+        if summary is None:
+            reasked_invalid = True
+            messages += [
+                {"role": "assistant", "content": text},
+                {
+                    "role": "user",
+                    "content": f"That reply is not valid: {error}. Reply again with only the "
+                    f"JSON object, with exactly these fields:\n{_SHAPE}",
+                },
+            ]
+            text = self._ask(messages, max_tokens)
+            calls += 1
+            summary, error = self._read(text, items, repairs)
+            if summary is None:
+                raise SummarizeError(
+                    f"the model's summary could not be validated after one retry: {error}; "
+                    "use a stronger model or the extractive summarizer"
+                )
+
+        reasked_shorter = False
+        size = tokenizer.count(summary.render())
+        if size > max_tokens:
+            reasked_shorter = True
+            messages += [
+                {"role": "assistant", "content": text},
+                {
+                    "role": "user",
+                    "content": f"That summary is {size} tokens long; the limit is {max_tokens}. "
+                    "Shorten it: fewer and shorter list items, keep names, numbers and dates "
+                    "exactly. Reply with only the JSON object.",
+                },
+            ]
+            text = self._ask(messages, max_tokens)
+            calls += 1
+            shorter, _ = self._read(text, items, repairs)
+            if shorter is not None and tokenizer.count(shorter.render()) < size:
+                summary = shorter
+
+        truncated = False
+        if tokenizer.count(summary.render()) > max_tokens:
+            summary = truncate_summary(summary, max_tokens=max_tokens, tokenizer=tokenizer)
+            truncated = True
+            logger.warning(
+                "summary of %d items truncated to fit %d tokens after the model's shortening",
+                len(items),
+                max_tokens,
+            )
+        return SummaryOutcome(
+            summary=summary,
+            calls=calls,
+            repairs=tuple(dict.fromkeys(repairs)),
+            reasked_invalid=reasked_invalid,
+            reasked_shorter=reasked_shorter,
+            truncated=truncated,
+        )
+
+    # -- steps
+
+    def _request(self, items: Sequence[SummaryItem], max_tokens: int) -> str:
+        lines = []
+        for item in items:
+            when = format_time(item.created_at, precision="minutes") if item.created_at else ""
+            where = f"#{item.channel}" if item.channel else ""
+            who = f"{item.author}:" if item.author else ""
+            content = " ".join(item.content.split())
+            if len(content) > self.max_message_chars:
+                content = content[: self.max_message_chars] + " ..."
+            head = " ".join(part for part in (f"[{item.id}]", when, where, who) if part)
+            lines.append(f"{head} {content}")
+        words = max(10, int(max_tokens * 0.6))
+        return (
+            f"Summarise these {len(items)} messages as this JSON object:\n{_SHAPE}\n"
+            "Use [] for an empty list. Keep names, numbers, dates and final values exactly as "
+            f"written. The whole summary must stay under {max_tokens} tokens (about {words} "
+            "words).\n\nMessages:\n" + "\n".join(lines)
+        )
+
+    def _ask(self, messages: Sequence[Mapping[str, str]], max_tokens: int) -> str:
+        try:
+            result = self.client.chat(
+                messages,
+                model=self.model,
+                temperature=self.temperature,
+                # Room for the JSON syntax and the ids around a summary of max_tokens.
+                max_tokens=2 * max_tokens + 256,
+                response_format={"type": "json_object"} if self.json_mode else None,
+            )
+        except UpstreamError as exc:
+            raise SummarizeError(f"the summariser's model server failed: {exc}") from exc
+        text = result.text
+        if not isinstance(text, str) or not text.strip():
+            return ""
+        return text
+
+    @staticmethod
+    def _read(
+        text: str, items: Sequence[SummaryItem], repairs: list[str]
+    ) -> tuple[Summary | None, str]:
+        """Repair and validate one reply: (summary, "") or (None, what is wrong)."""
+        if not text:
+            return None, "the reply is empty"
+        fixed = repair_json(text)
+        if not fixed.ok:
+            return None, f"the reply is not JSON ({fixed.error})"
+        data = fixed.value
+        if not isinstance(data, dict):
+            return None, f"the reply is a JSON {type(data).__name__}, not an object"
+        found = list(fixed.repairs)
+        expected = {"time_range", "source_ids", *LIST_FIELDS}
+        missing = [name for name in LIST_FIELDS if name not in data]
+        if missing:
+            return None, f"field(s) missing: {', '.join(missing)}"
+        if set(data) - expected:
+            found.append("extra_keys_dropped")
+            data = {k: v for k, v in data.items() if k in expected}
+        for name in LIST_FIELDS:
+            if isinstance(data[name], str):
+                found.append("string_as_list")
+                data[name] = [data[name]] if data[name].strip() else []
+        time_range = data.get("time_range")
+        data = {**data, "time_range": None, "source_ids": []}
+        try:
+            summary = Summary.from_mapping(data)
+        except InputError as exc:
+            return None, str(exc)
+        known = _time_range(items)
+        if known is None and time_range is not None:
+            try:
+                known = Summary.from_mapping({"time_range": time_range}).time_range
+            except InputError:
+                found.append("time_range_dropped")
+        repairs.extend(found)
+        return replace(summary, time_range=known, source_ids=_source_ids(items)), ""
