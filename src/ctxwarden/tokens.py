@@ -56,6 +56,7 @@ __all__ = [
     "Tokenizer",
     "count_messages",
     "get_chat_format",
+    "get_format",
     "get_tokenizer",
 ]
 
@@ -67,7 +68,7 @@ logger = logging.getLogger(__name__)
 RUN_LIMIT = 1024
 # Texts longer than this are refused rather than counted (64 MiB of characters).
 MAX_TEXT_CHARS = 64 * 1024 * 1024
-# Gemma 3 count = ceil(factor * (o200k tokens + digits)); measured in tests/test_tokens.py.
+# Gemma 3 count = ceil(factor * (o200k tokens + digits + emoji)); see FallbackTokenizer.
 GEMMA_FALLBACK_FACTOR = 1.25
 
 
@@ -194,9 +195,15 @@ class _PieceTokenizer:
 
 
 class _TiktokenTokenizer(_PieceTokenizer):
-    def __init__(self, name: str, encoding: tiktoken.Encoding, *, nfc: bool = False) -> None:
-        super().__init__(name, nfc=nfc)
+    def __init__(
+        self, name: str, encoding: tiktoken.Encoding, *, nfc: bool = False, limit: int = RUN_LIMIT
+    ) -> None:
+        super().__init__(name, nfc=nfc, limit=limit)
         self._encoding = encoding
+
+    def with_limit(self, limit: int) -> _TiktokenTokenizer:
+        """The same tokenizer cutting runs at ``limit`` characters (for tests of the cutting)."""
+        return _TiktokenTokenizer(self._name, self._encoding, nfc=self._nfc, limit=limit)
 
     def _encode_piece(self, piece: str) -> list[int]:
         # encode_ordinary: special-token strings are plain text, never an error.
@@ -204,21 +211,35 @@ class _TiktokenTokenizer(_PieceTokenizer):
 
 
 class _SentencePieceTokenizer(_PieceTokenizer):
-    def __init__(self, name: str, processor: Any) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, processor: Any, *, limit: int = RUN_LIMIT) -> None:
+        super().__init__(name, limit=limit)
         self._processor = processor
+
+    def with_limit(self, limit: int) -> _SentencePieceTokenizer:
+        """The same tokenizer cutting runs at ``limit`` characters (for tests of the cutting)."""
+        return _SentencePieceTokenizer(self._name, self._processor, limit=limit)
 
     def _encode_piece(self, piece: str) -> list[int]:
         ids: list[int] = self._processor.encode(piece)
         return ids
 
 
+# Characters a fallback charges one extra token each: digits (Gemma, Qwen and Mistral split every
+# digit; o200k groups three) and emoji/pictographs (byte-level vocabularies spend 2-4 tokens on
+# many of them where o200k spends one or two).
+_SURCHARGED = re.compile("[\\d\u2600-\u27bf\U0001f000-\U0010ffff]")
+
+
 class FallbackTokenizer:
     """An explicit over-estimate for a model whose tokenizer cannot be had offline.
 
-    ``count = ceil(factor * (base.count(text) + digits(text)))``. The digit term covers
-    tokenizers that split every digit (Gemma, Qwen) where o200k groups three; the factor covers
-    vocabularies that are less efficient than o200k elsewhere. ``exact`` is False and ``name``
+    ``count = ceil(factor * (base.count(text) + digits + emoji))``: one extra token per digit
+    (Gemma splits every digit, o200k groups three) and per emoji/pictograph codepoint, and the
+    factor for vocabularies less efficient than o200k elsewhere. Measured against Qwen and Llama 3
+    as large-vocabulary stand-ins (tests/test_tokens.py): English, code, JSON and CJK stay within
+    1.1x of o200k, digits and emoji are covered by the surcharge. Greek and Hindi cost Qwen/Llama
+    up to 2.3x o200k; Gemma 3's 262k multilingual vocabulary is expected near o200k there, but
+    that is unmeasured here. ``exact`` is False and ``name``
     says what it is, e.g. ``"approx(o200k_base)x1.25"``. ``encode`` returns the base tokenizer's
     ids (not the model's; fewer than ``count``).
 
@@ -253,8 +274,8 @@ class FallbackTokenizer:
         """An over-estimate of the model's count (see the class docstring)."""
         if not text:
             return 0
-        digits = sum(1 for ch in text if ch.isdigit()) if any(c.isdigit() for c in text) else 0
-        return math.ceil(self._factor * (self._base.count(text) + digits))
+        extra = sum(1 for _ in _SURCHARGED.finditer(text))
+        return math.ceil(self._factor * (self._base.count(text) + extra))
 
     def encode(self, text: str) -> list[int]:
         """The base tokenizer's ids (a stand-in: the model's own ids are unknown)."""
@@ -396,8 +417,8 @@ def _load_sentencepiece(name: str) -> Tokenizer:
 
 def _load_gemma3() -> Tokenizer:
     logger.warning(
-        "no offline tokenizer for Gemma 3: counting with o200k_base x%g plus one token per digit "
-        "(an over-estimate; budgets will be conservative)",
+        "no offline tokenizer for Gemma 3: counting with o200k_base x%g plus one token per "
+        "digit and emoji (an over-estimate; budgets will be conservative)",
         GEMMA_FALLBACK_FACTOR,
     )
     return FallbackTokenizer(get_tokenizer("o200k_base"), factor=GEMMA_FALLBACK_FACTOR)
@@ -719,7 +740,7 @@ class ChatFormat:
             for a in _arguments_variants(arguments)
         )
 
-    def tools_tokens(self, tools: Sequence[Mapping[str, Any]]) -> int:
+    def tools_tokens(self, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]]) -> int:
         """Tokens the tool schemas add to a request (0 for no tools).
 
         Template families render the tools as their template does (an upper bound by a few
@@ -734,7 +755,7 @@ class ChatFormat:
             for tool in tools:
                 function = tool.get("function", tool)
                 text = json.dumps(function, ensure_ascii=False, separators=(",", ":"))
-                total += self.tokenizer.count(text) + _OPENAI_PER_TOOL
+                total += tokenizer.count(text) + _OPENAI_PER_TOOL
             return total
         family = self._family
         if self.name == "mistral":
@@ -745,7 +766,9 @@ class ChatFormat:
             rendered = (
                 "".join(f"{p}\n\n" for p in parts) if indent else "".join(f"\n{p}" for p in parts)
             )
-        return self._skeleton_count(family.tools.format(tools=rendered))
+        return _count_with_specials(
+            tokenizer, family.tools.format(tools=rendered), self._specials()
+        )
 
 
 _formats: dict[tuple[str, str, int], ChatFormat] = {}
@@ -765,6 +788,41 @@ def get_chat_format(name: str, tokenizer: Tokenizer) -> ChatFormat:
     if fmt is None:
         fmt = _formats.setdefault(cache_key, ChatFormat(name=key, tokenizer=tokenizer))
     return fmt
+
+
+_DEFAULT_FORMAT_TOKENIZER = {
+    "openai": "o200k_base",
+    "chatml": "qwen",
+    "qwen2.5": "qwen",
+    "llama3": "llama3",
+    "gemma": "gemma3",
+    "mistral": "mistral-tekken",
+}
+
+
+def get_format(name: str, tokenizer: Tokenizer | None = None) -> ChatFormat:
+    """:func:`get_chat_format`, with the family's usual tokenizer when none is given.
+
+    Pass the model's tokenizer where it can differ from the family default: Mistral's
+    SentencePiece v1 (7B v0.1/v0.2, Mixtral 8x7B) spells ``[INST]`` as plain text.
+    """
+    key = name.strip().lower() if isinstance(name, str) else ""
+    if tokenizer is None:
+        if key not in _DEFAULT_FORMAT_TOKENIZER:
+            raise TokenizerError(
+                f"unknown chat format {name!r}: known are {', '.join(CHAT_FORMATS)}"
+            )
+        tokenizer = get_tokenizer(_DEFAULT_FORMAT_TOKENIZER[key])
+    return get_chat_format(key, tokenizer)
+
+
+def __getattr__(name: str) -> Any:
+    # The model registry lives in ctxwarden.models (it imports this module); re-exported lazily.
+    if name in ("ModelSpec", "ModelRegistry", "default_registry"):
+        from ctxwarden import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _content_of(message: Mapping[str, Any], index: int) -> str:
@@ -812,7 +870,7 @@ def count_messages(
             f"'{tokenizer.name}': use get_chat_format(name, tokenizer)"
         )
     has_system = bool(messages) and messages[0].get("role") == "system"
-    total = fmt.request_overhead(has_system=has_system) + fmt.tools_tokens(tools)
+    total = fmt.request_overhead(has_system=has_system) + fmt.tools_tokens(tokenizer, tools)
     for index, message in enumerate(messages):
         role = message.get("role")
         if not isinstance(role, str) or not role:
