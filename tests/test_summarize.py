@@ -444,3 +444,17 @@ def test_llm_summarize_returns_the_summary():
         assert isinstance(summarizer, Summarizer)
         summary = summarizer.summarize(CHAT, max_tokens=200, tokenizer=O200K)
     assert summary.key_entities == ("Atlas", "Redis")
+
+
+def test_extractive_stock_phrases_lose_to_a_specific_fact():
+    stock = [
+        item(n, f"the {thing} broke twice before noon, anyone else seeing this?", who)
+        for n, (thing, who) in enumerate(
+            [("build", "ann"), ("wiki", "bo"), ("printer", "cy"), ("vpn", "dee"), ("kettle", "ed")]
+        )
+    ]
+    fact = item(9, "my new work laptop is a Framework 13 with 64 GB", "fay")
+    summary = ExtractiveSummarizer().summarize([*stock, fact], max_tokens=70, tokenizer=O200K)
+    text = summary.render()
+    assert "Framework 13 with 64 GB" in text
+    assert "broke twice" not in text

@@ -19,6 +19,7 @@ input order. Lines of ``main_events``, ``decisions`` and ``open_loops`` may star
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -332,6 +333,7 @@ _ENTITY = re.compile(
     rf"(?<![\w@#])(?:[@#][A-Za-z][\w.-]*|{_CAPITALISED}(?:[ -]{_CAPITALISED})*|v\d+(?:\.\d+)+)"
     r"(?![\w])"
 )
+_FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'll|I'd|my|mine|me)\b")
 _AUTHOR_PREFIX = re.compile(r"^[\w.@-]+: ")
 _SUMMARY_HEADERS = {
     "Events:": "main_events",
@@ -378,8 +380,11 @@ class ExtractiveSummarizer:
     """The offline default: the most informative sentences, verbatim, within the token target.
 
     Scoring (per sentence, deterministic): the rarity of its terms within the batch (TF-IDF),
-    plus bonuses for decision language, change language, numbers, named entities and questions
-    no later message answered; bot authors and one-word chatter score low. Messages repeated at
+    plus bonuses for decision language, change language, numbers, named entities, questions
+    no later message answered and first-person statements with a name or number in them (facts
+    about people); word pairs that recur in ``boilerplate_repeats`` or more messages of the
+    batch (stock phrases, templates) cost score, as do bot authors; one-word chatter and
+    sentences scoring under ``min_score`` are never chosen. Messages repeated at
     least ``spam_min_repeats`` times (after masking numbers, hashes and URL query strings) become
     ``spam_patterns`` lines (``"deploybot x37, last: <the last one verbatim>"``), not events.
     Sentences are chosen by score per token until the rendered summary is full, then rendered
@@ -396,6 +401,7 @@ class ExtractiveSummarizer:
         entity_share: float = 0.12,
         spam_share: float = 0.2,
         min_score: float = 0.3,
+        boilerplate_repeats: int = 3,
     ) -> None:
         if spam_min_repeats < 2:
             raise InputError("must be 2 or more", field="spam_min_repeats")
@@ -408,6 +414,7 @@ class ExtractiveSummarizer:
         self.entity_share = entity_share
         self.spam_share = spam_share
         self.min_score = min_score
+        self.boilerplate_repeats = boilerplate_repeats
 
     def summarize(
         self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
@@ -549,6 +556,13 @@ class ExtractiveSummarizer:
         for terms in per_item.values():
             for term in terms:
                 frequency[term] = frequency.get(term, 0) + 1
+        # Phrase-level rarity: word pairs that recur across several messages of the batch
+        # ("anyone else seeing this", a bot's template) carry little information.
+        pair_items: dict[tuple[str, str], set[int]] = {}
+        for sentence in sentences:
+            words = _WORD.findall(sentence.text.lower())
+            for pair in itertools.pairwise(words):
+                pair_items.setdefault(pair, set()).add(sentence.item)
         answered = self._answered_questions(items, sentences, per_item)
         infos = []
         for sentence in sentences:
@@ -565,7 +579,14 @@ class ExtractiveSummarizer:
                 if fresh and sentence.section == "main_events":
                     sentence.section = "decisions"
             if _CHANGE.search(text):
-                score += 0.8
+                score += 0.6
+            words = _WORD.findall(text.lower())
+            pairs = list(itertools.pairwise(words))
+            if pairs:
+                common = sum(len(pair_items[p]) >= self.boilerplate_repeats for p in pairs)
+                score -= 2.0 * common / len(pairs)
+            if _FIRST_PERSON.search(text) and (_ENTITY.search(text) or re.search(r"\d", text)):
+                score += 0.6  # someone saying something specific about themselves: a fact
             if re.search(r"\d", text):
                 score += 0.6
             score += 0.3 * min(3, len(_ENTITY.findall(text)))
