@@ -1,0 +1,347 @@
+"""The assembler: fills a context's blocks within their budgets and renders the chat messages.
+
+Flow (see DESIGN.md): limits from the window -> fixed costs (system prompt, tools, query,
+template) -> material per block (bounded by what could fit) -> :func:`ctxwarden.budget.allocate`
+-> fill each block in its selection order -> top-up with what is left -> render -> exact count.
+
+- persistent: pinned memories and facts, oldest first; a text block in the system message.
+- summaries: summary memories, newest kept first, shown oldest first; lines already in
+  persistent memory are dropped (read-time de-dup); an emptied block is omitted.
+- related: retrieval candidates for the query (best value first), never one already in another
+  block nor one whose content repeats an included memory; shown oldest first.
+- recent: the session's newest messages, newest first, at least ``min_recent_messages`` of them,
+  shown oldest first, an assistant tool call kept together with its tool results.
+- items blocks (scratch, task, ...): caller-supplied text, in the order given.
+
+Overflow: floors go to the most important blocks first, so under pressure related loses first,
+then summaries, then persistent, and recent is shortened last (down to its newest message). If
+the fixed costs alone are over the cap, :class:`~ctxwarden.errors.BudgetError` says by how much.
+
+The token count is the sum of per-segment counts cached at ingest plus the chat template's
+overhead; segments are built so that sum is exact (see :mod:`ctxwarden.render`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxwarden import render
+from ctxwarden.budget import BudgetPolicy, Limits, allocate
+from ctxwarden.errors import BudgetError
+from ctxwarden.normalize import line_key
+from ctxwarden.types import BlockReport, CandidateReport, Memory
+
+__all__ = ["Candidate", "Material", "Plan", "fill", "query_terms"]
+
+# Words too common to search for (English function words and question verbs).
+_STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for from
+    further had has have having he her here hers herself him himself his how i if in into is it
+    its itself just me more most my myself no nor not now of off on once only or other our ours
+    ourselves out over own same she should so some such than that the their theirs them
+    themselves then there these they this those through to too under until up very was we were
+    what when where which while who whom why will with would you your yours yourself
+    yourselves tell know ask asked say said get got""".split()  # noqa: SIM905 - a readable list
+)
+_WORD = re.compile(r"[\w][\w'.-]*[\w]|\w", re.UNICODE)
+
+
+def query_terms(query: str, *, limit: int = 12) -> list[str]:
+    """The search terms of a query: words without stopwords, de-duplicated, in order.
+
+    >>> query_terms("What laptop does omar use for work?")
+    ['laptop', 'omar', 'use', 'work']
+    """
+    seen: dict[str, None] = {}
+    for match in _WORD.finditer(query.casefold()):
+        word = match.group().strip("'.-")
+        if len(word) < 2 and not word.isdigit():
+            continue
+        if word in _STOPWORDS or word in seen:
+            continue
+        seen[word] = None
+        if len(seen) >= limit:
+            break
+    return list(seen)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One memory (or a tool-call group) offered to a block, with its token cost."""
+
+    memories: tuple[Memory, ...]
+    tokens: int
+    score: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(m.id for m in self.memories)
+
+    @property
+    def rowids(self) -> tuple[int, ...]:
+        return tuple(m.rowid for m in self.memories)
+
+
+@dataclass(slots=True)
+class Material:
+    """What the engine fetched for one assembly, per block, bounded by what could fit.
+
+    ``recent`` is newest first (tool-call groups already joined); ``related`` best first;
+    ``pinned`` and ``summaries`` oldest first; ``items`` per items-block name.
+    ``count`` counts a text segment with the model's tokenizer (for headers and notes).
+    """
+
+    count: Callable[[str], int]
+    recent: list[Candidate] = field(default_factory=list)
+    related: list[Candidate] = field(default_factory=list)
+    pinned: list[Candidate] = field(default_factory=list)
+    summaries: list[Candidate] = field(default_factory=list)
+    items: dict[str, list[Candidate]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Plan:
+    """The outcome of filling: chosen candidates per block and the account of every decision."""
+
+    chosen: dict[str, list[Candidate]]
+    budgets: dict[str, int]
+    used: dict[str, int]
+    candidates: list[CandidateReport]
+    notes: list[str]
+
+
+def _source_of(policy: BudgetPolicy, material: Material, name: str) -> list[Candidate]:
+    block = policy.block(name)
+    assert block is not None
+    if block.source == "recent":
+        return material.recent
+    if block.source == "retrieval":
+        return material.related
+    if block.source == "pinned":
+        return material.pinned
+    if block.source == "summaries":
+        return material.summaries
+    return material.items.get(name, [])
+
+
+def _header_cost(policy: BudgetPolicy, material: Material, name: str) -> int:
+    block = policy.block(name)
+    assert block is not None
+    if block.source == "recent":
+        return 0
+    return material.count(render.block_header(block.title or block.name))
+
+
+def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material) -> Plan:
+    """Choose what goes in each block. Pure: reads only ``material``.
+
+    ``fixed`` is the cost of what is always sent (system prompt, tools, query, template).
+    """
+    available = limits.cap - fixed
+    if available < 0:
+        raise BudgetError(
+            f"budget: the system prompt, tools and query take {fixed} tokens, over the cap of "
+            f"{limits.cap} (window {limits.window}, reserve {limits.reserve}, margin "
+            f"{limits.margin}); shorten them or raise the budget"
+        )
+    names = [b.name for b in policy.blocks]
+    reports: list[CandidateReport] = []
+    notes: list[str] = []
+
+    # Read-time de-dup of summaries against persistent memory, line by line.
+    persistent_keys = {
+        line_key(m.content)
+        for block in policy.blocks
+        if block.source == "pinned"
+        for c in _source_of(policy, material, block.name)
+        for m in c.memories
+    }
+    if persistent_keys:
+        kept = []
+        for cand in material.summaries:
+            lines = [ln for ln in cand.text.splitlines() if ln.strip()]
+            remaining = [ln for ln in lines if line_key(ln) not in persistent_keys]
+            if len(remaining) == len(lines):
+                kept.append(cand)
+                continue
+            dropped = len(lines) - len(remaining)
+            if not remaining:
+                reports.append(
+                    _report(cand, "summaries", False, "every line already in persistent")
+                )
+                continue
+            text = "\n".join(remaining) + "\n"
+            kept.append(
+                Candidate(
+                    memories=cand.memories,
+                    tokens=material.count(text),
+                    score=cand.score,
+                    text=text,
+                )
+            )
+            notes.append(f"summary {cand.ids[0]}: {dropped} line(s) already in persistent dropped")
+        material.summaries = kept
+
+    demand = {}
+    for name in names:
+        source = _source_of(policy, material, name)
+        total = sum(c.tokens for c in source)
+        demand[name] = total + (_header_cost(policy, material, name) if total else 0)
+    budgets = allocate(policy, available=available, demand=demand)
+
+    chosen: dict[str, list[Candidate]] = {name: [] for name in names}
+    used = dict.fromkeys(names, 0)
+    taken_rows: set[int] = set()
+    taken_hashes: set[str] = set()
+    done: dict[str, set[int]] = {name: set() for name in names}  # source indices decided
+
+    def take(name: str, limit: int, *, top_up: bool) -> None:
+        block = policy.block(name)
+        assert block is not None
+        source = _source_of(policy, material, name)
+        header = _header_cost(policy, material, name)
+        min_units = policy.min_recent_messages if block.source == "recent" else 0
+        for index, cand in enumerate(source):
+            if index in done[name]:
+                continue
+            if any(r in taken_rows for r in cand.rowids):
+                reports.append(_report(cand, name, False, "already in another block"))
+                done[name].add(index)
+                continue
+            repeat = next(
+                (m.content_hash for m in cand.memories if m.content_hash in taken_hashes), None
+            )
+            if repeat is not None and block.source != "recent":
+                reports.append(_report(cand, name, False, "repeats content already included"))
+                done[name].add(index)
+                continue
+            cost = cand.tokens + (header if not chosen[name] else 0)
+            forced = len(chosen[name]) < min_units
+            if used[name] + cost > limit and not (
+                forced and sum(used.values()) + cost <= available
+            ):
+                if block.source == "recent":
+                    # Recent is contiguous: stop at the first unit that does not fit.
+                    return
+                # Skip it: a smaller, lower-scoring one may still fit.
+                continue
+            chosen[name].append(cand)
+            used[name] += cost
+            taken_rows.update(cand.rowids)
+            taken_hashes.update(m.content_hash for m in cand.memories)
+            why = "top-up with tokens other blocks left" if top_up else "fits"
+            if forced and used[name] > limit:
+                why = "minimum recent messages"
+            reports.append(_report(cand, name, True, why))
+            done[name].add(index)
+
+    order = sorted(policy.blocks, key=lambda b: (-b.priority, names.index(b.name)))
+    for block in order:
+        take(block.name, budgets[block.name], top_up=False)
+    # Top-up: what blocks left unused is offered again, most important block first.
+    for block in order:
+        spare = available - sum(used.values())
+        if spare <= 0:
+            break
+        take(block.name, used[block.name] + spare, top_up=True)
+    for name in names:
+        source = _source_of(policy, material, name)
+        spec = policy.block(name)
+        assert spec is not None
+        left_out = [i for i in range(len(source)) if i not in done[name]]
+        why = (
+            "older than the block's budget reaches"
+            if spec.source == "recent"
+            else "over the block's budget"
+        )
+        reports.extend(_report(source[i], name, False, why) for i in left_out)
+        if left_out and not chosen[name]:
+            notes.append(f"{name}: no room for any of {len(left_out)} candidate(s) (overflow)")
+    return Plan(chosen=chosen, budgets=budgets, used=used, candidates=reports, notes=notes)
+
+
+def _report(cand: Candidate, block: str, included: bool, reason: str) -> CandidateReport:
+    return CandidateReport(
+        id=",".join(cand.ids),
+        block=block,
+        included=included,
+        reason=reason,
+        tokens=cand.tokens,
+        score=cand.score if cand.components or cand.score else None,
+        components=dict(cand.components),
+    )
+
+
+def block_reports(policy: BudgetPolicy, plan: Plan) -> tuple[BlockReport, ...]:
+    """One :class:`BlockReport` per block of the policy."""
+    return tuple(
+        BlockReport(
+            name=b.name,
+            budget=plan.budgets[b.name],
+            used=plan.used[b.name],
+            items=tuple(i for c in plan.chosen[b.name] for i in c.ids),
+        )
+        for b in policy.blocks
+    )
+
+
+def system_message_text(
+    policy: BudgetPolicy, plan: Plan, system: str | None
+) -> tuple[str | None, list[tuple[str, Memory]]]:
+    """The system message (prompt plus text blocks) and the memories it holds, in order."""
+    parts: list[str] = []
+    held: list[tuple[str, Memory]] = []
+    for block in policy.blocks:
+        if block.source == "recent" or not plan.chosen[block.name]:
+            continue
+        parts.append(render.block_header(block.title or block.name))
+        cands = plan.chosen[block.name]
+        if block.source in {"retrieval", "summaries"}:
+            cands = sorted(cands, key=lambda c: (c.memories[0].created_at, c.memories[0].rowid))
+        for cand in cands:
+            parts.append(cand.text)
+            held.extend((block.name, m) for m in cand.memories)
+    if not parts:
+        return system, held
+    prefix = render.system_prefix(system) if system else ""
+    return prefix + "".join(parts), held
+
+
+def recent_messages(plan: Plan, policy: BudgetPolicy) -> list[tuple[str, Candidate]]:
+    """Recent-type blocks' candidates in chronological order."""
+    out: list[tuple[str, Candidate]] = []
+    for block in policy.blocks:
+        if block.source == "recent":
+            out.extend((block.name, c) for c in reversed(plan.chosen[block.name]))
+    return out
+
+
+def memory_message(memory: Memory, text: str) -> dict[str, Any]:
+    """A stored memory as an OpenAI-style chat message."""
+    message: dict[str, Any] = {"role": memory.role, "content": text}
+    if memory.name:
+        message["name"] = memory.name
+    if memory.tool_calls:
+        message["tool_calls"] = [dict(c) for c in memory.tool_calls]
+        if not text:
+            message["content"] = None
+    if memory.tool_call_id:
+        message["tool_call_id"] = memory.tool_call_id
+    return message
+
+
+def as_mapping(items: Sequence[str | Mapping[str, Any]]) -> list[str]:
+    """Caller-supplied items as text (a mapping's ``content``)."""
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            out.append(str(item.get("content", "")))
+    return out

@@ -1,0 +1,246 @@
+"""The ``ctxwarden`` command: a thin face over :class:`~ctxwarden.engine.Engine`.
+
+Errors print one line and exit non-zero (a traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from ctxwarden.config import Settings, load_settings
+from ctxwarden.engine import Engine
+from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.types import Context
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ctxwarden: token-exact context and memory for long-lived LLM agents.",
+)
+_state: dict[str, Any] = {}
+
+
+@app.callback()
+def _options(
+    db: Annotated[
+        str | None, typer.Option("--db", help="Database path (default: ~/.local/share/ctxwarden).")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
+    model: Annotated[str | None, typer.Option("--default-model", help="Default model.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    _state["flags"] = {"db": db, "default_model": model}
+    _state["config"] = config
+    _state["debug"] = debug
+
+
+def _settings() -> Settings:
+    return load_settings(_state.get("config"), **_state.get("flags", {}))
+
+
+def _engine(settings: Settings | None = None) -> Engine:
+    settings = settings or _settings()
+    return Engine.open(settings.db, config=settings.engine_config())
+
+
+def _read_records(path: str) -> Iterator[dict[str, Any]]:
+    """JSON Lines (one record a line) or a JSON array (e.g. an OpenAI message list)."""
+    text = sys.stdin.read() if path == "-" else _read_text(path)
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+        if not isinstance(data, list):
+            raise InputError("expected a JSON array of records")
+        yield from data
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"not valid JSON: {exc.msg} (column {exc.colno})", line=number
+            ) from None
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+@app.command()
+def ingest(
+    file: Annotated[str, typer.Argument(help="JSONL records or a JSON message list; - for stdin.")],
+    session: Annotated[str | None, typer.Option(help="Session for records without one.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Tenant for records without one.")] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write one outcome per record (JSONL).")
+    ] = None,
+) -> None:
+    """Ingest records; a bad record aborts the whole batch and names its line and field."""
+    records = list(_read_records(file))
+    with _engine() as engine:
+        result = engine.ingest(records, session=session, tenant=tenant)
+    if report is not None:
+        with report.open("w", encoding="utf-8") as out:
+            for outcome in result.outcomes:
+                out.write(json.dumps(outcome.to_dict()) + "\n")
+    counts = result.counts
+    typer.echo(
+        f"{len(result)} records: {counts['stored']} stored, {counts['duplicate']} duplicates, "
+        f"{counts['near_duplicate']} near-duplicates, {counts['known']} already known"
+    )
+
+
+@app.command()
+def assemble(
+    session: Annotated[str, typer.Option(help="Session to assemble for.")],
+    query: Annotated[str | None, typer.Option(help="The current turn (drives retrieval).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name (window and tokenizer).")] = None,
+    budget: Annotated[int | None, typer.Option(help="Cap on the prompt's tokens.")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the context as JSON.")] = False,
+) -> None:
+    """Assemble a context and print it (messages and the report)."""
+    with _engine() as engine:
+        context = engine.assemble(
+            session=session, query=query, model=model, budget=budget, system=system, tenant=tenant
+        )
+    if as_json:
+        typer.echo(json.dumps(context.to_dict(), ensure_ascii=False, indent=2))
+    else:
+        show_context(Console(), context)
+
+
+@app.command()
+def stats(
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Per channel: records seen, memories stored, duplicates folded; top spam families."""
+    with _engine() as engine:
+        data = engine.stats(tenant=tenant)
+    if as_json:
+        typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
+        return
+    console = Console()
+    table = Table(
+        title=f"ctxwarden store: {data['memories']} memories, {data['contexts']} contexts"
+    )
+    for column in ("channel", "seen", "stored", "folded"):
+        table.add_column(column, justify="left" if column == "channel" else "right")
+    for channel, row in data["channels"].items():
+        table.add_row(channel or "-", str(row["seen"]), str(row["memories"]), str(row["folded"]))
+    table.add_row(
+        "all", str(data["seen"]), str(data["memories"]), str(data["folded"]), style="bold"
+    )
+    console.print(table)
+    if data["top_families"]:
+        top = Table(title="top repeated messages")
+        for column in ("count", "channel", "author", "content"):
+            top.add_column(column)
+        for fam in data["top_families"]:
+            top.add_row(
+                str(fam["count"]), fam["channel"] or "-", fam["author"] or "-", fam["content"]
+            )
+        console.print(top)
+
+
+@app.command()
+def demo(
+    query: Annotated[
+        str, typer.Option(help="Question to assemble for.")
+    ] = "When is the standup now, and who owns the release checklist?",
+    budget: Annotated[int, typer.Option(help="Token budget.")] = 350,
+    model: Annotated[str, typer.Option(help="Model.")] = "gpt-4o",
+) -> None:
+    """Ingest a small bundled sample into a temporary store and show an assembled context."""
+    sample = resources.files("ctxwarden").joinpath("data/demo.jsonl").read_text(encoding="utf-8")
+    records = [json.loads(line) for line in sample.splitlines() if line.strip()]
+    console = Console()
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Engine.open(Path(folder) / "demo.db") as engine,
+    ):
+        result = engine.ingest(records)
+        counts = result.counts
+        console.print(
+            f"[bold]ingested[/] {len(result)} records: {counts['stored']} stored, "
+            f"{counts['duplicate']} verbatim duplicates folded"
+        )
+        context = engine.assemble(
+            session="team",
+            query=query,
+            model=model,
+            budget=budget,
+            system="You are the team's assistant. Answer from the conversation.",
+        )
+    show_context(console, context)
+
+
+def show_context(console: Console, context: Context) -> None:
+    """Print a context's blocks and messages with rich."""
+    report = context.report
+    table = Table(
+        title=(
+            f"{report.model} ({report.tokenizer}{'' if report.exact else ', approximate'}): "
+            f"{context.tokens} of {report.cap} tokens (window {report.window}, reserve "
+            f"{report.reserve}, margin {report.margin})"
+        )
+    )
+    for column in ("block", "budget", "used", "items"):
+        table.add_column(column, justify="right" if column in {"budget", "used"} else "left")
+    for name, cost in report.fixed.items():
+        if cost:
+            table.add_row(f"({name})", "fixed", str(cost), "")
+    for block in report.blocks:
+        items = ", ".join(block.items[:6]) + (" ..." if len(block.items) > 6 else "")
+        table.add_row(block.name, str(block.budget), str(block.used), items)
+    console.print(table)
+    for message in context.messages:
+        content = message.get("content") or json.dumps(message.get("tool_calls"))
+        console.print(Panel(str(content), title=message["role"], title_align="left", expand=False))
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning ctxwarden errors into one line and exit code 1."""
+    try:
+        app(standalone_mode=False)
+    except CtxwardenError as exc:
+        if _state.get("debug"):
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

@@ -1,0 +1,132 @@
+"""Settings for the CLI and the servers: flags > ``CTXWARDEN_*`` environment > TOML file > defaults.
+
+The library never reads the environment; ``main()`` functions build one :class:`Settings` and pass
+what it says down as typed value objects (:meth:`Settings.engine_config`).
+
+A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
+``~/.config/ctxwarden/config.toml`` if it exists)::
+
+    db = "/var/lib/ctxwarden/memory.db"
+    default_model = "qwen2.5-7b-instruct"
+    exact_ttl_seconds = 3600
+
+    [budget]
+    preset = "chat"
+    reserve_share = 8
+
+    [[models]]
+    name = "my-finetune"
+    tokenizer = "qwen"
+    window = 32768
+    chat_format = "chatml"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ctxwarden.budget import policy_from_mapping
+from ctxwarden.engine import EngineConfig
+from ctxwarden.errors import ConfigError
+from ctxwarden.models import ModelSpec
+
+__all__ = ["Settings", "default_config_path", "default_db_path", "load_settings"]
+
+
+def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_DATA_HOME/ctxwarden/ctxwarden.db`` (``~/.local/share/...`` by default)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "ctxwarden" / "ctxwarden.db"
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/ctxwarden/config.toml`` (``~/.config/...`` by default)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "ctxwarden" / "config.toml"
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: Mapping[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = dict(data)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class Settings(BaseSettings):
+    """Every setting of the CLI and the servers."""
+
+    model_config = SettingsConfigDict(env_prefix="CTXWARDEN_", extra="forbid")
+
+    db: str = Field(default_factory=lambda: str(default_db_path()))
+    default_model: str = "gpt-4o"
+    tokenizers: list[str] = Field(default_factory=list)
+    exact_ttl_seconds: float = 3600.0
+    tenant: str = "default"
+    budget: dict[str, Any] = Field(default_factory=dict)
+    models: list[dict[str, Any]] = Field(default_factory=list)
+
+    _file_data: dict[str, Any] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls, cls._file_data))
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's typed configuration; :class:`ConfigError` names a bad field."""
+        models = tuple(ModelSpec.from_mapping(m) for m in self.models)
+        return EngineConfig(
+            default_model=self.default_model,
+            tokenizers=tuple(self.tokenizers),
+            policy=policy_from_mapping(self.budget) if self.budget else EngineConfig().policy,
+            exact_ttl_seconds=self.exact_ttl_seconds,
+            tenant=self.tenant,
+            models=models,
+        )
+
+
+def load_settings(config: str | Path | None = None, **flags: Any) -> Settings:
+    """Settings from flags (``None`` values ignored), environment, and the config file."""
+    path = Path(config) if config else None
+    if path is None and os.environ.get("CTXWARDEN_CONFIG"):
+        path = Path(os.environ["CTXWARDEN_CONFIG"])
+    if path is None and default_config_path().is_file():
+        path = default_config_path()
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config: {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    Settings._file_data = data
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"config.{where}: {first['msg']}") from None
+    finally:
+        Settings._file_data = {}

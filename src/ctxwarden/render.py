@@ -1,0 +1,84 @@
+"""How memories are written into a prompt, deterministically, so their tokens can be counted once.
+
+Two renderings per memory, both fixed by the memory's own fields:
+
+- as a chat **message** (recent history): the content, prefixed ``author: `` for user messages with
+  an author (multi-party chats), so the model knows who spoke;
+- as a **line** in a text block (persistent, summaries, related): ``[2026-03-01 08:14 #dev] aiko:
+  content`` ending in a newline.
+
+Both are counted at ingest for the configured tokenizers (and on first use for others), which is
+what keeps assembly from re-counting history. Segments join on newlines, and every segment starts
+with a non-space character, so the token count of a block is the sum of its segments' counts:
+BPE pre-tokenisers split at a newline followed by a non-space.
+
+Aggregates (memories that absorbed duplicates) add a volume note, counted at assembly because
+the count changes: ``(x37 since 2026-03-01 08:00)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ctxwarden.types import Memory
+
+__all__ = [
+    "block_header",
+    "line_text",
+    "message_text",
+    "system_prefix",
+    "volume_note",
+]
+
+
+def _minute(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(seconds))
+
+
+def message_text(memory: Memory | Mapping[str, Any]) -> str:
+    """The content of a memory as a chat message in the recent block."""
+    role, author, content = _fields(memory)
+    if role == "user" and author:
+        return f"{author}: {content}"
+    return content
+
+
+def line_text(memory: Memory | Mapping[str, Any]) -> str:
+    """A memory as one line of a text block, ending in a newline."""
+    if isinstance(memory, Memory):
+        kind, created, channel = memory.kind, memory.created_at, memory.channel
+    else:
+        kind = memory.get("kind", "message")
+        created = float(memory["created_at"])
+        channel = memory.get("channel")
+    role, author, content = _fields(memory)
+    if kind in {"pinned", "fact"}:
+        return f"- {content}\n"
+    if kind == "summary":
+        return f"{content}\n"
+    where = f" #{channel}" if channel else ""
+    who = author or role
+    return f"[{_minute(created)}{where}] {who}: {content}\n"
+
+
+def volume_note(dup_count: int, first_seen: float, last_seen: float) -> str:
+    """The note an aggregate carries so the model still sees the volume of repeats."""
+    return f" (x{dup_count} from {_minute(first_seen)} to {_minute(last_seen)})"
+
+
+def block_header(title: str) -> str:
+    """The header line that opens a text block inside the system message."""
+    return f"## {title}\n"
+
+
+def system_prefix(system: str) -> str:
+    """The caller's system prompt as the first segment when memory blocks follow it."""
+    return system.rstrip() + "\n\n"
+
+
+def _fields(memory: Memory | Mapping[str, Any]) -> tuple[str, str | None, str]:
+    if isinstance(memory, Memory):
+        return memory.role, memory.author, memory.content
+    return str(memory.get("role", "user")), memory.get("author"), str(memory["content"])

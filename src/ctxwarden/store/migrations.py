@@ -1,0 +1,199 @@
+"""Named, versioned schema migrations for the SQLite backend.
+
+The schema is a contract: each migration has a number and a name, ``plan()`` lists what is
+pending without writing, ``apply()`` runs the pending ones, each in its own transaction, and
+records the version in ``PRAGMA user_version``. The tables (the DESIGN.md data model):
+
+- ``memories``: one row per stored memory (messages, summaries, facts, pinned notes), with the
+  caller's id kept (unique per tenant), aggregate fields (``dup_count``, ``last_seen_at``), access
+  fields and summary provenance (``source_ids``, ``time_start``/``time_end``).
+- ``aliases``: ids of records folded into an aggregate (and of compacted memories), so a lookup by
+  any id the caller ever sent finds where its content lives.
+- ``memories_fts``: FTS5 over content (external content, kept in step by triggers).
+- ``token_counts``: per memory and tokenizer, the tokens of its rendered message and line,
+  counted once.
+- ``contexts`` and ``inclusions``: the inclusion log.
+- ``tombstones``: content-free records of deleted memories.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+__all__ = ["MIGRATIONS", "Migration", "apply", "plan"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Migration:
+    """One schema step: its version, a name, and the statements it runs."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        name="initial",
+        statements=(
+            """
+            CREATE TABLE memories (
+                rowid INTEGER PRIMARY KEY,
+                id TEXT NOT NULL,
+                tenant TEXT NOT NULL,
+                session TEXT NOT NULL,
+                channel TEXT,
+                author TEXT,
+                author_kind TEXT NOT NULL,
+                role TEXT NOT NULL,
+                content TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                thread_id TEXT,
+                reply_to TEXT,
+                kind TEXT NOT NULL,
+                pinned INTEGER NOT NULL DEFAULT 0,
+                name TEXT,
+                tool_calls TEXT,
+                tool_call_id TEXT,
+                attachments TEXT,
+                metadata TEXT,
+                content_hash TEXT NOT NULL,
+                near_key TEXT,
+                dup_count INTEGER NOT NULL DEFAULT 1,
+                last_seen_at REAL NOT NULL,
+                access_count INTEGER NOT NULL DEFAULT 0,
+                last_accessed_at REAL,
+                access_score REAL NOT NULL DEFAULT 0,
+                access_score_at REAL,
+                included_tokens_total INTEGER NOT NULL DEFAULT 0,
+                source_ids TEXT,
+                time_start REAL,
+                time_end REAL,
+                UNIQUE (tenant, id)
+            )
+            """,
+            "CREATE INDEX memories_recent ON memories (tenant, session, kind, created_at, rowid)",
+            """CREATE INDEX memories_channel_recent
+               ON memories (tenant, session, channel, kind, created_at, rowid)""",
+            """CREATE INDEX memories_exact
+               ON memories (tenant, channel, content_hash, last_seen_at)""",
+            "CREATE INDEX memories_kind ON memories (tenant, kind, created_at)",
+            "CREATE INDEX memories_pinned ON memories (tenant, pinned) WHERE pinned = 1",
+            """
+            CREATE TABLE aliases (
+                tenant TEXT NOT NULL,
+                id TEXT NOT NULL,
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                status TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                PRIMARY KEY (tenant, id)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX aliases_memory ON aliases (memory_rowid)",
+            """
+            CREATE VIRTUAL TABLE memories_fts USING fts5 (
+                content, content='memories', content_rowid='rowid',
+                tokenize='porter unicode61 remove_diacritics 2'
+            )
+            """,
+            """
+            CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories BEGIN
+                INSERT INTO memories_fts (rowid, content) VALUES (new.rowid, new.content);
+            END
+            """,
+            """
+            CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+                INSERT INTO memories_fts (memories_fts, rowid, content)
+                VALUES ('delete', old.rowid, old.content);
+            END
+            """,
+            """
+            CREATE TRIGGER memories_fts_update AFTER UPDATE OF content ON memories BEGIN
+                INSERT INTO memories_fts (memories_fts, rowid, content)
+                VALUES ('delete', old.rowid, old.content);
+                INSERT INTO memories_fts (rowid, content) VALUES (new.rowid, new.content);
+            END
+            """,
+            """
+            CREATE TABLE token_counts (
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                tokenizer TEXT NOT NULL,
+                message INTEGER NOT NULL,
+                line INTEGER NOT NULL,
+                PRIMARY KEY (memory_rowid, tokenizer)
+            ) WITHOUT ROWID
+            """,
+            """
+            CREATE TABLE contexts (
+                rowid INTEGER PRIMARY KEY,
+                id TEXT NOT NULL UNIQUE,
+                tenant TEXT NOT NULL,
+                session TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                model TEXT NOT NULL,
+                tokenizer TEXT NOT NULL,
+                exact INTEGER NOT NULL,
+                cap INTEGER NOT NULL,
+                tokens INTEGER NOT NULL,
+                blocks TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX contexts_session ON contexts (tenant, session, created_at)",
+            """
+            CREATE TABLE inclusions (
+                context_rowid INTEGER NOT NULL REFERENCES contexts (rowid) ON DELETE CASCADE,
+                position INTEGER NOT NULL,
+                memory_id TEXT NOT NULL,
+                block TEXT NOT NULL,
+                tokens INTEGER NOT NULL,
+                PRIMARY KEY (context_rowid, position)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX inclusions_memory ON inclusions (memory_id)",
+            """
+            CREATE TABLE tombstones (
+                tenant TEXT NOT NULL,
+                id TEXT NOT NULL,
+                deleted_at REAL NOT NULL,
+                summary_id TEXT,
+                content_hash TEXT NOT NULL,
+                time_start REAL,
+                time_end REAL,
+                reason TEXT NOT NULL,
+                PRIMARY KEY (tenant, id)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX tombstones_summary ON tombstones (tenant, summary_id)",
+        ),
+    ),
+)
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    """The schema version recorded in the database."""
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def plan(conn: sqlite3.Connection) -> list[Migration]:
+    """The migrations not yet applied, in order. Reads only."""
+    version = current_version(conn)
+    return [m for m in MIGRATIONS if m.version > version]
+
+
+def apply(conn: sqlite3.Connection) -> list[Migration]:
+    """Apply pending migrations, each in one transaction; returns what was applied."""
+    done = []
+    for migration in plan(conn):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in migration.statements:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        done.append(migration)
+    return done

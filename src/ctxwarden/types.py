@@ -1,0 +1,539 @@
+"""Value types shared by every part of ctxwarden: records in, memories stored, contexts out.
+
+A :class:`Record` is what a caller ingests (one chat event, one OpenAI-style message, one fact).
+A :class:`Memory` is what the store keeps for it. :class:`IngestResult` says what became of each
+record; :class:`Context` is what ``assemble`` returns: the chat messages to send, the ids of every
+memory in them, the exact token count and a :class:`Report` that explains every decision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from ctxwarden.errors import InputError
+
+__all__ = [
+    "AUTHOR_KINDS",
+    "KINDS",
+    "ROLES",
+    "BlockReport",
+    "CandidateReport",
+    "Context",
+    "IngestOutcome",
+    "IngestResult",
+    "IngestStatus",
+    "Memory",
+    "Record",
+    "Report",
+    "format_time",
+    "parse_time",
+]
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+AUTHOR_KINDS = frozenset({"human", "bot", "agent", "tool"})
+KINDS = frozenset({"message", "summary", "fact", "pinned"})
+IngestStatus = Literal["stored", "duplicate", "near_duplicate", "known"]
+
+#: Longest content accepted at ingest (characters). Larger payloads belong in a document store;
+#: a prompt could not hold them anyway, and counting them would stall ingest.
+MAX_CONTENT_CHARS = 1 << 20
+
+_RECORD_FIELDS = frozenset(
+    {
+        "id",
+        "tenant",
+        "session",
+        "channel",
+        "author",
+        "author_kind",
+        "role",
+        "content",
+        "created_at",
+        "thread_id",
+        "reply_to",
+        "kind",
+        "pinned",
+        "name",
+        "tool_calls",
+        "tool_call_id",
+        "attachments",
+        "metadata",
+    }
+)
+
+
+def parse_time(value: object, *, field_name: str = "created_at", line: int | None = None) -> float:
+    """Parse an ISO 8601 string, a datetime or epoch seconds into UTC epoch seconds.
+
+    >>> parse_time("2026-03-01T08:04:49Z")
+    1772352289.0
+    """
+    if isinstance(value, bool):
+        raise InputError("expected an ISO 8601 time or epoch seconds", field=field_name, line=line)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=UTC)
+        seconds = when.timestamp()
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise InputError(
+                f"{value!r} is not an ISO 8601 time (e.g. 2026-03-01T08:04:49Z)",
+                field=field_name,
+                line=line,
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp()
+    else:
+        raise InputError(
+            f"expected an ISO 8601 time or epoch seconds, got {type(value).__name__}",
+            field=field_name,
+            line=line,
+        )
+    if not math.isfinite(seconds) or seconds < 0 or seconds > 32503680000:  # year 3000
+        raise InputError(f"{value!r} is out of range", field=field_name, line=line)
+    return seconds
+
+
+def format_time(seconds: float, *, precision: str = "seconds") -> str:
+    """Format epoch seconds as an ISO 8601 UTC string ending in ``Z``.
+
+    >>> format_time(1772352289.0)
+    '2026-03-01T08:04:49Z'
+    """
+    return (
+        datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec=precision).replace("+00:00", "Z")
+    )
+
+
+def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and name in {"id", "thread_id"}:
+        return str(value)
+    if not isinstance(value, str):
+        raise InputError(f"expected a string, got {type(value).__name__}", field=name, line=line)
+    if len(value) > 512:
+        raise InputError("longer than 512 characters", field=name, line=line)
+    return value
+
+
+def _content_text(value: object, line: int | None) -> str:
+    """Content as a string: plain text, or OpenAI content parts of type text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts: list[str] = []
+        for index, part in enumerate(value):
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise InputError(
+                    f"content part {index} is not a text part ({{'type': 'text', 'text': ...}})",
+                    field="content",
+                    line=line,
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InputError(
+                    f"content part {index} has no string 'text'", field="content", line=line
+                )
+            texts.append(text)
+        return "\n".join(texts)
+    raise InputError(
+        f"expected a string or a list of text parts, got {type(value).__name__}",
+        field="content",
+        line=line,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Record:
+    """One event to ingest: a chat message, an OpenAI-style message, a fact or a pinned note.
+
+    ``id`` is the caller's id and is kept; without one a stable id is derived from the record.
+    Content is stored stripped of leading and trailing whitespace.
+
+    >>> Record.from_mapping({"role": "user", "content": "hi"}).role
+    'user'
+    """
+
+    id: str | None = None
+    content: str
+    role: str = "user"
+    tenant: str = "default"
+    session: str = "default"
+    channel: str | None = None
+    author: str | None = None
+    author_kind: str = "human"
+    created_at: float | None = None
+    thread_id: str | None = None
+    reply_to: str | None = None
+    kind: str = "message"
+    pinned: bool = False
+    name: str | None = None
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    tool_call_id: str | None = None
+    attachments: tuple[Mapping[str, Any], ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        line: int | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> Record:
+        """Validate one record (chatbench event or OpenAI message) and build it.
+
+        ``defaults`` fills fields the record leaves out (e.g. ``session`` for a plain message list).
+        Raises :class:`InputError` naming the line and the field.
+        """
+        if not isinstance(data, Mapping):
+            raise InputError(f"expected a JSON object, got {type(data).__name__}", line=line)
+        merged: dict[str, Any] = dict(defaults or {})
+        merged.update({k: v for k, v in data.items() if v is not None or k not in merged})
+        unknown = sorted(set(merged) - _RECORD_FIELDS)
+        if unknown:
+            raise InputError(
+                f"unknown field (known: {', '.join(sorted(_RECORD_FIELDS))})",
+                field=unknown[0],
+                line=line,
+            )
+        role = merged.get("role", "user")
+        if role not in ROLES:
+            raise InputError(
+                f"{role!r} is not one of {', '.join(sorted(ROLES))}", field="role", line=line
+            )
+        tool_calls = _tool_calls(merged.get("tool_calls"), line)
+        if "content" not in merged or merged["content"] is None:
+            if not tool_calls:
+                raise InputError("missing (every record needs content)", field="content", line=line)
+            content = ""
+        else:
+            content = _content_text(merged["content"], line).strip()
+        if len(content) > MAX_CONTENT_CHARS:
+            raise InputError(
+                f"{len(content)} characters is over the limit of {MAX_CONTENT_CHARS}; "
+                "store large documents elsewhere and ingest a reference",
+                field="content",
+                line=line,
+            )
+        if "\x00" in content:
+            raise InputError("contains a NUL character", field="content", line=line)
+        if not content and not tool_calls:
+            raise InputError("is empty", field="content", line=line)
+        author_kind = merged.get("author_kind", "human")
+        if author_kind not in AUTHOR_KINDS:
+            raise InputError(
+                f"{author_kind!r} is not one of {', '.join(sorted(AUTHOR_KINDS))}",
+                field="author_kind",
+                line=line,
+            )
+        kind = merged.get("kind", "message")
+        if kind not in KINDS:
+            raise InputError(
+                f"{kind!r} is not one of {', '.join(sorted(KINDS))}", field="kind", line=line
+            )
+        pinned = merged.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise InputError("expected true or false", field="pinned", line=line)
+        tenant = _optional_str(merged, "tenant", line) or "default"
+        session = _optional_str(merged, "session", line) or "default"
+        record_id = _optional_str(merged, "id", line)
+        if record_id is not None and not record_id.strip():
+            raise InputError("is blank", field="id", line=line)
+        created = merged.get("created_at")
+        attachments = merged.get("attachments") or ()
+        if not isinstance(attachments, list | tuple) or not all(
+            isinstance(a, Mapping) for a in attachments
+        ):
+            raise InputError("expected a list of objects", field="attachments", line=line)
+        metadata = merged.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            raise InputError("expected an object", field="metadata", line=line)
+        try:
+            json.dumps(metadata)
+            json.dumps(list(attachments))
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"not JSON-serialisable: {exc}", field="metadata", line=line) from None
+        return cls(
+            id=record_id,
+            content=content,
+            role=role,
+            tenant=tenant,
+            session=session,
+            channel=_optional_str(merged, "channel", line),
+            author=_optional_str(merged, "author", line),
+            author_kind=author_kind,
+            created_at=None if created is None else parse_time(created, line=line),
+            thread_id=_optional_str(merged, "thread_id", line),
+            reply_to=_optional_str(merged, "reply_to", line),
+            kind="pinned" if pinned and kind == "message" else kind,
+            pinned=pinned or kind == "pinned",
+            name=_optional_str(merged, "name", line),
+            tool_calls=tool_calls,
+            tool_call_id=_optional_str(merged, "tool_call_id", line),
+            attachments=tuple(attachments),
+            metadata=dict(metadata),
+        )
+
+
+def _tool_calls(value: object, line: int | None) -> tuple[Mapping[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise InputError("expected a list", field="tool_calls", line=line)
+    calls: list[Mapping[str, Any]] = []
+    for index, call in enumerate(value):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise InputError(
+                f"tool call {index} needs function.name", field="tool_calls", line=line
+            )
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        assert isinstance(call, Mapping)
+        calls.append(
+            {
+                "id": str(call.get("id", f"call_{index}")),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
+    return tuple(calls)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Memory:
+    """A stored memory: the record as kept, with its aggregate, access and summary fields."""
+
+    rowid: int
+    id: str
+    tenant: str
+    session: str
+    channel: str | None
+    author: str | None
+    author_kind: str
+    role: str
+    content: str
+    created_at: float
+    thread_id: str | None
+    reply_to: str | None
+    kind: str
+    pinned: bool
+    name: str | None
+    tool_calls: tuple[Mapping[str, Any], ...]
+    tool_call_id: str | None
+    content_hash: str
+    dup_count: int
+    last_seen_at: float
+    access_count: int
+    last_accessed_at: float | None
+    access_score: float
+    included_tokens_total: int
+    source_ids: tuple[str, ...] = ()
+    time_range: tuple[float, float] | None = None
+    attachments: tuple[Mapping[str, Any], ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601)."""
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "session": self.session,
+            "channel": self.channel,
+            "author": self.author,
+            "author_kind": self.author_kind,
+            "role": self.role,
+            "content": self.content,
+            "created_at": format_time(self.created_at),
+            "thread_id": self.thread_id,
+            "reply_to": self.reply_to,
+            "kind": self.kind,
+            "pinned": self.pinned,
+            "name": self.name,
+            "tool_calls": list(self.tool_calls),
+            "tool_call_id": self.tool_call_id,
+            "dup_count": self.dup_count,
+            "last_seen_at": format_time(self.last_seen_at),
+            "access_count": self.access_count,
+            "access_score": self.access_score,
+            "included_tokens_total": self.included_tokens_total,
+            "source_ids": list(self.source_ids),
+            "time_range": ([format_time(t) for t in self.time_range] if self.time_range else None),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IngestOutcome:
+    """What became of one record: stored, folded into an aggregate, or already known."""
+
+    id: str
+    status: IngestStatus
+    duplicate_of: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out: dict[str, Any] = {"id": self.id, "status": self.status}
+        if self.duplicate_of is not None:
+            out["duplicate_of"] = self.duplicate_of
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IngestResult:
+    """One outcome per record, in input order.
+
+    >>> IngestResult(outcomes=()).counts
+    {'stored': 0, 'duplicate': 0, 'near_duplicate': 0, 'known': 0}
+    """
+
+    outcomes: tuple[IngestOutcome, ...]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many records ended in each status."""
+        counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+        for outcome in self.outcomes:
+            counts[outcome.status] += 1
+        return counts
+
+    def __len__(self) -> int:
+        return len(self.outcomes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CandidateReport:
+    """One memory the assembler considered: where it went (or why not), its cost and score."""
+
+    id: str
+    block: str
+    included: bool
+    reason: str
+    tokens: int
+    score: float | None = None
+    components: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "block": self.block,
+            "included": self.included,
+            "reason": self.reason,
+            "tokens": self.tokens,
+        }
+        if self.score is not None:
+            out["score"] = round(self.score, 6)
+        if self.components:
+            out["components"] = {k: round(v, 6) for k, v in self.components.items()}
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockReport:
+    """One block of a context: its budget, what it used, and the ids it holds."""
+
+    name: str
+    budget: int
+    used: int
+    items: tuple[str, ...]
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "budget": self.budget,
+            "used": self.used,
+            "items": list(self.items),
+        }
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Report:
+    """Why a context looks the way it does: the cap, the tokenizer, each block and candidate."""
+
+    model: str
+    tokenizer: str
+    exact: bool
+    window: int
+    reserve: int
+    margin: int
+    cap: int
+    tokens: int
+    fixed: Mapping[str, int]
+    blocks: tuple[BlockReport, ...]
+    candidates: tuple[CandidateReport, ...]
+    notes: tuple[str, ...] = ()
+
+    def block(self, name: str) -> BlockReport | None:
+        """The report of the block called ``name``, if the context has it."""
+        return next((b for b in self.blocks if b.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "exact": self.exact,
+            "window": self.window,
+            "reserve": self.reserve,
+            "margin": self.margin,
+            "cap": self.cap,
+            "tokens": self.tokens,
+            "fixed": dict(self.fixed),
+            "blocks": [b.to_dict() for b in self.blocks],
+            "candidates": [c.to_dict() for c in self.candidates],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Context:
+    """An assembled context: the messages to send and the account of how they were chosen.
+
+    ``included`` lists the caller's ids of every memory in the messages, in message order;
+    ``tokens`` is the prompt's size counted with the model's tokenizer, chat template included.
+    """
+
+    id: str
+    messages: tuple[Mapping[str, Any], ...]
+    included: tuple[str, ...]
+    tokens: int
+    report: Report
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "id": self.id,
+            "messages": [dict(m) for m in self.messages],
+            "included": list(self.included),
+            "tokens": self.tokens,
+            "report": self.report.to_dict(),
+        }
+
+
+def records_from_messages(messages: Sequence[Mapping[str, Any]], **defaults: Any) -> list[Record]:
+    """Build records from a plain OpenAI-style ``[{role, content}, ...]`` list."""
+    return [Record.from_mapping(m, line=i + 1, defaults=defaults) for i, m in enumerate(messages)]

@@ -1,0 +1,196 @@
+"""Assembly: budgets, blocks, order, tool-call groups, report, inclusion log, exact counts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxwarden import BudgetError, Engine, tokens
+from ctxwarden.models import default_registry
+
+
+def _history(n: int, *, words: int = 30, session: str = "s") -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"h{i}",
+            "session": session,
+            "channel": "general",
+            "author": ["ana", "bo", "cy"][i % 3],
+            "content": f"message {i} " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(words)),
+            "created_at": 1_700_000_000 + i * 60,
+        }
+        for i in range(n)
+    ]
+
+
+def _real_count(context: Any, model: str, tools: Any = ()) -> int:
+    spec = default_registry().resolve(model)
+    tok = tokens.get_tokenizer(spec.tokenizer)
+    fmt = tokens.get_chat_format(spec.chat_format, tok)
+    return tokens.count_messages(tok, fmt, list(context.messages), tools)
+
+
+def test_recent_is_chronological_and_within_budget(engine: Engine) -> None:
+    engine.ingest(_history(200))
+    context = engine.assemble(session="s", model="gpt-4o", budget=1000)
+    assert context.tokens <= 1000
+    assert context.tokens == _real_count(context, "gpt-4o")
+    ids = [int(i[1:]) for i in context.included]
+    assert ids == sorted(ids)
+    assert ids[-1] == 199  # the newest message is always there
+    assert context.tokens >= 0.95 * 1000  # enough material: the budget is used
+
+
+def test_related_finds_old_messages_for_the_query(engine: Engine) -> None:
+    history = _history(300)
+    history[5]["content"] = "the spare office key is taped under the blue plant pot"
+    engine.ingest(history)
+    context = engine.assemble(session="s", query="where is the spare office key?", budget=1500)
+    assert "h5" in context.included
+    related = context.report.block("related")
+    assert related is not None
+    assert "h5" in related.items
+    assert context.messages[-1] == {"role": "user", "content": "where is the spare office key?"}
+    assert context.tokens == _real_count(context, "gpt-4o")
+    candidate = next(c for c in context.report.candidates if c.id == "h5")
+    assert candidate.included
+    assert candidate.score is not None
+
+
+def test_a_memory_appears_once(engine: Engine) -> None:
+    engine.ingest(_history(20))
+    context = engine.assemble(session="s", query="word3 word10 message", budget=4000)
+    assert len(context.included) == len(set(context.included))
+
+
+def test_tool_call_and_result_stay_together(engine: Engine) -> None:
+    records: list[dict[str, Any]] = _history(40, words=40)
+    records += [
+        {"id": "call", "session": "s", "role": "assistant", "content": "",
+         "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}],
+         "created_at": 1_700_100_000},
+        {"id": "result", "session": "s", "role": "tool", "tool_call_id": "c1",
+         "content": json.dumps({"rows": list(range(60))}), "created_at": 1_700_100_001},
+        {"id": "after", "session": "s", "role": "assistant", "content": "done",
+         "created_at": 1_700_100_002},
+    ]  # fmt: skip
+    engine.ingest(records)
+    for budget in range(120, 900, 7):
+        context = engine.assemble(session="s", budget=budget)
+        assert ("call" in context.included) == ("result" in context.included), budget
+        assert context.tokens <= budget
+        assert context.tokens == _real_count(context, "gpt-4o")
+        if "result" in context.included:
+            position = context.included.index("result")
+            assert context.included[position - 1] == "call"
+
+
+def test_pinned_memories_are_persistent(engine: Engine) -> None:
+    engine.ingest(_history(100))
+    engine.ingest([{"id": "p1", "session": "s", "content": "Always answer in French.",
+                    "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
+    context = engine.assemble(session="s", budget=2000, system="You are helpful.")
+    assert context.messages[0]["role"] == "system"
+    assert "## Persistent memory\n- Always answer in French.\n" in context.messages[0]["content"]
+    assert context.included[0] == "p1"
+    assert context.tokens == _real_count(context, "gpt-4o")
+
+
+def test_fixed_costs_over_the_cap_is_a_clear_error(engine: Engine) -> None:
+    with pytest.raises(BudgetError, match="system prompt, tools and query take"):
+        engine.assemble(session="s", budget=50, system="word " * 200)
+
+
+def test_inclusion_log_and_access_stats(engine: Engine) -> None:
+    engine.ingest(_history(10))
+    context = engine.assemble(session="s", budget=5000)
+    logged = engine.store.inclusions(context.id)
+    assert [row["memory_id"] for row in logged] == list(context.included)
+    assert all(row["tokens"] > 0 for row in logged)
+    assert engine.get("h3").access_count == 1
+    engine.assemble(session="s", budget=5000)
+    assert engine.get("h3").access_count == 2
+    assert engine.stats()["contexts"] == 2
+
+
+def test_report_explains_blocks_and_candidates(engine: Engine) -> None:
+    engine.ingest(_history(100))
+    context = engine.assemble(session="s", query="word5", budget=800)
+    report = context.report
+    names = [b.name for b in report.blocks]
+    assert names == ["persistent", "summaries", "related", "recent", "scratch"]
+    assert sum(b.used for b in report.blocks) + sum(report.fixed.values()) >= context.tokens - 8
+    assert any(not c.included for c in report.candidates)
+    assert all(c.reason for c in report.candidates)
+    json.dumps(context.to_dict())
+
+
+def test_same_inputs_same_context(engine: Engine) -> None:
+    engine.ingest(_history(120))
+    a = engine.assemble(session="s", query="word7 message", budget=1200, log_inclusions=False)
+    b = engine.assemble(session="s", query="word7 message", budget=1200, log_inclusions=False)
+    assert a.messages == b.messages
+    assert a.included == b.included
+
+
+def test_assemble_snapshot(engine: Engine, snapshot: Any) -> None:
+    engine.ingest(_history(12, words=8))
+    engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
+                    "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
+    context = engine.assemble(
+        session="s", query="word40 otters", budget=300, system="Be brief.", log_inclusions=False
+    )
+    assert {"messages": list(context.messages), "included": list(context.included),
+            "tokens": context.tokens} == snapshot  # fmt: skip
+
+
+TEXT = st.one_of(
+    st.text(min_size=1, max_size=300),
+    st.text(alphabet="日本語中文한국어テキスト漢字", min_size=1, max_size=200),
+    st.text(alphabet="😀🎉👍🏽🔥✨🧪🚀", min_size=1, max_size=80),
+    st.builds(
+        lambda d: json.dumps(d),
+        st.dictionaries(st.text(max_size=10), st.integers() | st.text(max_size=20), max_size=8),
+    ),
+    st.sampled_from(
+        ["def f(x):\n    return {'a': [1, 2, 3]}\n", "SELECT * FROM t WHERE a = '<|endoftext|>';",
+         "    indented\n\n\nlines\t\ttabs  ", "<|im_start|>user\nhi<|im_end|>"]
+    ),
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    contents=st.lists(TEXT, min_size=1, max_size=25),
+    budget=st.integers(min_value=256, max_value=262_144),
+    model=st.sampled_from(["gpt-4o", "gpt-4", "qwen2.5-7b-instruct", "llama-3.1-8b-instruct"]),
+    query=st.one_of(st.none(), TEXT),
+    system=st.one_of(st.none(), st.text(min_size=1, max_size=200)),
+)
+def test_never_over_budget(
+    contents: list[str], budget: int, model: str, query: str | None, system: str | None
+) -> None:
+    with Engine.open(":memory:") as e:
+        records = [
+            {"id": f"x{i}", "session": "s", "author": "ana", "content": c,
+             "created_at": 1_700_000_000 + i, "pinned": i % 7 == 3}
+            for i, c in enumerate(contents) if c.strip()
+        ]  # fmt: skip
+        if records:
+            e.ingest(records)
+        try:
+            context = e.assemble(
+                session="s", query=query, model=model, budget=budget, system=system
+            )
+        except BudgetError:
+            return  # the system prompt and query alone do not fit: a clear error, not an overflow
+        assert context.tokens <= context.report.cap <= budget
+        assert _real_count(context, model) <= context.tokens

@@ -1,0 +1,162 @@
+"""Ingest: validation, all-or-nothing batches, idempotence, verbatim folding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxwarden import Engine, InputError, Record
+from ctxwarden.engine import EngineConfig
+
+
+def _msg(i: int, content: str, **kw: Any) -> dict[str, Any]:
+    base = {
+        "id": f"m{i}",
+        "session": "s",
+        "channel": "general",
+        "author": "ana",
+        "author_kind": "human",
+        "role": "user",
+        "content": content,
+        "created_at": f"2026-03-01T08:{i // 60:02d}:{i % 60:02d}Z",
+    }
+    base.update(kw)
+    return base
+
+
+def test_outcomes_one_per_record_in_order(engine: Engine) -> None:
+    result = engine.ingest([_msg(0, "hello"), _msg(1, "world"), _msg(2, "hello")])
+    assert [o.status for o in result.outcomes] == ["stored", "stored", "duplicate"]
+    assert result.outcomes[2].duplicate_of == "m0"
+    assert engine.get("m2").id == "m0"
+    assert engine.get("m0").dup_count == 2
+
+
+def test_reingesting_a_known_id_is_a_noop(engine: Engine) -> None:
+    engine.ingest([_msg(0, "hello"), _msg(1, "hello")])
+    again = engine.ingest([_msg(0, "hello"), _msg(1, "hello")])
+    assert [o.status for o in again.outcomes] == ["known", "known"]
+    assert again.outcomes[1].duplicate_of == "m0"
+    assert engine.get("m0").dup_count == 2
+    assert engine.stats()["memories"] == 1
+
+
+def test_duplicates_fold_only_within_channel_and_ttl(clock: Any) -> None:
+    with Engine.open(":memory:", clock=clock, config=EngineConfig(exact_ttl_seconds=60)) as e:
+        result = e.ingest(
+            [
+                _msg(0, "deploy done"),
+                _msg(1, "deploy done", channel="dev"),  # other channel
+                _msg(30, "deploy done"),  # within 60 s of m0
+                _msg(200, "deploy done"),  # 170 s after the last sighting
+                _msg(201, "deploy done", author="bo"),  # other author
+            ]
+        )
+    assert [o.status for o in result.outcomes] == [
+        "stored",
+        "stored",
+        "duplicate",
+        "stored",
+        "stored",
+    ]
+
+
+def test_bad_record_names_line_and_field_and_leaves_store_unchanged(engine: Engine) -> None:
+    engine.ingest([_msg(0, "before")])
+    before = engine.stats()
+    bad = [_msg(1, "fine"), _msg(2, "also fine"), {**_msg(3, "x"), "role": "wizard"}]
+    with pytest.raises(InputError, match=r"line 3, field 'role'") as info:
+        engine.ingest(bad)
+    assert info.value.field == "role"
+    assert info.value.line == 3
+    assert engine.stats() == before
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"content": ""}, "content"),
+        ({"role": "user"}, "content"),
+        ({"content": "x", "created_at": "yesterday"}, "created_at"),
+        ({"content": "x", "author_kind": "alien"}, "author_kind"),
+        ({"content": "x", "kind": "poem"}, "kind"),
+        ({"content": "x", "colour": "red"}, "colour"),
+        ({"content": 5}, "content"),
+        ({"content": "x", "pinned": "yes"}, "pinned"),
+        ({"content": "x", "tool_calls": [{"function": {}}]}, "tool_calls"),
+        ({"content": "x" * (1 << 20 + 1)}, "content"),
+    ],
+)
+def test_invalid_records(engine: Engine, record: dict[str, Any], field: str) -> None:
+    with pytest.raises(InputError) as info:
+        engine.ingest([record])
+    assert info.value.field == field
+
+
+def test_openai_message_lists_and_records(engine: Engine) -> None:
+    conversation = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "what is 2+2?"}]},
+        {"role": "assistant", "content": "4"},
+    ]
+    result = engine.ingest(conversation, session="chat")
+    assert result.counts["stored"] == 3
+    again = engine.ingest(conversation, session="chat")
+    # Without ids and times, a re-sent conversation folds as verbatim repeats.
+    assert again.counts["stored"] == 0
+    engine.ingest([Record(content="a fact", kind="fact", session="chat")])
+    assert engine.store.pinned("default")[0].content == "a fact"
+
+
+def test_tenants_are_kept_apart(engine: Engine) -> None:
+    engine.ingest([_msg(0, "canary-a")], tenant="a")
+    engine.ingest([_msg(0, "canary-b")], tenant="b")
+    assert engine.get("m0", tenant="a").content == "canary-a"
+    assert engine.get("m0", tenant="b").content == "canary-b"
+
+
+records = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.sampled_from([f"r{i}" for i in range(8)]),
+            "content": st.sampled_from(["a", "b", "c", "hello there", "ok"]),
+            "channel": st.sampled_from(["x", "y"]),
+            "author": st.sampled_from(["ana", "bo"]),
+            "created_at": st.integers(min_value=1_700_000_000, max_value=1_700_000_100),
+        }
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=records)
+def test_ingest_is_idempotent_and_counts_add_up(batch: list[dict[str, Any]]) -> None:
+    with Engine.open(":memory:") as e:
+        first = e.ingest(batch)
+        stats = e.stats()
+        second = e.ingest(batch)
+        assert e.stats() == stats
+        assert all(o.status == "known" for o in second.outcomes)
+        distinct_ids = len({r["id"] for r in batch})
+        folded = first.counts["duplicate"]
+        assert stats["memories"] + folded == distinct_ids
+        assert stats["seen"] == distinct_ids  # dup_count accounts for every folded record
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=records, bad_at=st.integers(min_value=0, max_value=29))
+def test_bad_record_anywhere_leaves_store_unchanged(
+    batch: list[dict[str, Any]], bad_at: int
+) -> None:
+    with Engine.open(":memory:") as e:
+        e.ingest(batch[: len(batch) // 2])
+        before = e.stats()
+        poisoned = list(batch)
+        poisoned.insert(min(bad_at, len(poisoned)), {"content": "x", "role": "nope"})
+        with pytest.raises(InputError):
+            e.ingest(poisoned)
+        assert e.stats() == before
