@@ -117,8 +117,8 @@ def main() -> None:
         engine.close()
     print(f"\nassemble latency, budget {args.budget} tokens (o200k), 40-word messages")
     print(
-        f"| messages | ctxwarden p50 | ctxwarden p99 | tokens used | LangChain approx p50 "
-        f"| p99 | LangChain tiktoken p50 | p99 | ctxwarden ingest |"
+        "| messages | ctxwarden p50 | ctxwarden p99 | tokens used | LangChain approx p50 "
+        "| p99 | LangChain tiktoken p50 | p99 | ctxwarden ingest |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, ingest_s, ours, used, approx, per_message in rows:

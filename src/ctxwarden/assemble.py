@@ -45,7 +45,7 @@ _STOPWORDS = frozenset(
     ourselves out over own same she should so some such than that the their theirs them
     themselves then there these they this those through to too under until up very was we were
     what when where which while who whom why will with would you your yours yourself
-    yourselves tell know ask asked say said get got""".split()  # noqa: SIM905 - a readable list
+    yourselves tell know ask asked say said get got""".split()
 )
 _WORD = re.compile(r"[\w][\w'.-]*[\w]|\w", re.UNICODE)
 
