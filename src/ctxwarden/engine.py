@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class EngineConfig:
     tenant: str = "default"
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
-    recent_page: int = 64
+    recent_page: int = 32
 
     def __post_init__(self) -> None:
         if self.exact_ttl_seconds < 0:
@@ -527,41 +527,29 @@ class _RecentWalk:
         self._first_page: list[Memory] | None = None
         self._fresh: list[TokenCount] = []
 
-    def _pages(self) -> Iterator[list[Memory]]:
-        store = self.engine.store
-        page_size = self.engine.config.recent_page
-        page = self._first_page
-        if page is None:
-            page = store.recent(self.tenant, self.session, channel=self.channel, limit=page_size)
-        while page:
-            yield page
-            if len(page) < page_size:
-                return
-            last = page[-1]
-            page = store.recent(
-                self.tenant,
-                self.session,
-                channel=self.channel,
-                before=(last.created_at, last.rowid),
-                limit=page_size,
-            )
+    def _page(self, before: tuple[float, int] | None, limit: int) -> list[Memory]:
+        return self.engine.store.recent(
+            self.tenant, self.session, channel=self.channel, before=before, limit=limit
+        )
 
     def peek_newest(self) -> Memory | None:
         if self._first_page is None:
-            self._first_page = self.engine.store.recent(
-                self.tenant,
-                self.session,
-                channel=self.channel,
-                limit=self.engine.config.recent_page,
-            )
+            self._first_page = self._page(None, self.engine.config.recent_page)
         return self._first_page[0] if self._first_page else None
 
     def take(self, available: int) -> list[Candidate]:
-        """Units newest first until their cost passes ``available`` (or history ends)."""
+        """Units newest first until their cost passes ``available`` (or history ends).
+
+        Pages are sized from the average cost seen so far, so a large budget costs a few
+        queries, and a store's size never matters: each page is an index range scan.
+        """
         units: list[Candidate] = []
         total = 0
         pending: list[Memory] = []  # tool results waiting for the call that made them
-        for page in self._pages():
+        self.peek_newest()
+        page = self._first_page or []
+        limit = self.engine.config.recent_page
+        while page:
             counts = self.engine.store.token_counts([m.rowid for m in page], self.tok.name)
             for memory in page:
                 if memory.role == "tool":
@@ -574,6 +562,12 @@ class _RecentWalk:
                 total += unit.tokens
                 if total >= available:
                     return units
+            if len(page) < limit:
+                break
+            average = max(1.0, total / max(1, len(units)))
+            limit = max(16, min(2000, int((available - total) / average * 1.2) + 8))
+            last = page[-1]
+            page = self._page((last.created_at, last.rowid), limit)
         return units
 
     def _unit(self, group: Sequence[Memory], counts: Mapping[int, TokenCount]) -> Candidate:

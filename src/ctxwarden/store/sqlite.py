@@ -12,9 +12,10 @@ import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound, StoreError
@@ -23,6 +24,8 @@ from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
@@ -36,6 +39,7 @@ _MEMORY_COLUMNS = (
 
 
 def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
+    # Positional, in column order (the same order as Memory's fields up to access stats).
     (
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
         thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
@@ -43,35 +47,16 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         source_ids, time_start, time_end, attachments, metadata,
     ) = row  # fmt: skip
     return Memory(
-        rowid=rowid,
-        id=id_,
-        tenant=tenant,
-        session=session,
-        channel=channel,
-        author=author,
-        author_kind=author_kind,
-        role=role,
-        content=content,
-        created_at=created_at,
-        thread_id=thread_id,
-        reply_to=reply_to,
-        kind=kind,
-        pinned=bool(pinned),
-        name=name,
-        tool_calls=tuple(json.loads(tool_calls)) if tool_calls else (),
-        tool_call_id=tool_call_id,
-        content_hash=content_hash,
-        dup_count=dup_count,
-        last_seen_at=last_seen_at,
-        access_count=access_count,
-        last_accessed_at=last_accessed_at,
-        access_score=access_score,
-        included_tokens_total=included_tokens_total,
-        source_ids=tuple(json.loads(source_ids)) if source_ids else (),
-        time_range=(time_start, time_end) if time_start is not None else None,
-        attachments=tuple(json.loads(attachments)) if attachments else (),
-        metadata=json.loads(metadata) if metadata else {},
-    )
+        rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
+        thread_id, reply_to, kind, bool(pinned), name,
+        tuple(json.loads(tool_calls)) if tool_calls else (),
+        tool_call_id, content_hash, dup_count, last_seen_at, access_count, last_accessed_at,
+        access_score, included_tokens_total,
+        tuple(json.loads(source_ids)) if source_ids else (),
+        (time_start, time_end) if time_start is not None else None,
+        tuple(json.loads(attachments)) if attachments else (),
+        json.loads(metadata) if metadata else _EMPTY,
+    )  # fmt: skip
 
 
 class _SQLiteWriter:
@@ -218,7 +203,15 @@ class SQLiteStore:
             writer.put_token_counts(counts)
 
     def log_context(self, entry: ContextLog) -> None:
-        """Write the inclusion log and bump access stats (count, time, decayed score, tokens)."""
+        """Write the inclusion log and bump access stats (count, time, decayed score, tokens).
+
+        Set-based: the inclusions travel as one JSON array and SQLite expands it with
+        ``json_each``, so logging costs three statements whatever the context's size.
+        """
+        rows = json.dumps(
+            [[i.rowid, i.id, i.block, i.tokens] for i in entry.inclusions], separators=(",", ":")
+        )
+        now = entry.created_at
         with self.write():
             cursor = self._conn.execute(
                 "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
@@ -236,25 +229,21 @@ class SQLiteStore:
                     json.dumps(entry.blocks, separators=(",", ":")),
                 ),
             )
-            context_rowid = cursor.lastrowid
-            self._conn.executemany(
+            self._conn.execute(
                 "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [
-                    (context_rowid, position, inc.id, inc.block, inc.tokens)
-                    for position, inc in enumerate(entry.inclusions)
-                ],
+                "SELECT ?, key, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
+                (cursor.lastrowid, rows),
             )
-            now = entry.created_at
-            self._conn.executemany(
+            # One row per memory even if a caller lists it twice: sum its tokens.
+            self._conn.execute(
+                "WITH inc(rowid, tokens) AS (SELECT value ->> 0, sum(value ->> 3) "
+                "FROM json_each(?) GROUP BY 1) "
                 "UPDATE memories SET access_count = access_count + 1, last_accessed_at = ?, "
                 "access_score = access_score * exp(-max(0.0, ? - coalesce(access_score_at, ?)) "
                 "/ ?) + 1.0, access_score_at = ?, "
-                "included_tokens_total = included_tokens_total + ? WHERE rowid = ?",
-                [
-                    (now, now, now, ACCESS_TAU_SECONDS, now, inc.tokens, inc.rowid)
-                    for inc in entry.inclusions
-                ],
+                "included_tokens_total = included_tokens_total + inc.tokens "
+                "FROM inc WHERE memories.rowid = inc.rowid",
+                (rows, now, now, now, ACCESS_TAU_SECONDS, now),
             )
 
     # -- reads ------------------------------------------------------------------------------
@@ -315,10 +304,12 @@ class SQLiteStore:
         if session is not None:
             extra = " AND session = ?"
             params.append(session)
+        # Two indexed branches rather than one OR, which would scan the tenant's memories.
         rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? "
-            f"AND (pinned = 1 OR kind = 'fact'){extra} ORDER BY created_at, rowid",
-            params,
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND pinned = 1{extra} "
+            f"UNION SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'fact'"
+            f"{extra} ORDER BY 10, 1",
+            params + params,
         )
         return [_memory(r) for r in rows]
 
