@@ -1,0 +1,5 @@
+"""``python -m ctxwarden`` runs the CLI."""
+
+from ctxwarden.cli import main
+
+main()

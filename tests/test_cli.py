@@ -1,0 +1,90 @@
+"""The CLI end to end, as a user runs it (a real subprocess, a real database file)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ctxwarden(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxwarden", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(result.stderr)
+    return result
+
+
+def test_cli_on_chatbench(tmp_path: Path, chatbench: Path) -> None:
+    db = str(tmp_path / "bench.db")
+    report = tmp_path / "outcomes.jsonl"
+    out = ctxwarden(
+        "--db", db, "ingest", str(chatbench / "messages.jsonl"), "--report", str(report)
+    )
+    lines = (chatbench / "messages.jsonl").read_text(encoding="utf-8").splitlines()
+    total = sum(1 for line in lines if line.strip())
+    assert f"{total} records" in out.stdout
+    outcomes = [json.loads(line) for line in report.read_text().splitlines()]
+    assert len(outcomes) == total
+    assert {o["status"] for o in outcomes} <= {"stored", "duplicate", "near_duplicate", "known"}
+    again = ctxwarden("--db", db, "ingest", str(chatbench / "messages.jsonl"))
+    assert f"{total} already known" in again.stdout
+
+    question = json.loads((chatbench / "qa.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    result = ctxwarden(
+        "--db", db, "assemble", "--session", "guild-1", "--query", question["question"],
+        "--model", "gpt-4", "--budget", "2000", "--json",
+    )  # fmt: skip
+    context = json.loads(result.stdout)
+    assert context["tokens"] <= 2000
+    assert context["report"]["tokenizer"] == "cl100k_base"
+    assert context["messages"][-1] == {"role": "user", "content": question["question"]}
+    assert len(context["included"]) == len(set(context["included"])) > 10
+
+    stats = json.loads(ctxwarden("--db", db, "stats", "--json").stdout)
+    assert stats["seen"] == total
+    assert set(stats["channels"]) == {"random", "alerts", "dev", "general"}
+    assert stats["contexts"] == 1
+    table = ctxwarden("--db", db, "stats").stdout
+    assert "folded" in table
+
+
+def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "ok"}\n{"content": "x", "role": "wizard"}\n')
+    result = ctxwarden("--db", str(tmp_path / "x.db"), "ingest", str(bad), check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: line 2, field 'role': 'wizard' is not one of assistant, system, tool, user"
+    ]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"content": "ok"}\n{not json\n')
+    result = ctxwarden("--db", str(tmp_path / "x.db"), "ingest", str(broken), check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: line 2: not valid JSON")
+    stats = json.loads(ctxwarden("--db", str(tmp_path / "x.db"), "stats", "--json").stdout)
+    assert stats["memories"] == 0  # nothing written from either bad file
+
+
+def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
+    result = ctxwarden(
+        "--db", str(tmp_path / "x.db"), "assemble", "--session", "s", "--model", "nope-9",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "no tokenizer known for model 'nope-9'" in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs() -> None:
+    result = ctxwarden("demo")
+    assert "recent" in result.stdout
+    assert "persistent" in result.stdout
