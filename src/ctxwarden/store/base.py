@@ -107,6 +107,15 @@ class Writer(Protocol):
     def insert(self, memory: NewMemory) -> int:
         """Insert a memory and index it; returns its rowid."""
 
+    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
+        """Store ``memory``, or fold it into the newest verbatim copy in its channel.
+
+        ``since`` is the start of the de-duplication window (None: never fold). Returns
+        ``(status, rowid, id)``: ``stored``; ``duplicate`` (folded into memory ``id``); ``known``
+        (the caller id was stored meanwhile, by this or another writer). Safe when several
+        processes ingest the same message at the same moment: exactly one stores it.
+        """
+
     def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
         """Fold a duplicate into ``rowid``: bump dup_count and last_seen_at, keep the alias."""
 
@@ -116,7 +125,7 @@ class Writer(Protocol):
 
 @runtime_checkable
 class Store(Protocol):
-    """A storage backend. Implementations: ``SQLiteStore``; later ``PostgresStore``."""
+    """A storage backend. Implementations: ``SQLiteStore``, ``PostgresStore``."""
 
     def write(self) -> AbstractContextManager[Writer]:
         """A transaction for writes; rolls back if the block raises."""

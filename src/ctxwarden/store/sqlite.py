@@ -124,6 +124,21 @@ class _SQLiteWriter:
         assert rowid is not None
         return rowid
 
+    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
+        # BEGIN IMMEDIATE serialises writers, so look-up then insert cannot race.
+        known = self.resolve(memory.tenant, memory.id)
+        if known is not None:
+            row = self._conn.execute(
+                "SELECT rowid FROM memories WHERE tenant = ? AND id = ?", (memory.tenant, known)
+            ).fetchone()
+            return ("known", int(row[0]), known)
+        if since is not None:
+            hit = self.find_exact(memory.tenant, memory.channel, memory.content_hash, since)
+            if hit is not None:
+                self.fold(hit[0], alias=memory.id, status="duplicate", seen_at=memory.created_at)
+                return ("duplicate", hit[0], hit[1])
+        return ("stored", self.insert(memory), memory.id)
+
     def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
         self._conn.execute(
             "UPDATE memories SET dup_count = dup_count + 1, "

@@ -1,0 +1,231 @@
+"""Named, versioned schema migrations for the PostgreSQL backend.
+
+The same contract as :mod:`ctxwarden.store.migrations` (SQLite): numbered, named migrations,
+``plan()`` reads only, ``apply()`` runs each pending migration in its own transaction. The version
+lives in the table ``ctxwarden_schema`` (one row per applied migration). ``apply()`` takes a
+transaction-scoped advisory lock first, so several servers starting at once migrate once.
+
+The tables mirror the SQLite schema, with these PostgreSQL counterparts:
+
+- ``memories.content_tsv``: a stored generated ``tsvector`` (``english`` configuration: Snowball
+  stemming and stop words) with a GIN index, in place of FTS5.
+- ``exact_heads``: one row per ``(tenant, channel, content_hash)`` pointing at the newest memory
+  with that content; ingest claims it with ``INSERT ... ON CONFLICT DO UPDATE``, so two servers
+  ingesting the same message at the same moment fold it into one memory (no lost update, no
+  application lock).
+- ``memory_vectors``: a ``vector(384)`` per memory and embedding model, with an HNSW index
+  (cosine), ready for the embedder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["MIGRATIONS", "Migration", "apply", "current_version", "plan"]
+
+#: Key of the advisory lock that serialises concurrent migrators.
+_LOCK_KEY = 0x637478776172  # "ctxwar"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Migration:
+    """One schema step: its version, a name, and the statements it runs."""
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        version=1,
+        name="initial",
+        statements=(
+            """
+            CREATE TABLE memories (
+                rowid BIGSERIAL PRIMARY KEY,
+                id TEXT NOT NULL,
+                tenant TEXT NOT NULL,
+                session TEXT NOT NULL,
+                channel TEXT,
+                author TEXT,
+                author_kind TEXT NOT NULL,
+                role TEXT NOT NULL,
+                content TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                thread_id TEXT,
+                reply_to TEXT,
+                kind TEXT NOT NULL,
+                pinned BOOLEAN NOT NULL DEFAULT FALSE,
+                name TEXT,
+                tool_calls TEXT,
+                tool_call_id TEXT,
+                attachments TEXT,
+                metadata TEXT,
+                content_hash TEXT NOT NULL,
+                near_key TEXT,
+                dup_count INTEGER NOT NULL DEFAULT 1,
+                last_seen_at DOUBLE PRECISION NOT NULL,
+                access_count INTEGER NOT NULL DEFAULT 0,
+                last_accessed_at DOUBLE PRECISION,
+                access_score DOUBLE PRECISION NOT NULL DEFAULT 0,
+                access_score_at DOUBLE PRECISION,
+                included_tokens_total BIGINT NOT NULL DEFAULT 0,
+                source_ids TEXT,
+                time_start DOUBLE PRECISION,
+                time_end DOUBLE PRECISION,
+                content_tsv TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', content)) STORED,
+                UNIQUE (tenant, id)
+            )
+            """,
+            "CREATE INDEX memories_recent ON memories (tenant, session, kind, created_at, rowid)",
+            """CREATE INDEX memories_channel_recent
+               ON memories (tenant, session, channel, kind, created_at, rowid)""",
+            """CREATE INDEX memories_exact
+               ON memories (tenant, channel, content_hash, last_seen_at)""",
+            "CREATE INDEX memories_kind ON memories (tenant, kind, created_at)",
+            "CREATE INDEX memories_pinned ON memories (tenant, pinned) WHERE pinned",
+            "CREATE INDEX memories_tenant_order ON memories (tenant, created_at, rowid)",
+            "CREATE INDEX memories_fts ON memories USING GIN (content_tsv)",
+            """
+            CREATE TABLE aliases (
+                tenant TEXT NOT NULL,
+                id TEXT NOT NULL,
+                memory_rowid BIGINT NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                status TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (tenant, id)
+            )
+            """,
+            "CREATE INDEX aliases_memory ON aliases (memory_rowid)",
+            """
+            CREATE TABLE exact_heads (
+                tenant TEXT NOT NULL,
+                channel TEXT,
+                content_hash TEXT NOT NULL,
+                memory_rowid BIGINT NOT NULL REFERENCES memories (rowid)
+                    ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
+                last_seen_at DOUBLE PRECISION NOT NULL,
+                UNIQUE NULLS NOT DISTINCT (tenant, channel, content_hash)
+            )
+            """,
+            "CREATE INDEX exact_heads_memory ON exact_heads (memory_rowid)",
+            """
+            CREATE TABLE token_counts (
+                memory_rowid BIGINT NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                tokenizer TEXT NOT NULL,
+                message INTEGER NOT NULL,
+                line INTEGER NOT NULL,
+                PRIMARY KEY (memory_rowid, tokenizer)
+            )
+            """,
+            """
+            CREATE TABLE contexts (
+                rowid BIGSERIAL PRIMARY KEY,
+                id TEXT NOT NULL UNIQUE,
+                tenant TEXT NOT NULL,
+                session TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                model TEXT NOT NULL,
+                tokenizer TEXT NOT NULL,
+                exact BOOLEAN NOT NULL,
+                cap INTEGER NOT NULL,
+                tokens INTEGER NOT NULL,
+                blocks TEXT NOT NULL
+            )
+            """,
+            "CREATE INDEX contexts_session ON contexts (tenant, session, created_at)",
+            """
+            CREATE TABLE inclusions (
+                context_rowid BIGINT NOT NULL REFERENCES contexts (rowid) ON DELETE CASCADE,
+                position INTEGER NOT NULL,
+                memory_id TEXT NOT NULL,
+                block TEXT NOT NULL,
+                tokens INTEGER NOT NULL,
+                PRIMARY KEY (context_rowid, position)
+            )
+            """,
+            "CREATE INDEX inclusions_memory ON inclusions (memory_id)",
+            """
+            CREATE TABLE tombstones (
+                tenant TEXT NOT NULL,
+                id TEXT NOT NULL,
+                deleted_at DOUBLE PRECISION NOT NULL,
+                summary_id TEXT,
+                content_hash TEXT NOT NULL,
+                time_start DOUBLE PRECISION,
+                time_end DOUBLE PRECISION,
+                reason TEXT NOT NULL,
+                PRIMARY KEY (tenant, id)
+            )
+            """,
+            "CREATE INDEX tombstones_summary ON tombstones (tenant, summary_id)",
+        ),
+    ),
+    Migration(
+        version=2,
+        name="vectors",
+        statements=(
+            "CREATE EXTENSION IF NOT EXISTS vector",
+            """
+            CREATE TABLE memory_vectors (
+                memory_rowid BIGINT NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                model TEXT NOT NULL,
+                embedding vector(384) NOT NULL,
+                PRIMARY KEY (memory_rowid, model)
+            )
+            """,
+            """CREATE INDEX memory_vectors_hnsw ON memory_vectors
+               USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)""",
+        ),
+    ),
+)
+
+_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS ctxwarden_schema (
+    version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)
+"""
+
+
+def current_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """The highest schema version recorded in the database (0 for an empty one)."""
+    row = conn.execute("SELECT to_regclass('ctxwarden_schema') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM ctxwarden_schema").fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+def plan(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
+    """The migrations not yet applied, in order. Reads only."""
+    version = current_version(conn)
+    return [m for m in MIGRATIONS if m.version > version]
+
+
+def apply(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
+    """Apply pending migrations, each in one transaction; returns what was applied.
+
+    ``conn`` must be in autocommit mode; each migration opens its own transaction.
+    """
+    done: list[Migration] = []
+    for migration in MIGRATIONS:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute(_VERSION_TABLE)
+            if current_version(conn) >= migration.version:
+                continue
+            for statement in migration.statements:
+                conn.execute(statement)  # fixed text, no user input
+            conn.execute(
+                "INSERT INTO ctxwarden_schema (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+        done.append(migration)
+    return done

@@ -1,0 +1,483 @@
+"""The PostgreSQL backend: several stateless ctxwarden servers over one database.
+
+psycopg 3 with a connection pool (``psycopg_pool``); install with ``pip install
+'ctxwarden[postgres]'``. Every write is one transaction (READ COMMITTED). Concurrent ingest is
+made safe by the schema, not by application locks: caller ids are unique per tenant
+(``INSERT ... ON CONFLICT DO NOTHING``), and the newest memory of each ``(tenant, channel,
+content_hash)`` is claimed through ``exact_heads`` with ``INSERT ... ON CONFLICT DO UPDATE``, which
+makes a second, simultaneous ingest of the same message wait for the first and fold into it.
+
+Lexical search: a stored ``tsvector`` (``english``) with a GIN index, ranked by ``ts_rank_cd``
+(cover density). Unlike FTS5's BM25 it has no inverse document frequency (a rare term weighs
+what a common one weighs) and normalises length only through its flag (we use 1: divide by
+``1 + log(length)``); ranking is close on short chat messages, not identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ctxwarden.errors import NotFound, StoreError
+from ctxwarden.store import pg_migrations
+from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
+from ctxwarden.store.sqlite import ACCESS_TAU_SECONDS, _memory
+from ctxwarden.types import Memory
+
+__all__ = ["PostgresStore"]
+
+_MEMORY_COLUMNS = (
+    "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
+    "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
+    "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
+    "source_ids, time_start, time_end, attachments, metadata"
+)
+
+_INSERT_MEMORY = (
+    "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
+    "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, "
+    "attachments, metadata, content_hash, near_key, last_seen_at, source_ids, time_start, "
+    "time_end) VALUES (coalesce(%s, nextval(pg_get_serial_sequence('memories', 'rowid'))), "
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s)"
+)
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def _params(memory: NewMemory, rowid: int | None) -> tuple[Any, ...]:
+    return (
+        rowid,
+        memory.id,
+        memory.tenant,
+        memory.session,
+        memory.channel,
+        memory.author,
+        memory.author_kind,
+        memory.role,
+        memory.content,
+        memory.created_at,
+        memory.thread_id,
+        memory.reply_to,
+        memory.kind,
+        memory.pinned,
+        memory.name,
+        json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
+        memory.tool_call_id,
+        json.dumps(list(memory.attachments)) if memory.attachments else None,
+        json.dumps(dict(memory.metadata)) if memory.metadata else None,
+        memory.content_hash,
+        memory.near_key,
+        memory.created_at,
+        json.dumps(list(memory.source_ids)) if memory.source_ids else None,
+        memory.time_range[0] if memory.time_range else None,
+        memory.time_range[1] if memory.time_range else None,
+    )
+
+
+class _PostgresWriter:
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def _one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        return self._conn.execute(sql, params).fetchone()
+
+    def resolve(self, tenant: str, id: str) -> str | None:
+        row = self._one("SELECT id FROM memories WHERE tenant = %s AND id = %s", (tenant, id))
+        if row:
+            return str(row[0])
+        row = self._one(
+            "SELECT m.id FROM aliases a JOIN memories m ON m.rowid = a.memory_rowid "
+            "WHERE a.tenant = %s AND a.id = %s",
+            (tenant, id),
+        )
+        return str(row[0]) if row else None
+
+    def find_exact(
+        self, tenant: str, channel: str | None, content_hash: str, since: float
+    ) -> tuple[int, str] | None:
+        row = self._one(
+            "SELECT rowid, id FROM memories WHERE tenant = %s "
+            "AND channel IS NOT DISTINCT FROM %s AND content_hash = %s AND last_seen_at >= %s "
+            "ORDER BY last_seen_at DESC LIMIT 1",
+            (tenant, channel, content_hash, since),
+        )
+        return (int(row[0]), str(row[1])) if row else None
+
+    def insert(self, memory: NewMemory) -> int:
+        row = self._one(_INSERT_MEMORY + " RETURNING rowid", _params(memory, None))
+        assert row is not None
+        return int(row[0])
+
+    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
+        """Store ``memory`` or fold it into the newest verbatim copy seen at or after ``since``.
+
+        Returns ``(status, rowid, id)``: ``stored`` (a new memory), ``duplicate`` (folded into
+        memory ``id``) or ``known`` (another writer stored this caller id first).
+        """
+        if since is None:
+            row = self._one(
+                _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
+                _params(memory, None),
+            )
+            if row is not None:
+                return ("stored", int(row[0]), memory.id)
+            return self._known(memory)
+        seq = self._one("SELECT nextval(pg_get_serial_sequence('memories', 'rowid'))", ())
+        assert seq is not None
+        mine = int(seq[0])
+        # Claim the (tenant, channel, hash) head: a concurrent claimant waits on the row lock
+        # until this transaction ends, then sees the committed head and folds into it.
+        head = self._one(
+            "INSERT INTO exact_heads AS h (tenant, channel, content_hash, memory_rowid, "
+            "last_seen_at) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (tenant, channel, content_hash) DO UPDATE SET "
+            "memory_rowid = CASE WHEN h.last_seen_at >= %s THEN h.memory_rowid "
+            "ELSE excluded.memory_rowid END, "
+            "last_seen_at = CASE WHEN h.last_seen_at >= %s "
+            "THEN greatest(h.last_seen_at, excluded.last_seen_at) ELSE excluded.last_seen_at END "
+            "RETURNING memory_rowid",
+            (
+                memory.tenant,
+                memory.channel,
+                memory.content_hash,
+                mine,
+                memory.created_at,
+                since,
+                since,
+            ),
+        )
+        assert head is not None
+        target = int(head[0])
+        if target == mine:
+            row = self._one(
+                _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
+                _params(memory, mine),
+            )
+            if row is not None:
+                return ("stored", mine, memory.id)
+            # The id was stored by another writer meanwhile: give the head back.
+            self._conn.execute("DELETE FROM exact_heads WHERE memory_rowid = %s", (mine,))
+            return self._known(memory)
+        if self.resolve(memory.tenant, memory.id) is not None:
+            return self._known(memory)
+        alias = self._one(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (%s, %s, %s, 'duplicate', %s) ON CONFLICT (tenant, id) DO NOTHING "
+            "RETURNING memory_rowid",
+            (memory.tenant, memory.id, target, memory.created_at),
+        )
+        if alias is None:
+            return self._known(memory)
+        row = self._one(
+            "UPDATE memories SET dup_count = dup_count + 1, "
+            "last_seen_at = greatest(last_seen_at, %s) WHERE rowid = %s RETURNING id",
+            (memory.created_at, target),
+        )
+        assert row is not None
+        return ("duplicate", target, str(row[0]))
+
+    def _known(self, memory: NewMemory) -> tuple[str, int, str]:
+        row = self._one(
+            "SELECT rowid, id FROM memories WHERE tenant = %s AND id = %s "
+            "UNION ALL SELECT m.rowid, m.id FROM aliases a JOIN memories m "
+            "ON m.rowid = a.memory_rowid WHERE a.tenant = %s AND a.id = %s LIMIT 1",
+            (memory.tenant, memory.id, memory.tenant, memory.id),
+        )
+        if row is None:
+            raise StoreError(f"id {memory.id!r} conflicted but cannot be found; retry the ingest")
+        return ("known", int(row[0]), str(row[1]))
+
+    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
+        row = self._one(
+            "UPDATE memories SET dup_count = dup_count + 1, "
+            "last_seen_at = greatest(last_seen_at, %s) WHERE rowid = %s RETURNING tenant",
+            (seen_at, rowid),
+        )
+        if row is None:
+            raise NotFound(f"no memory with rowid {rowid} to fold into")
+        self._conn.execute(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (row[0], alias, rowid, status, seen_at),
+        )
+
+    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
+        if not counts:
+            return
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO token_counts (memory_rowid, tokenizer, message, line) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (memory_rowid, tokenizer) "
+                "DO UPDATE SET message = excluded.message, line = excluded.line",
+                [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
+            )
+
+
+class PostgresStore:
+    """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
+
+    Applies pending migrations on open (once, even when several servers open together).
+    """
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 4) -> None:
+        self.dsn = dsn
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                pg_migrations.apply(conn)
+            self._pool: ConnectionPool[Conn] = ConnectionPool(
+                dsn, min_size=min_size, max_size=max_size, open=True, timeout=30.0
+            )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot open PostgreSQL database: {exc}") from exc
+        self._closed = False
+
+    # -- writes -----------------------------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[_PostgresWriter]:
+        """One write transaction: commits at the end, rolls back if the block raises."""
+        self._check_open()
+        with self._pool.connection() as conn, conn.transaction():
+            yield _PostgresWriter(conn)
+
+    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
+        """Cache token counts computed after ingest."""
+        if not counts:
+            return
+        with self.write() as writer:
+            writer.put_token_counts(counts)
+
+    def log_context(self, entry: ContextLog) -> None:
+        """Write the inclusion log and bump access stats (count, time, decayed score, tokens)."""
+        with self.write() as writer:
+            conn = writer._conn
+            row = conn.execute(
+                "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
+                "cap, tokens, blocks) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "RETURNING rowid",
+                (
+                    entry.id,
+                    entry.tenant,
+                    entry.session,
+                    entry.created_at,
+                    entry.model,
+                    entry.tokenizer,
+                    entry.exact,
+                    entry.cap,
+                    entry.tokens,
+                    json.dumps(entry.blocks, separators=(",", ":")),
+                ),
+            ).fetchone()
+            assert row is not None
+            if not entry.inclusions:
+                return
+            now = entry.created_at
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    [
+                        (row[0], position, inc.id, inc.block, inc.tokens)
+                        for position, inc in enumerate(entry.inclusions)
+                    ],
+                )
+                # Rows in rowid order, so concurrent assemblers lock in one order (no deadlock).
+                cur.executemany(
+                    "UPDATE memories SET access_count = access_count + 1, last_accessed_at = %s, "
+                    "access_score = access_score * exp(-greatest(0.0, %s - coalesce("
+                    "access_score_at, %s)) / %s) + 1.0, access_score_at = %s, "
+                    "included_tokens_total = included_tokens_total + %s WHERE rowid = %s",
+                    [
+                        (now, now, now, ACCESS_TAU_SECONDS, now, inc.tokens, inc.rowid)
+                        for inc in sorted(entry.inclusions, key=lambda i: i.rowid)
+                    ],
+                )
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        self._check_open()
+        try:
+            with self._pool.connection() as conn:
+                return conn.execute(sql, params).fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"query failed: {exc}") from exc
+
+    def get(self, tenant: str, id: str) -> Memory:
+        """The memory with this id, or the aggregate/summary it now lives in."""
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND id = %s", (tenant, id)
+        )
+        if not rows:
+            rows = self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
+                "(SELECT memory_rowid FROM aliases WHERE tenant = %s AND id = %s)",
+                (tenant, id),
+            )
+        if not rows:
+            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
+        return _memory(rows[0])
+
+    def recent(
+        self,
+        tenant: str,
+        session: str,
+        *,
+        channel: str | None = None,
+        before: tuple[float, int] | None = None,
+        limit: int = 64,
+    ) -> list[Memory]:
+        """The session's messages, newest first, a page at a time (index range scan)."""
+        where = ["tenant = %s", "session = %s", "kind = 'message'"]
+        params: list[Any] = [tenant, session]
+        if channel is not None:
+            where.append("channel = %s")
+            params.append(channel)
+        if before is not None:
+            where.append("(created_at, rowid) < (%s, %s)")
+            params.extend(before)
+        params.append(limit)
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE {' AND '.join(where)} "
+            "ORDER BY created_at DESC, rowid DESC LIMIT %s",
+            params,
+        )
+        return [_memory(r) for r in rows]
+
+    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
+        """Pinned memories and facts of the tenant (and of ``session`` when given)."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if session is not None:
+            extra = " AND session = %s"
+            params.append(session)
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s "
+            f"AND (pinned OR kind = 'fact'){extra} ORDER BY created_at, rowid",
+            params,
+        )
+        return [_memory(r) for r in rows]
+
+    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
+        """Summary memories, oldest first."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if session is not None:
+            extra = " AND session = %s"
+            params.append(session)
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND kind = 'summary'"
+            f"{extra} ORDER BY created_at, rowid",
+            params,
+        )
+        return [_memory(r) for r in rows]
+
+    def search(
+        self, tenant: str, terms: Sequence[str], *, limit: int = 100
+    ) -> list[tuple[Memory, float]]:
+        """tsvector/GIN search, any term (a phrase each), ranked by ``ts_rank_cd``."""
+        terms = [t for t in terms if t.strip()]
+        if not terms:
+            return []
+        query = " || ".join(["phraseto_tsquery('english', %s)"] * len(terms))
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS}, ts_rank_cd(content_tsv, q, 1) AS rank "
+            f"FROM memories, ({'SELECT ' + query}) AS t (q) "
+            "WHERE content_tsv @@ q AND tenant = %s ORDER BY rank DESC, rowid LIMIT %s",
+            [*terms, tenant, limit],
+        )
+        return [(_memory(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows]
+
+    def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
+        """Cached counts for these rowids under ``tokenizer``."""
+        ids = list(rowids)
+        if not ids:
+            return {}
+        rows = self._query(
+            "SELECT memory_rowid, message, line FROM token_counts WHERE tokenizer = %s "
+            "AND memory_rowid = ANY(%s)",
+            (tokenizer, ids),
+        )
+        return {
+            int(r[0]): TokenCount(rowid=int(r[0]), tokenizer=tokenizer, message=r[1], line=r[2])
+            for r in rows
+        }
+
+    def inclusions(self, context_id: str) -> list[dict[str, Any]]:
+        """The inclusion log of one context, in order."""
+        rows = self._query(
+            "SELECT i.memory_id, i.block, i.tokens FROM inclusions i JOIN contexts c "
+            "ON c.rowid = i.context_rowid WHERE c.id = %s ORDER BY i.position",
+            (context_id,),
+        )
+        return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
+
+    def stats(self, tenant: str) -> dict[str, Any]:
+        """Per-channel counts: records seen, memories stored, duplicates folded."""
+        channels: dict[str, dict[str, int]] = {}
+        for channel, memories, seen in self._query(
+            "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
+            "WHERE tenant = %s GROUP BY 1 ORDER BY coalesce(channel, '') COLLATE \"C\"",
+            (tenant,),
+        ):
+            channels[channel] = {
+                "memories": int(memories),
+                "seen": int(seen),
+                "folded": int(seen) - int(memories),
+            }
+        top = [
+            {"id": r[0], "channel": r[1], "author": r[2], "count": r[3], "content": r[4]}
+            for r in self._query(
+                "SELECT id, channel, author, dup_count, substr(content, 1, 120) FROM memories "
+                "WHERE tenant = %s AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
+                (tenant,),
+            )
+        ]
+        contexts = self._query("SELECT count(*) FROM contexts WHERE tenant = %s", (tenant,))[0][0]
+        memories = sum(c["memories"] for c in channels.values())
+        seen = sum(c["seen"] for c in channels.values())
+        return {
+            "memories": memories,
+            "seen": seen,
+            "folded": seen - memories,
+            "contexts": int(contexts),
+            "channels": channels,
+            "top_families": top,
+        }
+
+    def iter_memories(self, tenant: str) -> Iterator[Memory]:
+        """Every memory of ``tenant``, oldest first, a page at a time."""
+        last: tuple[float, int] = (-math.inf, -1)
+        while True:
+            rows = self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s "
+                "AND (created_at, rowid) > (%s, %s) ORDER BY created_at, rowid LIMIT 500",
+                (tenant, *last),
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield _memory(row)
+            last = (rows[-1][9], rows[-1][0])
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one maintenance statement in its own transaction (tests, admin tasks)."""
+        with self.write() as writer:
+            writer._conn.execute(sql, params)
+
+    def close(self) -> None:
+        """Close the pool. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._pool.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed; open a new one")

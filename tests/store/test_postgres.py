@@ -1,0 +1,153 @@
+"""PostgreSQL-only behaviour: migrations, vectors, cascades, missing-extra error, concurrency."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections import Counter
+
+import pytest
+
+from ctxwarden.engine import Engine
+from ctxwarden.errors import ConfigError
+from ctxwarden.store.base import NewMemory, TokenCount
+
+pytestmark = pytest.mark.postgres
+
+
+def _memory(id: str, content: str) -> NewMemory:
+    return NewMemory(
+        id=id, tenant="t", session="s", channel="c", author="ana", author_kind="human",
+        role="user", content=content, created_at=1.0, thread_id=None, reply_to=None,
+        kind="message", pinned=False, name=None, tool_calls=(), tool_call_id=None,
+        attachments=(), metadata={}, content_hash=f"h-{content}",
+    )  # fmt: skip
+
+
+def test_missing_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "ctxwarden.store.postgres", raising=False)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the extra were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'ctxwarden\[postgres\]'"):
+        Engine.open("postgresql://nobody@127.0.0.1:1/none")
+
+
+def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
+    import psycopg
+
+    from ctxwarden.store import pg_migrations
+    from ctxwarden.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        assert [m.name for m in pg_migrations.plan(conn)] == ["initial", "vectors"]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2]
+        assert pg_migrations.plan(conn) == []
+        assert pg_migrations.apply(conn) == []
+        assert pg_migrations.current_version(conn) == 2
+        methods = conn.execute(
+            "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "
+            "('memory_vectors_hnsw', 'memories_fts') ORDER BY c.relname"
+        ).fetchall()
+        assert methods == [("gin",), ("hnsw",)]
+    store = PostgresStore(pg_schema_dsn)  # opens an up-to-date schema without re-applying
+    with store.write() as w:
+        a = w.insert(_memory("a", "vectors later"))
+    store.execute(
+        "INSERT INTO memory_vectors (memory_rowid, model, embedding) VALUES (%s, 'm', %s)",
+        (a, "[" + ",".join(["0.5"] * 384) + "]"),
+    )
+    store.close()
+
+
+def test_delete_cascades_to_index_counts_aliases_and_vectors(pg_schema_dsn: str) -> None:
+    from ctxwarden.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_schema_dsn)
+    with store.write() as w:
+        a = w.insert(_memory("a", "unique words here"))
+        w.fold(a, alias="b", status="duplicate", seen_at=2.0)
+        w.put_token_counts([TokenCount(rowid=a, tokenizer="x", message=3, line=9)])
+    store.execute("DELETE FROM memories WHERE rowid = %s", (a,))
+    assert store.token_counts([a], "x") == {}
+    assert store.search("t", ["unique"]) == []
+    with store.write() as w:
+        assert w.resolve("t", "b") is None
+    store.close()
+
+
+PROCESSES = 8
+PER_PROCESS = 2000
+
+
+def _records(p: int) -> list[dict[str, object]]:
+    """Per process: a quarter sent by all 8, a quarter by its pair with other ids, a quarter by
+    its pair with the same ids, a quarter its own."""
+    out: list[dict[str, object]] = []
+    for i in range(PER_PROCESS):
+        kind = i % 4
+        if kind == 0:
+            rid, content = f"all-{p}-{i}", f"broadcast {i}"
+        elif kind == 1:
+            rid, content = f"pair-{p}-{i}", f"pair {p // 2} {i}"
+        elif kind == 2:
+            rid, content = f"same-{p // 2}-{i}", f"same id {p // 2} {i}"
+        else:
+            rid, content = f"own-{p}-{i}", f"own {p} {i}"
+        out.append(
+            {"id": rid, "session": f"s{p}", "channel": "general", "author": "ana",
+             "content": content, "created_at": 1_700_000_000.0 + i}
+        )  # fmt: skip
+    return out
+
+
+def _worker(dsn: str, p: int, barrier: object, results: object) -> None:
+    engine = Engine.open(dsn)
+    records = _records(p)
+    barrier.wait()  # type: ignore[attr-defined]
+    statuses: Counter[str] = Counter()
+    for record in records:
+        statuses.update(o.status for o in engine.ingest([record]).outcomes)
+    engine.close()
+    results.put(dict(statuses))  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_concurrent_ingest_from_eight_processes(pg_schema_dsn: str) -> None:
+    Engine.open(pg_schema_dsn).close()  # migrate once up front (workers would also cope)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES)
+    results = ctx.Queue()
+    workers = [
+        ctx.Process(target=_worker, args=(pg_schema_dsn, p, barrier, results))
+        for p in range(PROCESSES)
+    ]
+    for w in workers:
+        w.start()
+    totals: Counter[str] = Counter()
+    for _ in workers:
+        totals.update(results.get(timeout=600))
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    quarter = PER_PROCESS // 4
+    pairs = PROCESSES // 2
+    memories = quarter + pairs * quarter + pairs * quarter + PROCESSES * quarter
+    assert totals == {
+        "stored": memories,
+        "duplicate": quarter * (PROCESSES - 1) + pairs * quarter,
+        "known": pairs * quarter,
+    }
+    with Engine.open(pg_schema_dsn) as engine:
+        assert type(engine.store).__name__ == "PostgresStore"
+        stats = engine.stats()
+        assert stats["memories"] == memories
+        assert stats["seen"] == PROCESSES * PER_PROCESS - pairs * quarter
+        dups = Counter(
+            (m.content.split()[0], m.dup_count) for m in engine.store.iter_memories("default")
+        )
+    assert dups == {
+        ("broadcast", PROCESSES): quarter,
+        ("pair", 2): pairs * quarter,
+        ("same", 1): pairs * quarter,
+        ("own", 1): PROCESSES * quarter,
+    }
