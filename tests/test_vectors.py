@@ -1,0 +1,261 @@
+"""VectorIndex: add/remove/search, deletes respected, allowed scopes, persistence, invariants."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxwarden.errors import InputError, StoreError
+from ctxwarden.vectors import VectorIndex
+
+DIM = 32
+
+
+def _clustered(count: int, seed: int = 0, dim: int = DIM) -> np.ndarray:
+    """Unit vectors around 20 topic centres: embedding-like, unlike isotropic noise."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((20, dim))
+    points = centres[rng.integers(20, size=count)] + 0.35 * rng.standard_normal((count, dim))
+    return (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _exact(data: np.ndarray, ids: np.ndarray, query: np.ndarray, k: int) -> list[int]:
+    scores = data @ (query / np.linalg.norm(query))
+    order = np.lexsort((ids, -scores))[:k]
+    return [int(ids[i]) for i in order]
+
+
+def test_empty_index() -> None:
+    index = VectorIndex(DIM)
+    assert len(index) == 0
+    assert index.dim == DIM
+    assert index.search(np.ones(DIM, dtype=np.float32), 5) == []
+    assert index.remove([1, 2]) == 0
+    assert index.ids().tolist() == []
+    assert 3 not in index
+
+
+def test_small_index_is_exact_and_sorted() -> None:
+    data = _clustered(500)
+    ids = np.arange(1000, 1500)
+    index = VectorIndex(DIM)
+    index.add(ids.tolist(), data)
+    assert len(index) == 500
+    query = _clustered(1, seed=9)[0]
+    got = index.search(query, 10)
+    assert [i for i, _ in got] == _exact(data, ids, query, 10)
+    scores = [s for _, s in got]
+    assert scores == sorted(scores, reverse=True)
+    assert all(-1.0001 <= s <= 1.0001 for s in scores)
+    # float16 storage: scores agree with float32 cosine to ~1e-3.
+    assert abs(scores[0] - float(data[got[0][0] - 1000] @ query)) < 2e-3
+
+
+def test_large_index_recall_and_deletes() -> None:
+    data = _clustered(6000, seed=1)
+    # One build thread: a multi-threaded HNSW build is not deterministic.
+    index = VectorIndex(DIM, threads=1)
+    index.add(range(6000), data)
+    queries = _clustered(20, seed=2)
+    hits = 0
+    for query in queries:
+        got = [i for i, _ in index.search(query, 20)]
+        hits += len(set(got) & set(_exact(data, np.arange(6000), query, 20)))
+    # This noisy 32-d data is harder for HNSW than real embeddings (~0.96 at expansion 128).
+    assert hits / (20 * 20) >= 0.9
+    # Remove every even id: none may come back, and odd neighbours still do.
+    removed = index.remove(range(0, 6000, 2))
+    assert removed == 3000
+    assert len(index) == 3000
+    for query in queries:
+        got = [i for i, _ in index.search(query, 30)]
+        assert len(got) == 30
+        assert all(i % 2 == 1 for i in got)
+    assert index.ids().tolist() == list(range(1, 6000, 2))
+    assert index.removed_since_rebuild == 3000
+    before = [index.search(q, 10) for q in queries]
+    index.rebuild()
+    assert index.removed_since_rebuild == 0
+    assert len(index) == 3000
+    after = [index.search(q, 10) for q in queries]
+    overlap = sum(
+        len({i for i, _ in b} & {i for i, _ in a}) for b, a in zip(before, after, strict=True)
+    )
+    assert overlap >= 0.9 * 200
+    assert all(i % 2 == 1 for result in after for i, _ in result)
+
+
+def test_add_replaces_existing_vector() -> None:
+    index = VectorIndex(3)
+    index.add([5, 6], np.array([[1, 0, 0], [0, 1, 0]], dtype=np.float32))
+    index.add([5], np.array([[0, 0, 1]], dtype=np.float32))
+    assert len(index) == 2
+    assert index.search(np.array([0, 0, 1.0], dtype=np.float32), 1) == [(5, pytest.approx(1.0))]
+    # The old vector of 5 ([1, 0, 0]) is gone: a query near it finds 6 first.
+    assert index.search(np.array([1.0, 0.5, 0], dtype=np.float32), 1)[0][0] == 6
+
+
+def test_removed_then_readded_id_is_found() -> None:
+    index = VectorIndex(DIM)
+    data = _clustered(3000, seed=3)
+    index.add(range(3000), data)
+    index.remove([42])
+    assert 42 not in index
+    assert all(i != 42 for i, _ in index.search(data[42], 50))
+    index.add([42], data[42:43])
+    assert 42 in index
+    assert index.search(data[42], 1)[0][0] == 42
+
+
+def test_ties_break_by_id() -> None:
+    index = VectorIndex(2)
+    same = np.array([[1.0, 0.0]] * 6, dtype=np.float32)
+    index.add([9, 3, 7, 1, 5, 2], same)
+    assert [i for i, _ in index.search(np.array([1.0, 0.0], dtype=np.float32), 4)] == [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize(("size", "exact_scope"), [(500, 20_000), (12_000, 20_000), (12_000, 100)])
+def test_allowed_scope(size: int, exact_scope: int) -> None:
+    data = _clustered(size, seed=4)
+    # exact_scope=100 sends the larger scopes through the graph with oversampling.
+    index = VectorIndex(DIM, exact_scope=exact_scope)
+    index.add(range(size), data)
+    rng = np.random.default_rng(5)
+    # A small scope (exhaustive path), a large one (graph with oversampling), and a thin one.
+    for fraction in (0.05, 0.5, 0.02):
+        allowed = {int(i) for i in rng.choice(size, size=int(size * fraction), replace=False)}
+        allowed |= {size + 100}  # ids not in the index are ignored
+        query = _clustered(1, seed=int(fraction * 100))[0]
+        k = min(25, len(allowed) - 1)
+        got = index.search(query, k, allowed=allowed)
+        assert len(got) == k
+        assert {i for i, _ in got} <= allowed
+        ids = np.array(sorted(allowed - {size + 100}))
+        expected = _exact(data[ids], ids, query, k)
+        assert len({i for i, _ in got} & set(expected)) >= k - 2
+    assert index.search(data[0], 5, allowed=set()) == []
+    assert index.search(data[0], 5, allowed={0})[0][0] == 0
+    index.remove([0])
+    assert index.search(data[0], 5, allowed={0}) == []
+
+
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    data = _clustered(3000, seed=6)
+    index = VectorIndex(DIM, expansion_search=64)
+    index.add(range(10, 3010), data)
+    index.remove([10, 11, 12])
+    path = tmp_path / "vectors.usearch"
+    index.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["vectors.usearch"]  # no temp file left
+    loaded = VectorIndex.load(path, expansion_search=64)
+    assert loaded.dim == DIM
+    assert len(loaded) == len(index) == 2997
+    assert loaded.ids().tolist() == index.ids().tolist()
+    for query in _clustered(5, seed=7):
+        assert loaded.search(query, 10) == index.search(query, 10)
+    # Saving again over the file replaces it atomically and stays readable.
+    loaded.add([5000], data[:1])
+    loaded.save(path)
+    assert len(VectorIndex.load(path)) == 2998
+    # An empty index round-trips too.
+    VectorIndex(DIM).save(tmp_path / "empty")
+    assert len(VectorIndex.load(tmp_path / "empty")) == 0
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="rebuild"):
+        VectorIndex.load(tmp_path / "missing")
+    junk = tmp_path / "junk"
+    junk.write_bytes(os.urandom(64))
+    with pytest.raises(StoreError, match="rebuild"):
+        VectorIndex.load(junk)
+    good = tmp_path / "good"
+    index = VectorIndex(DIM)
+    index.add(range(100), _clustered(100))
+    index.save(good)
+    truncated = tmp_path / "truncated"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    with pytest.raises(StoreError, match="truncated"):
+        VectorIndex.load(truncated)
+    with pytest.raises(StoreError, match="writable"):
+        VectorIndex(DIM).save(tmp_path / "no-such-dir" / "x")
+
+
+def test_bad_input_is_rejected_and_changes_nothing() -> None:
+    index = VectorIndex(3)
+    index.add([1], np.array([[1.0, 0, 0]], dtype=np.float32))
+    with pytest.raises(InputError, match="shape"):
+        index.add([2, 3], np.ones((1, 3), dtype=np.float32))
+    with pytest.raises(InputError, match="twice"):
+        index.add([2, 2], np.ones((2, 3), dtype=np.float32))
+    with pytest.raises(InputError, match="zero, NaN or infinite"):
+        index.add([2, 3], np.array([[1.0, 1, 1], [np.nan, 0, 0]], dtype=np.float32))
+    with pytest.raises(InputError, match="between 0"):
+        index.add([-1], np.ones((1, 3), dtype=np.float32))
+    with pytest.raises(InputError, match="length 4"):
+        index.search(np.ones(4, dtype=np.float32), 1)
+    assert len(index) == 1
+    assert index.search(np.zeros(3, dtype=np.float32), 1) == []
+    assert index.search(np.ones(3, dtype=np.float32), 0) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "remove"]), st.lists(st.integers(0, 60), max_size=12)),
+        max_size=12,
+    ),
+    k=st.integers(1, 20),
+    allowed=st.none() | st.sets(st.integers(0, 70), max_size=30),
+    seed=st.integers(0, 2**16),
+)
+def test_results_are_live_allowed_and_sorted(
+    ops: list[tuple[str, list[int]]], k: int, allowed: set[int] | None, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    # Small thresholds so that both exhaustive and graph paths are exercised.
+    index = VectorIndex(8, exact_below=8, exact_scope=4)
+    live: set[int] = set()
+    for op, ids in ops:
+        unique = sorted(set(ids))
+        if op == "add":
+            index.add(unique, rng.standard_normal((len(unique), 8)).astype(np.float32) + 0.1)
+            live |= set(unique)
+        else:
+            index.remove(ids)
+            live -= set(ids)
+    assert len(index) == len(live)
+    assert set(index.ids().tolist()) == live
+    got = index.search(rng.standard_normal(8).astype(np.float32), k, allowed=allowed)
+    ids_out = [i for i, _ in got]
+    eligible = live if allowed is None else live & allowed
+    assert set(ids_out) <= eligible
+    assert len(ids_out) == len(set(ids_out)) == min(k, len(eligible))
+    keys = [(-s, i) for i, s in got]
+    assert keys == sorted(keys)
+
+
+def test_usearch_then_onnxruntime_in_one_process() -> None:
+    # usearch 2.26.x (numkong builds) crashed onnxruntime when imported first: the store loads the
+    # index before the engine embeds, so prove that order works in a fresh interpreter.
+    code = (
+        "import numpy as np\n"
+        "from ctxwarden.vectors import VectorIndex\n"
+        "index = VectorIndex(384)\n"
+        "index.add([1], np.ones((1, 384), dtype=np.float32))\n"
+        "from ctxwarden.embed import MiniLMEmbedder\n"
+        "vector = MiniLMEmbedder().embed(['hello'])[0]\n"
+        "print(index.search(vector, 1)[0][0])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "1"
