@@ -200,6 +200,23 @@ def demo(
     show_context(console, context)
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body.")] = 1 << 20,
+    max_concurrency: Annotated[int, typer.Option(help="Requests run at once (429 above).")] = 16,
+) -> None:
+    """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
+    import uvicorn
+
+    from ctxwarden.server.http import ServerConfig, create_app
+
+    config = ServerConfig(max_body_bytes=max_body_bytes, max_concurrency=max_concurrency)
+    with _engine() as engine:
+        uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
+
+
 def show_context(console: Console, context: Context) -> None:
     """Print a context's blocks and messages with rich."""
     report = context.report
@@ -244,3 +261,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+
+
+if __name__ == "__main__":
+    main()

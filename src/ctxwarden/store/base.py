@@ -113,6 +113,13 @@ class Writer(Protocol):
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
 
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``."""
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        """Delete the memory ``id`` lives in (row, aliases, FTS entry, token counts) and leave a
+        content-free tombstone; False if there is none in ``tenant``."""
+
 
 @runtime_checkable
 class Store(Protocol):

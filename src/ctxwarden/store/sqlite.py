@@ -161,6 +161,42 @@ class _SQLiteWriter:
             [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
         )
 
+    def _rowid(self, tenant: str, id: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
+            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
+            (tenant, id, tenant, id),
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        self._conn.execute(
+            "UPDATE memories SET pinned = ? WHERE rowid = ? AND tenant = ?",
+            (int(pinned), rowid, tenant),
+        )
+        return True
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        row = self._conn.execute(
+            "SELECT id, content_hash, time_start, time_end FROM memories "
+            "WHERE rowid = ? AND tenant = ?",
+            (rowid, tenant),
+        ).fetchone()
+        self._conn.execute(
+            "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+            (tenant, row[0], deleted_at, row[1], row[2], row[3], reason),
+        )
+        # aliases and token counts go by ON DELETE CASCADE, the FTS entry by its trigger
+        self._conn.execute("DELETE FROM memories WHERE rowid = ? AND tenant = ?", (rowid, tenant))
+        return True
+
 
 class SQLiteStore:
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
