@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ctxwarden.config import Settings, load_settings
 from ctxwarden.engine import Engine
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import ConfigError, CtxwardenError, InputError
 from ctxwarden.types import Context
 
 __all__ = ["app", "main"]
@@ -215,6 +215,36 @@ def serve(
     config = ServerConfig(max_body_bytes=max_body_bytes, max_concurrency=max_concurrency)
     with _engine() as engine:
         uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def proxy(
+    upstream: Annotated[
+        str | None, typer.Option(help="Upstream API root, e.g. http://127.0.0.1:8080/v1.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8766,
+    destructive: Annotated[
+        list[str] | None, typer.Option(help="Tool-name pattern to hold for approval (repeat).")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
+    import uvicorn
+
+    from ctxwarden.llm import LLMClient
+    from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
+
+    settings = _settings()
+    url = upstream or settings.upstream
+    if not url:
+        raise ConfigError("upstream: not set; pass --upstream URL or set it in the config")
+    patterns = tuple(destructive or settings.destructive_tools)
+    with (
+        _engine(settings) as engine,
+        LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
+    ):
+        app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns))
+        uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 def show_context(console: Console, context: Context) -> None:

@@ -280,7 +280,8 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
-def _principal(request: Request) -> Principal:
+def principal_of(request: Request) -> Principal:
+    """The caller of ``request`` (the dependency every endpoint takes)."""
     token = _bearer(request)
     config: ServerConfig = request.app.state.config
     if config.authenticate is None:
@@ -289,7 +290,7 @@ def _principal(request: Request) -> Principal:
     return config.authenticate(token)
 
 
-Caller = Annotated[Principal, Depends(_principal)]
+Caller = Annotated[Principal, Depends(principal_of)]
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:

@@ -1,0 +1,238 @@
+"""The OpenAI-compatible proxy end to end: the official ``openai`` client -> the proxy (real
+uvicorn on loopback) -> a scripted OpenAI-compatible server (a real HTTP server on loopback)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+
+from ctxwarden import Engine, EngineConfig
+from ctxwarden.llm import LLMClient
+from ctxwarden.models import ModelSpec
+from ctxwarden.server.proxy import ProxyConfig, create_proxy_app, session_of
+from llmserver import Reply, ScriptedServer, completion
+from serving import serve
+
+UPSTREAM_KEY = "sk-upstream-secret-123"
+CLIENT_KEY = "sk-client-key-456"
+SYSTEM = {"role": "system", "content": "You are a terse assistant."}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "delete_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    },
+]
+
+
+@dataclass
+class Rig:
+    upstream: ScriptedServer
+    client: openai.OpenAI
+    engine: Engine
+
+    def report(self, raw: Any) -> dict[str, Any]:
+        return json.loads(raw.headers["x-ctxwarden-report"])
+
+
+@pytest.fixture
+def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
+    script = getattr(request, "param", [])
+    small = ModelSpec(name="tiny-window", tokenizer="o200k_base", window=1200, chat_format="chatml",
+                      max_output=200)  # fmt: skip
+    config = EngineConfig(models=(small,))
+    with (
+        ScriptedServer(script) as upstream,
+        Engine.open(":memory:", config=config) as engine,
+        LLMClient(upstream.url, api_key=UPSTREAM_KEY, max_retries=0) as llm,
+        serve(create_proxy_app(engine, llm, ProxyConfig(destructive=("delete_*",)))) as url,
+    ):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0)
+        yield Rig(upstream=upstream, client=client, engine=engine)
+        client.close()
+
+
+def call(id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@pytest.mark.parametrize("rig", [["hello there", "second answer"]], indirect=True)
+def test_two_turns_ingest_only_what_is_new(rig: Rig) -> None:
+    first = [SYSTEM, {"role": "user", "content": "hi, the deploy is friday"}]
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=first, extra_headers={"X-Ctxwarden-Session": "s1"}
+    )
+    reply = raw.parse()
+    assert reply.choices[0].message.content == "hello there"
+    report = rig.report(raw)
+    assert report["session"] == "s1"
+    assert report["ingested"]["stored"] == 1
+    sent = rig.upstream.chat_requests()[0]
+    assert sent.body["messages"][0]["role"] == "system"
+    assert sent.body["messages"][-1] == {"role": "user", "content": "hi, the deploy is friday"}
+    # the proxy's own key goes upstream, the agent's never does
+    assert sent.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert CLIENT_KEY not in json.dumps(sent.headers) + json.dumps(sent.body)
+
+    second = [
+        *first,
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "and who runs it?"},
+    ]
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=second, extra_headers={"X-Ctxwarden-Session": "s1"}
+    )
+    assert raw.parse().choices[0].message.content == "second answer"
+    report = rig.report(raw)
+    assert report["ingested"] == {**report["ingested"], "stored": 1, "known": 2}
+    history = [m["content"] for m in rig.upstream.chat_requests()[1].body["messages"]]
+    assert history[1:] == ["hi, the deploy is friday", "hello there", "and who runs it?"]
+    assert rig.engine.stats()["memories"] == 4  # two user turns, two stored replies
+
+
+@pytest.mark.parametrize("rig", [["ok"]], indirect=True)
+def test_long_conversation_is_fitted_to_the_window(rig: Rig) -> None:
+    messages: list[dict[str, Any]] = [SYSTEM]
+    for i in range(120):
+        messages.append({"role": "user", "content": f"note {i}: " + "lorem ipsum dolor " * 8})
+        messages.append({"role": "assistant", "content": f"noted {i}"})
+    messages.append({"role": "user", "content": "what was note 3?"})
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="tiny-window", messages=messages
+    )
+    report = rig.report(raw)
+    assert report["window"] == 1200
+    assert report["tokens"] <= report["cap"] < 1200
+    sent = rig.upstream.chat_requests()[0].body["messages"]
+    assert len(sent) < len(messages)
+    assert sent[-1]["content"] == "what was note 3?"
+    assert report["session"].startswith("sys-")
+
+
+@pytest.mark.parametrize("rig", [["streamed answer"]], indirect=True)
+def test_streaming(rig: Rig) -> None:
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "stream please"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        user="u-7",
+    )
+    assert rig.report(raw)["session"] == "u-7"
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "streamed answer"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 18
+    assert rig.upstream.chat_requests()[0].body["stream"] is False
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [[completion(None, finish_reason="tool_calls",
+                 tool_calls=[call("c1", "weather", "```json\n{'city': 'Oslo',}\n```")])]],
+    indirect=True,
+)  # fmt: skip
+def test_malformed_tool_call_is_repaired(rig: Rig) -> None:
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS
+    )
+    reply = raw.parse()
+    calls = reply.choices[0].message.tool_calls
+    assert calls is not None
+    assert json.loads(calls[0].function.arguments) == {"city": "Oslo"}
+    checked = rig.report(raw)["tool_calls"]["calls"][0]
+    assert checked["status"] == "repaired"
+    assert checked["repairs"]
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [[completion(None, finish_reason="tool_calls",
+                 tool_calls=[call("c1", "weather", '{"town": 7}')]),
+      '{"city": "Bergen"}']],
+    indirect=True,
+)  # fmt: skip
+def test_unrepairable_call_gets_one_reask(rig: Rig) -> None:
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "weather?"}], tools=TOOLS
+    )
+    calls = raw.parse().choices[0].message.tool_calls
+    assert calls is not None
+    assert json.loads(calls[0].function.arguments) == {"city": "Bergen"}
+    report = rig.report(raw)["tool_calls"]
+    assert report["reasks"] == [{"id": "c1", "name": "weather", "status": "valid"}]
+    reask = rig.upstream.chat_requests()[1].body
+    assert "tools" not in reask
+    assert "weather" in reask["messages"][1]["content"]
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [[completion("Deleting it.", finish_reason="tool_calls",
+                 tool_calls=[call("c9", "delete_file", '{"path": "/etc/passwd"}')])]],
+    indirect=True,
+)  # fmt: skip
+def test_destructive_call_is_held_for_approval(rig: Rig) -> None:
+    raw = rig.client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "clean up"}], tools=TOOLS
+    )
+    choice = raw.parse().choices[0]
+    assert not choice.message.tool_calls
+    assert choice.finish_reason == "stop"
+    assert "Approval needed before calling delete_file" in (choice.message.content or "")
+    assert rig.report(raw)["tool_calls"]["calls"][0]["status"] == "held"
+
+
+@pytest.mark.parametrize("field", ["api_base", "base_url", "api_key"])
+def test_request_cannot_redirect_the_proxy(rig: Rig, field: str) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        rig.client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "hi"}],
+            extra_body={field: "http://127.0.0.1:1/v1"},
+        )
+    assert field in str(caught.value)
+    assert rig.upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [[{"object": "list", "data": [{"id": "m-a", "object": "model"}]},
+      Reply(status=400, body={"error": {"message": "context too long"}})]],
+    indirect=True,
+)  # fmt: skip
+def test_models_and_upstream_client_errors_pass_through(rig: Rig) -> None:
+    assert [m.id for m in rig.client.models.list()] == ["m-a"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        rig.client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert "context too long" in str(caught.value)
+
+
+def test_session_of_prefers_header_then_user_then_system_hash() -> None:
+    body = {"user": "u1", "messages": [SYSTEM]}
+    assert session_of({"x-ctxwarden-session": "h"}, body) == "h"
+    assert session_of({}, body) == "u1"
+    a = session_of({}, {"messages": [SYSTEM]})
+    assert a == session_of({}, {"messages": [SYSTEM, {"role": "user", "content": "x"}]})
+    assert a != session_of({}, {"messages": [{"role": "system", "content": "other"}]})
