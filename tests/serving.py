@@ -13,13 +13,13 @@ import uvicorn
 
 
 @contextmanager
-def serve(app: Any) -> Iterator[str]:
+def serve(app: Any, *, lifespan: str = "off") -> Iterator[str]:
     """Yield the base URL of ``app`` served by uvicorn; stop the server on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws="none")
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, ws="none")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -247,6 +247,28 @@ def proxy(
         uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
+@app.command()
+def mcp(
+    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP).")] = "stdio",
+    host: Annotated[str, typer.Option(help="Address for http.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
+) -> None:
+    """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context)."""
+    from ctxwarden.server.mcp import create_mcp_server
+
+    if transport not in ("stdio", "http"):
+        raise ConfigError(f"transport: {transport!r} is not stdio or http")
+    with _engine() as engine:
+        server = create_mcp_server(engine)
+        if transport == "stdio":
+            server.run("stdio")
+        else:
+            import uvicorn
+
+            uvicorn.run(server.streamable_http_app(host=host), host=host, port=port,
+                        log_level="warning")  # fmt: skip
+
+
 def show_context(console: Console, context: Context) -> None:
     """Print a context's blocks and messages with rich."""
     report = context.report
