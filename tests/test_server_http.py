@@ -159,29 +159,55 @@ def test_overload_gets_429_with_retry_after() -> None:
         assert httpx.get(url + "/v1/stats").status_code == 200
 
 
-def test_cli_serve_runs_a_server(tmp_path: Path) -> None:
+def test_cli_serve_requires_a_key_from_cli_keys_create(tmp_path: Path) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     command = [sys.executable, "-m", "ctxwarden.cli", "--db", str(tmp_path / "x.db")]
+    key = subprocess.run(
+        [*command, "keys", "create", "--tenant", "acme", "--scope", "read", "--scope", "write"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert key.startswith("cw_")
+    listed = subprocess.run([*command, "keys", "list"], capture_output=True, text=True, check=True)
+    assert "acme" in listed.stdout
+    assert key.split("_", 2)[2] not in listed.stdout
     proc = subprocess.Popen(
         [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                r = httpx.get(base + "/health", timeout=1)
                 break
             except httpx.TransportError:
                 if proc.poll() is not None:
                     raise AssertionError(proc.stderr.read().decode()) from None
                 threading.Event().wait(0.05)
         assert r.status_code == 200
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/ingest", json={"records": RECORDS[:1]})
+        r = httpx.post(base + "/v1/ingest", json={"records": RECORDS[:1]})
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        auth = {"Authorization": f"Bearer {key}"}
+        r = httpx.post(base + "/v1/ingest", json={"records": RECORDS[:1]}, headers=auth)
         assert r.json()["counts"]["stored"] == 1
+        assert httpx.get(base + "/v1/stats", headers=auth).json()["memories"] == 1
+        assert httpx.delete(base + "/v1/memories/m1", headers=auth).status_code == 403
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
+
+
+def test_cli_no_auth_only_on_loopback(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "ctxwarden.cli", "--db", str(tmp_path / "x.db")]
+    done = subprocess.run(
+        [*command, "serve", "--host", "0.0.0.0", "--no-auth"], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "loopback" in done.stderr

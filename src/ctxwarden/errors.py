@@ -15,7 +15,8 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     ├── EmbedError         the embedder failed or is not the one the store was built with
     ├── SummarizeError     the summariser failed or its output could not be validated
     ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
-    ├── AuthError          a missing, unknown or insufficient API key
+    ├── AuthError          a missing, unknown or revoked API key
+    │   └── ScopeError     a valid key without the scope the operation needs
     └── NotFound           an id, session or tenant that does not exist
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "EmbedError",
     "InputError",
     "NotFound",
+    "ScopeError",
     "StoreError",
     "SummarizeError",
     "TokenizerError",
@@ -101,6 +103,10 @@ class UpstreamError(CtxwardenError):
 
 class AuthError(CtxwardenError):
     """A missing, unknown or insufficient API key."""
+
+
+class ScopeError(AuthError):
+    """A valid API key that lacks the scope (read, write, delete, admin) an operation needs."""
 
 
 class NotFound(CtxwardenError):  # noqa: N818 - the house style names it so, like httpx's NotFound-style names

@@ -47,6 +47,7 @@ from ctxwarden.errors import (
     EmbedError,
     InputError,
     NotFound,
+    ScopeError,
     StoreError,
     SummarizeError,
     TokenizerError,
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 #: wins. A ConfigError raised while serving a request is the request naming something the
 #: server does not know (a model, a block), so it is the client's to fix: 422.
 STATUS_BY_ERROR: tuple[tuple[type[CtxwardenError], int], ...] = (
+    (ScopeError, 403),
     (AuthError, 401),
     (NotFound, 404),
     (ConflictError, 409),
@@ -120,7 +122,7 @@ class Principal:
     def require(self, scope: str) -> None:
         """Raise :class:`AuthError` unless this principal holds ``scope`` (or admin)."""
         if scope not in self.scopes and "admin" not in self.scopes:
-            raise AuthError(f"this API key lacks the {scope!r} scope: use a key that has it")
+            raise ScopeError(f"this API key lacks the {scope!r} scope: use a key that has it")
 
 
 # -- ASGI middleware: body limit and concurrency gate ------------------------------------------
@@ -309,7 +311,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         status = status_for(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
-        return JSONResponse(_error_body(exc), status_code=status)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(_error_body(exc), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -191,7 +191,10 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
         status = status_for(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
-        return _openai_error(status, str(exc), type(exc).__name__)
+        response = _openai_error(status, str(exc), type(exc).__name__)
+        if status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
     @app.get("/health")
     def health() -> dict[str, str]:

@@ -18,8 +18,10 @@ from typing import Any, Protocol, runtime_checkable
 from ctxwarden.types import Memory
 
 __all__ = [
+    "ApiKey",
     "ContextLog",
     "Inclusion",
+    "KeyStore",
     "NewMemory",
     "Store",
     "TokenCount",
@@ -90,6 +92,36 @@ class ContextLog:
     tokens: int
     blocks: Mapping[str, Mapping[str, int]]
     inclusions: Sequence[Inclusion] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApiKey:
+    """An API key as stored: never the secret, only its hash."""
+
+    key_id: str
+    tenant: str
+    scopes: frozenset[str]
+    secret_hash: str
+    name: str | None
+    created_at: float
+    revoked_at: float | None = None
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Where the servers keep API keys (a separate seam from :class:`Store`)."""
+
+    def put_api_key(self, key: ApiKey) -> None:
+        """Insert a key; :class:`~ctxwarden.errors.ConflictError` if its id exists."""
+
+    def api_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id (revoked ones included), or None."""
+
+    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Keys of ``tenant`` (every tenant when None), oldest first."""
+
+    def revoke_api_key(self, key_id: str, at: float) -> bool:
+        """Mark a key revoked; False if there is no such key."""
 
 
 @runtime_checkable
