@@ -211,3 +211,17 @@ def test_cli_no_auth_only_on_loopback(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "loopback" in done.stderr
+
+
+def test_metrics_expose_latency_budget_use_and_dedupe(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": [*RECORDS, {**RECORDS[0], "id": "m4"}]})
+        client.post("/v1/assemble", json={"session": "default", "query": "deploy?"})
+        client.get("/v1/memories/nope")
+        text = client.get("/metrics").text
+    assert 'ctxwarden_ingest_records_total{status="stored"} 3.0' in text
+    assert 'ctxwarden_ingest_records_total{status="duplicate"} 1.0' in text
+    assert "ctxwarden_assemble_seconds_count 1.0" in text
+    assert 'ctxwarden_block_tokens_used_total{block="recent"}' in text
+    assert 'route="/v1/memories/{memory_id}",status="404"' in text
+    assert "nope" not in text

@@ -11,6 +11,7 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     POST   /v1/memories/{id}/unpin      unpin
     DELETE /v1/memories/{id}            delete (leaves a tombstone)
     GET    /v1/stats                    counts
+    GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
 
 Errors from the error tree map to status codes in :data:`STATUS_BY_ERROR` (one table), bodies
 above ``max_body_bytes`` get 413, and when ``max_concurrency`` requests are already running the
@@ -27,13 +28,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,6 +55,7 @@ from ctxwarden.errors import (
     TokenizerError,
     UpstreamError,
 )
+from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 
 __all__ = ["STATUS_BY_ERROR", "ServerConfig", "create_app", "status_for"]
 
@@ -155,9 +158,10 @@ class LimitsMiddleware:
     retries after ``Retry-After`` seconds. ``/health`` bypasses the gate.
     """
 
-    def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
+    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: Metrics | None = None) -> None:
         self.app = app
         self.config = config
+        self.metrics = metrics
         self._lock = threading.Lock()
         self.running = 0
 
@@ -168,9 +172,10 @@ class LimitsMiddleware:
         limit = self.config.max_body_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
+                self._reject("body_too_large")
                 await _send_json(send, 413, _too_large(limit))
                 return
-        if scope.get("path") == "/health":
+        if scope.get("path") in ("/health", "/metrics"):
             await self.app(scope, receive, send)
             return
         with self._lock:
@@ -180,6 +185,7 @@ class LimitsMiddleware:
                 busy = False
                 self.running += 1
         if busy:
+            self._reject("overloaded")
             retry = str(self.config.retry_after_seconds).encode()
             await _send_json(
                 send,
@@ -191,6 +197,8 @@ class LimitsMiddleware:
         received = 0
         started = False
         over = False
+        status = 500
+        began = time.perf_counter()
 
         async def limited_receive() -> Message:
             nonlocal received, over
@@ -205,7 +213,7 @@ class LimitsMiddleware:
         async def tracking_send(message: Message) -> None:
             # the framework may turn the failed body read into its own error response: the
             # client gets the 413 instead
-            nonlocal started
+            nonlocal started, status
             if over:
                 if message["type"] == "http.response.start" and not started:
                     started = True
@@ -213,6 +221,7 @@ class LimitsMiddleware:
                 return
             if message["type"] == "http.response.start":
                 started = True
+                status = message["status"]
             await send(message)
 
         try:
@@ -224,6 +233,16 @@ class LimitsMiddleware:
         finally:
             with self._lock:
                 self.running -= 1
+            if over:
+                self._reject("body_too_large")
+            elif self.metrics is not None:
+                route = scope.get("route")
+                name = getattr(route, "path", None) or "unmatched"
+                self.metrics.observe_request(name, status, time.perf_counter() - began)
+
+    def _reject(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason=reason).inc()
 
 
 def _too_large(limit: int) -> dict[str, Any]:
@@ -305,6 +324,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     )
     app.state.engine = engine
     app.state.config = config
+    metrics = Metrics()
+    app.state.metrics = metrics
 
     @app.exception_handler(CtxwardenError)
     async def _ctxwarden_error(request: Request, exc: CtxwardenError) -> JSONResponse:
@@ -346,6 +367,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                     line=number,
                 )
         result = engine.ingest(body.records, tenant=caller.tenant, session=body.session)
+        metrics.observe_ingest(result.counts)
         return {
             "outcomes": [o.to_dict() for o in result.outcomes],
             "counts": result.counts,
@@ -355,6 +377,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     def assemble(body: AssembleBody, caller: Caller) -> dict[str, Any]:
         """Assemble the context of one turn."""
         caller.require("read")
+        began = time.perf_counter()
         context = engine.assemble(
             session=body.session,
             query=body.query,
@@ -366,6 +389,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             items=body.items,
             tenant=caller.tenant,
         )
+        metrics.observe_context(context, time.perf_counter() - began)
         return context.to_dict()
 
     @app.post("/v1/search")
@@ -406,5 +430,10 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         caller.require("read")
         return engine.stats(tenant=caller.tenant)
 
-    app.add_middleware(LimitsMiddleware, config=config)
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_endpoint() -> Response:
+        """Prometheus metrics (no tenant data: counts and latencies only)."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(LimitsMiddleware, config=config, metrics=metrics)
     return app
