@@ -4,6 +4,7 @@ uvicorn on loopback) -> a scripted OpenAI-compatible server (a real HTTP server 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from ctxwarden import Engine, EngineConfig
 from ctxwarden.llm import LLMClient
 from ctxwarden.models import ModelSpec
 from ctxwarden.server.proxy import ProxyConfig, create_proxy_app, session_of
-from llmserver import Reply, ScriptedServer, completion
+from llmserver import Recorded, Reply, ScriptedServer, completion
 from serving import serve
 
 UPSTREAM_KEY = "sk-upstream-secret-123"
@@ -236,3 +237,52 @@ def test_session_of_prefers_header_then_user_then_system_hash() -> None:
     a = session_of({}, {"messages": [SYSTEM]})
     assert a == session_of({}, {"messages": [SYSTEM, {"role": "user", "content": "x"}]})
     assert a != session_of({}, {"messages": [{"role": "system", "content": "other"}]})
+
+
+def test_turn_slots_cap_upstream_concurrency_and_serialise_a_session() -> None:
+    lock = threading.Lock()
+    active: list[str] = []
+    peak = 0
+    overlap: list[str] = []
+
+    def reply(recorded: Recorded) -> Reply:
+        nonlocal peak
+        session = recorded.body["messages"][-1]["content"].split()[0]
+        with lock:
+            if session in active:
+                overlap.append(session)
+            active.append(session)
+            peak = max(peak, len(active))
+        threading.Event().wait(0.02)  # hold the slot while other turns arrive
+        with lock:
+            active.remove(session)
+        return Reply(body=completion("ok"))
+
+    config = ProxyConfig(turn_slots=2)
+    with (
+        ScriptedServer(reply) as upstream,
+        Engine.open(":memory:") as engine,
+        LLMClient(upstream.url, api_key=UPSTREAM_KEY, max_retries=0) as llm,
+        serve(create_proxy_app(engine, llm, config)) as url,
+    ):
+
+        def agent(name: str, turn: int) -> None:
+            with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
+                client.chat.completions.create(
+                    model="gpt-4o-mini",
+                    messages=[{"role": "user", "content": f"{name} turn {turn}"}],
+                    user=name,
+                )
+
+        threads = [
+            threading.Thread(target=agent, args=(f"agent{a}", t))
+            for a in range(4)
+            for t in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(upstream.chat_requests()) == 12
+    assert overlap == []
+    assert peak <= 2

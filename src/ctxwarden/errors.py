@@ -15,6 +15,7 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     ├── EmbedError         the embedder failed or is not the one the store was built with
     ├── SummarizeError     the summariser failed or its output could not be validated
     ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
+    ├── OverloadedError    too much work queued: retry later (HTTP 429)
     ├── AuthError          a missing, unknown or revoked API key
     │   └── ScopeError     a valid key without the scope the operation needs
     └── NotFound           an id, session or tenant that does not exist
@@ -31,6 +32,7 @@ __all__ = [
     "EmbedError",
     "InputError",
     "NotFound",
+    "OverloadedError",
     "ScopeError",
     "StoreError",
     "SummarizeError",
@@ -99,6 +101,10 @@ class SummarizeError(CtxwardenError):
 
 class UpstreamError(CtxwardenError):
     """An upstream model server failed: timeout, error status or an unusable body."""
+
+
+class OverloadedError(CtxwardenError):
+    """Too much work is queued (turn slots full): retry after a moment."""
 
 
 class AuthError(CtxwardenError):

@@ -49,6 +49,7 @@ from ctxwarden.errors import (
     EmbedError,
     InputError,
     NotFound,
+    OverloadedError,
     ScopeError,
     StoreError,
     SummarizeError,
@@ -69,6 +70,7 @@ STATUS_BY_ERROR: tuple[tuple[type[CtxwardenError], int], ...] = (
     (AuthError, 401),
     (NotFound, 404),
     (ConflictError, 409),
+    (OverloadedError, 429),
     (InputError, 422),
     (BudgetError, 422),
     (TokenizerError, 422),
@@ -333,6 +335,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 429:
+            headers = {"Retry-After": str(config.retry_after_seconds)}
         return JSONResponse(_error_body(exc), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -42,6 +42,7 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.llm import LLMClient, UpstreamStatusError
 from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
+from ctxwarden.sessions import TurnSlots
 from ctxwarden.toolcalls import ToolCall, ToolCallReport, check_call, check_reply
 from ctxwarden.toolcalls import repair_request_messages as reask_messages
 
@@ -82,6 +83,8 @@ class ProxyConfig:
     destructive: tuple[str, ...] = ()
     reask: bool = True
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+    turn_slots: int = 8
+    turn_timeout: float = 120.0
 
 
 def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
@@ -180,7 +183,9 @@ def _report_header(report: Mapping[str, Any]) -> str:
 def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | None = None) -> Any:
     """The proxy application; ``upstream`` is the configured model server's client."""
     config = config or ProxyConfig()
+    slots = TurnSlots(config.turn_slots, timeout=config.turn_timeout)
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
+    app.state.slots = slots
     app.state.engine = engine
     app.state.config = config.server
 
@@ -194,6 +199,8 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
         response = _openai_error(status, str(exc), type(exc).__name__)
         if status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
+        if status == 429:
+            response.headers["Retry-After"] = str(config.server.retry_after_seconds)
         return response
 
     @app.get("/health")
@@ -219,7 +226,7 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
             raise InputError("expected a JSON object", field="body")
         headers = {k.lower(): v for k, v in request.headers.items()}
         payload, report = await run_in_threadpool(
-            _turn, engine, upstream, config, caller, body, headers
+            _turn, engine, upstream, config, slots, caller, body, headers
         )
         header = {REPORT_HEADER: _report_header(report)}
         if body.get("stream"):
@@ -239,6 +246,7 @@ def _turn(
     engine: Engine,
     upstream: LLMClient,
     config: ProxyConfig,
+    slots: TurnSlots,
     caller: Principal,
     body: dict[str, Any],
     headers: Mapping[str, str],
@@ -257,8 +265,21 @@ def _turn(
         raise InputError("missing: name the model", field="model")
     tools = body.get("tools") or []
     session = session_of(headers, body)
-    tenant = caller.tenant
+    with slots.turn(f"{caller.tenant}\x00{session}"):
+        return _run_turn(engine, upstream, config, caller.tenant, session, body, model, tools)
 
+
+def _run_turn(
+    engine: Engine,
+    upstream: LLMClient,
+    config: ProxyConfig,
+    tenant: str,
+    session: str,
+    body: dict[str, Any],
+    model: str,
+    tools: Sequence[Mapping[str, Any]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    messages = body["messages"]
     system_parts: list[str] = []
     records: list[dict[str, Any]] = []
     ids = _Ids(session)
