@@ -18,6 +18,7 @@ from ctxwarden.models import ModelSpec
 from ctxwarden.server.proxy import ProxyConfig, create_proxy_app, session_of
 from llmserver import Recorded, Reply, ScriptedServer, completion
 from serving import serve
+from sseserver import StreamingServer
 
 UPSTREAM_KEY = "sk-upstream-secret-123"
 CLIENT_KEY = "sk-client-key-456"
@@ -143,7 +144,8 @@ def test_streaming(rig: Rig) -> None:
     assert text == "streamed answer"
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.total_tokens == 18
-    assert rig.upstream.chat_requests()[0].body["stream"] is False
+    # asked to stream; this upstream answers in one JSON body, sent on as events
+    assert rig.upstream.chat_requests()[0].body["stream"] is True
 
 
 @pytest.mark.parametrize(
@@ -286,3 +288,48 @@ def test_turn_slots_cap_upstream_concurrency_and_serialise_a_session() -> None:
         assert len(upstream.chat_requests()) == 12
     assert overlap == []
     assert peak <= 2
+
+
+def test_streamed_request_without_tools_is_relayed_event_by_event() -> None:
+    pieces = ["The deploy ", "is on ", "Friday."]
+    with (
+        StreamingServer(pieces) as upstream,
+        Engine.open(":memory:") as engine,
+        LLMClient(upstream.url, api_key=UPSTREAM_KEY, max_retries=0) as llm,
+        serve(create_proxy_app(engine, llm)) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client,
+    ):
+        first = [{"role": "user", "content": "when is the deploy?"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=first, stream=True, user="u1"
+        )
+        chunks = [c for c in raw.parse() if c.choices]
+        assert [c.choices[0].delta.content for c in chunks[1:-1]] == pieces
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert upstream.bodies[0]["stream"] is True
+        assert json.loads(raw.headers["x-ctxwarden-report"])["session"] == "u1"
+        # the relayed reply was stored: sending it back is recognised as known
+        second = [*first, {"role": "assistant", "content": "".join(pieces)},
+                  {"role": "user", "content": "thanks"}]  # fmt: skip
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=second, stream=True, user="u1"
+        )
+        list(raw.parse())
+        assert json.loads(raw.headers["x-ctxwarden-report"])["ingested"]["known"] == 2
+        sent = [m["content"] for m in upstream.bodies[1]["messages"]]
+        assert sent == ["when is the deploy?", "The deploy is on Friday.", "thanks"]
+
+
+def test_streamed_upstream_error_passes_through() -> None:
+    with (
+        StreamingServer([], status=400) as upstream,
+        Engine.open(":memory:") as engine,
+        LLMClient(upstream.url, api_key=UPSTREAM_KEY, max_retries=0) as llm,
+        serve(create_proxy_app(engine, llm)) as url,
+        openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client,
+    ):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+        assert engine.stats()["memories"] == 1  # the user turn; no reply stored

@@ -8,14 +8,15 @@ proxy:
 2. ingests the messages it has not seen (ids derived from the session and the message, so a
    conversation sent again is recognised as known);
 3. assembles a context that fits the model's window (window and tokenizer from the registry);
-4. sends that upstream with the configured :class:`~ctxwarden.llm.LLMClient` (never streamed:
-   tool calls are checked before anything reaches the agent);
+4. sends that upstream with the configured :class:`~ctxwarden.llm.LLMClient`: a streamed
+   request without tools is streamed through event by event; any request with tools is asked
+   unstreamed, because its tool calls are checked before anything reaches the agent (and then
+   sent as events if the agent asked to stream);
 5. checks the reply's tool calls (:func:`ctxwarden.toolcalls.check_reply`): repairs malformed
    arguments, asks the model once to rewrite a call that cannot be repaired, holds back calls to
    destructive tools and says approval is needed;
-6. stores the reply and answers with the upstream body (as server-sent events when the agent
-   asked to stream), plus an ``x-ctxwarden-report`` header: session, context size, ingest
-   counts, and every repair and gate.
+6. stores the reply and answers with the upstream body, plus an ``x-ctxwarden-report``
+   header: session, context size, ingest counts, and every repair and gate.
 
 The upstream URL and key come from configuration only. Request fields that would redirect the
 proxy (``api_base``, ``base_url``, ``api_key``...) are refused, the agent's ``Authorization``
@@ -40,11 +41,12 @@ from starlette.concurrency import run_in_threadpool
 
 from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, InputError
-from ctxwarden.llm import LLMClient, UpstreamStatusError
+from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
-from ctxwarden.sessions import TurnSlots
+from ctxwarden.sessions import Ticket, TurnSlots
 from ctxwarden.toolcalls import ToolCall, ToolCallReport, check_call, check_reply
 from ctxwarden.toolcalls import repair_request_messages as reask_messages
+from ctxwarden.types import Context
 
 __all__ = ["FORBIDDEN_FIELDS", "ProxyConfig", "create_proxy_app", "session_of"]
 
@@ -229,6 +231,8 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
             _turn, engine, upstream, config, slots, caller, body, headers
         )
         header = {REPORT_HEADER: _report_header(report)}
+        if not isinstance(payload, dict):  # the upstream's own stream, relayed
+            return StreamingResponse(payload, media_type="text/event-stream", headers=header)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
@@ -250,7 +254,9 @@ def _turn(
     caller: Principal,
     body: dict[str, Any],
     headers: Mapping[str, str],
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
+    """One turn in its session's slot: the upstream body, or for a streamed request without
+    tools the upstream's own events as they come (the slot is held until the stream ends)."""
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
@@ -265,20 +271,69 @@ def _turn(
         raise InputError("missing: name the model", field="model")
     tools = body.get("tools") or []
     session = session_of(headers, body)
-    with slots.turn(f"{caller.tenant}\x00{session}"):
-        return _run_turn(engine, upstream, config, caller.tenant, session, body, model, tools)
+    ticket = slots.enqueue(f"{caller.tenant}\x00{session}")
+    ticket.wait(slots.timeout)
+    try:
+        turn = _prepare(engine, caller.tenant, session, body, model, tools)
+        if body.get("stream") and not tools:
+            outgoing = {**turn.outgoing, "stream": True}
+            events = upstream.stream("chat/completions", outgoing)
+            if events.body is None:
+                return _relay(engine, turn, events, ticket), turn.report()
+            payload = events.body  # the upstream did not stream: sent on as events
+            answer = ((payload.get("choices") or [{}])[0] or {}).get("message")
+            if isinstance(answer, dict):
+                turn.store_reply(engine, answer)
+            report = turn.report()
+        else:
+            payload, report = _finish(engine, upstream, config, turn, model, tools)
+    except BaseException:
+        ticket.release()
+        raise
+    ticket.release()
+    return payload, report
 
 
-def _run_turn(
+@dataclass
+class _Turn:
+    tenant: str
+    session: str
+    ids: _Ids
+    context: Context
+    ingested: Mapping[str, int]
+    outgoing: dict[str, Any]
+    received: int
+
+    def report(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "model": self.context.report.model,
+            "tokens": self.context.tokens,
+            "cap": self.context.report.cap,
+            "window": self.context.report.window,
+            "included": len(self.context.included),
+            "sent_messages": len(self.context.messages),
+            "received_messages": self.received,
+            "ingested": dict(self.ingested),
+            **extra,
+        }
+
+    def store_reply(self, engine: Engine, message: Mapping[str, Any]) -> None:
+        reply = _record(message, self.ids.next(message))
+        if reply is not None:
+            reply["role"] = "assistant"
+            engine.ingest([reply], tenant=self.tenant, session=self.session)
+
+
+def _prepare(
     engine: Engine,
-    upstream: LLMClient,
-    config: ProxyConfig,
     tenant: str,
     session: str,
     body: dict[str, Any],
     model: str,
     tools: Sequence[Mapping[str, Any]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> _Turn:
+    """Ingest the new messages and assemble the context to send."""
     messages = body["messages"]
     system_parts: list[str] = []
     records: list[dict[str, Any]] = []
@@ -301,13 +356,35 @@ def _run_turn(
     context = engine.assemble(
         session=session, query=query, model=model, system=system, tools=tools, tenant=tenant
     )
-    outgoing = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "user")}
+    outgoing = {k: v for k, v in body.items() if k not in ("stream", "user")}
+    if not body.get("stream"):
+        outgoing.pop("stream_options", None)
     outgoing["messages"] = list(context.messages)
     outgoing["stream"] = False
-    started = time.perf_counter()
-    payload = upstream.post("chat/completions", outgoing)
-    upstream_ms = round((time.perf_counter() - started) * 1000, 1)
+    return _Turn(
+        tenant=tenant,
+        session=session,
+        ids=ids,
+        context=context,
+        ingested=ingested.counts,
+        outgoing=outgoing,
+        received=len(messages),
+    )
 
+
+def _finish(
+    engine: Engine,
+    upstream: LLMClient,
+    config: ProxyConfig,
+    turn: _Turn,
+    model: str,
+    tools: Sequence[Mapping[str, Any]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ask upstream (not streamed), check the tool calls, store the reply."""
+    turn.outgoing.pop("stream_options", None)
+    started = time.perf_counter()
+    payload = upstream.post("chat/completions", turn.outgoing)
+    upstream_ms = round((time.perf_counter() - started) * 1000, 1)
     tool_report: dict[str, Any] | None = None
     choices = payload.get("choices")
     first: dict[str, Any] = {}
@@ -317,25 +394,36 @@ def _run_turn(
     if isinstance(answer, dict) and answer.get("tool_calls"):
         tool_report = _check_tool_calls(upstream, config, model, answer, tools, first)
     if isinstance(answer, dict):
-        reply = _record(answer, ids.next(answer))
-        if reply is not None:
-            reply["role"] = "assistant"
-            engine.ingest([reply], tenant=tenant, session=session)
-    report: dict[str, Any] = {
-        "session": session,
-        "model": context.report.model,
-        "tokens": context.tokens,
-        "cap": context.report.cap,
-        "window": context.report.window,
-        "included": len(context.included),
-        "sent_messages": len(context.messages),
-        "received_messages": len(messages),
-        "ingested": ingested.counts,
-        "upstream_ms": upstream_ms,
-    }
+        turn.store_reply(engine, answer)
+    report = turn.report(upstream_ms=upstream_ms)
     if tool_report is not None:
         report["tool_calls"] = tool_report
     return payload, report
+
+
+def _relay(engine: Engine, turn: _Turn, events: ChunkStream, ticket: Ticket) -> Iterator[bytes]:
+    """Pass the upstream's events through as they come; store the reply text at the end."""
+    parts: list[str] = []
+    try:
+        for data in events:
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                chunk = None
+            if isinstance(chunk, dict):
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") if isinstance(choice, dict) else None
+                    if isinstance(delta, dict) and choice.get("index", 0) == 0:
+                        content = delta.get("content")
+                        if isinstance(content, str):
+                            parts.append(content)
+            yield b"data: " + data.encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+        if parts:
+            turn.store_reply(engine, {"role": "assistant", "content": "".join(parts)})
+    finally:
+        events.close()
+        ticket.release()
 
 
 def _check_tool_calls(
