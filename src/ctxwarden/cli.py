@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ctxwarden.config import Settings, load_settings
 from ctxwarden.engine import Engine
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import ConfigError, CtxwardenError, InputError
 from ctxwarden.types import Context
 
 __all__ = ["app", "main"]
@@ -200,6 +200,158 @@ def demo(
     show_context(console, context)
 
 
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> Any:
+    """Limits and authentication: API keys from the store unless --no-auth (loopback only)."""
+    from ctxwarden.server.auth import KeyAuth
+    from ctxwarden.server.http import ServerConfig
+    from ctxwarden.store.base import KeyStore
+
+    if no_auth:
+        if host not in _LOOPBACK:
+            raise ConfigError(f"--no-auth: only on a loopback host, not {host!r}; issue API keys")
+        return ServerConfig(**limits)
+    if not isinstance(engine.store, KeyStore):
+        raise ConfigError("this store keeps no API keys: use SQLite or pass --no-auth")
+    return ServerConfig(authenticate=KeyAuth(engine.store), **limits)
+
+
+NoAuth = Annotated[
+    bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
+]
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body.")] = 1 << 20,
+    max_concurrency: Annotated[int, typer.Option(help="Requests run at once (429 above).")] = 16,
+    no_auth: NoAuth = False,
+) -> None:
+    """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
+    import uvicorn
+
+    from ctxwarden.server.http import create_app
+
+    with _engine() as engine:
+        config = _server_config(
+            engine, host, no_auth, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency
+        )
+        uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys of the servers.")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key works in.")],
+    scope: Annotated[list[str], typer.Option(help="read, write, delete or admin (repeat).")],
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+) -> None:
+    """Issue a key and print it once (only its hash is stored)."""
+    from ctxwarden.server.auth import issue_key
+    from ctxwarden.store.base import KeyStore
+
+    with _engine() as engine:
+        if not isinstance(engine.store, KeyStore):
+            raise ConfigError("this store keeps no API keys")
+        typer.echo(issue_key(engine.store, tenant=tenant, scopes=scope, name=name))
+
+
+@keys_app.command("list")
+def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None) -> None:
+    """List keys (ids, tenants, scopes; never secrets)."""
+    from ctxwarden.store.base import KeyStore
+
+    with _engine() as engine:
+        if not isinstance(engine.store, KeyStore):
+            raise ConfigError("this store keeps no API keys")
+        for key in engine.store.api_keys(tenant):
+            state = "revoked" if key.revoked_at is not None else "active"
+            scopes = ",".join(sorted(key.scopes))
+            typer.echo(f"{key.key_id}\t{key.tenant}\t{scopes}\t{state}\t{key.name or ''}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key id (from keys list).")],
+) -> None:
+    """Revoke a key."""
+    import time
+
+    from ctxwarden.errors import NotFound
+    from ctxwarden.store.base import KeyStore
+
+    with _engine() as engine:
+        if not isinstance(engine.store, KeyStore):
+            raise ConfigError("this store keeps no API keys")
+        if not engine.store.revoke_api_key(key_id, time.time()):
+            raise NotFound(f"no API key {key_id!r}: see ctxwarden keys list")
+    typer.echo(f"revoked {key_id}")
+
+
+@app.command()
+def proxy(
+    upstream: Annotated[
+        str | None, typer.Option(help="Upstream API root, e.g. http://127.0.0.1:8080/v1.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8766,
+    destructive: Annotated[
+        list[str] | None, typer.Option(help="Tool-name pattern to hold for approval (repeat).")
+    ] = None,
+    no_auth: NoAuth = False,
+) -> None:
+    """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
+    import uvicorn
+
+    from ctxwarden.llm import LLMClient
+    from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
+
+    settings = _settings()
+    url = upstream or settings.upstream
+    if not url:
+        raise ConfigError("upstream: not set; pass --upstream URL or set it in the config")
+    patterns = tuple(destructive or settings.destructive_tools)
+    with (
+        _engine(settings) as engine,
+        LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
+    ):
+        server = _server_config(engine, host, no_auth)
+        app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
+        uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+@app.command()
+def mcp(
+    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP).")] = "stdio",
+    host: Annotated[str, typer.Option(help="Address for http.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
+) -> None:
+    """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context)."""
+    from ctxwarden.server.mcp import create_mcp_server
+
+    if transport not in ("stdio", "http"):
+        raise ConfigError(f"transport: {transport!r} is not stdio or http")
+    if transport == "http" and host not in _LOOPBACK:
+        # the MCP door has no API keys yet: it serves one tenant to whoever can connect
+        raise ConfigError(f"host: MCP over HTTP serves loopback only, not {host!r}")
+    with _engine() as engine:
+        server = create_mcp_server(engine)
+        if transport == "stdio":
+            server.run("stdio")
+        else:
+            import uvicorn
+
+            uvicorn.run(server.streamable_http_app(host=host), host=host, port=port,
+                        log_level="warning")  # fmt: skip
+
+
 def show_context(console: Console, context: Context) -> None:
     """Print a context's blocks and messages with rich."""
     report = context.report
@@ -244,3 +396,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+
+
+if __name__ == "__main__":
+    main()

@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     tenant: str = "default"
     budget: dict[str, Any] = Field(default_factory=dict)
     models: list[dict[str, Any]] = Field(default_factory=list)
+    #: The proxy's upstream (an OpenAI-compatible API root, e.g. http://127.0.0.1:8080/v1) and
+    #: its key; requests can never change either.
+    upstream: str | None = None
+    upstream_api_key: str | None = Field(default=None, repr=False)
+    #: Tool-name patterns the proxy holds for approval (``delete_*``, ``post_*``).
+    destructive_tools: list[str] = Field(default_factory=list)
 
     _file_data: dict[str, Any] = {}
 

@@ -34,7 +34,7 @@ from ctxwarden.assemble import (
 )
 from ctxwarden.budget import BudgetPolicy, chat_policy
 from ctxwarden.dedupe import exact_key
-from ctxwarden.errors import ConfigError, CtxwardenError, InputError
+from ctxwarden.errors import ConfigError, CtxwardenError, InputError, NotFound
 from ctxwarden.models import ModelSpec, default_registry
 from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, Store, TokenCount
 from ctxwarden.store.sqlite import SQLiteStore
@@ -266,6 +266,32 @@ class Engine:
     def stats(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts per channel: records seen, memories stored, duplicates folded; top families."""
         return self.store.stats(tenant or self.config.tenant)
+
+    def search(
+        self, query: str, *, tenant: str | None = None, limit: int = 20
+    ) -> list[tuple[Memory, float]]:
+        """Full-text search of the tenant's memories for ``query``'s terms, best first."""
+        if limit < 1:
+            raise InputError(f"{limit} must be at least 1", field="limit")
+        terms = query_terms(query)
+        return self.store.search(tenant or self.config.tenant, terms, limit=limit)
+
+    def pin(self, id: str, *, pinned: bool = True, tenant: str | None = None) -> Memory:
+        """Pin (or with ``pinned=False`` unpin) a memory; returns it. :class:`NotFound` if none."""
+        tenant = tenant or self.config.tenant
+        with self.store.write() as writer:
+            found = writer.set_pinned(tenant, id, pinned)
+        if not found:
+            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
+        return self.store.get(tenant, id)
+
+    def delete(self, id: str, *, tenant: str | None = None, reason: str = "deleted") -> None:
+        """Delete a memory, leaving a content-free tombstone. :class:`NotFound` if none."""
+        tenant = tenant or self.config.tenant
+        with self.store.write() as writer:
+            found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)
+        if not found:
+            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
 
     # -- assemble ----------------------------------------------------------------------------
 

@@ -15,7 +15,9 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     ├── EmbedError         the embedder failed or is not the one the store was built with
     ├── SummarizeError     the summariser failed or its output could not be validated
     ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
-    ├── AuthError          a missing, unknown or insufficient API key
+    ├── OverloadedError    too much work queued: retry later (HTTP 429)
+    ├── AuthError          a missing, unknown or revoked API key
+    │   └── ScopeError     a valid key without the scope the operation needs
     └── NotFound           an id, session or tenant that does not exist
 """
 
@@ -30,6 +32,8 @@ __all__ = [
     "EmbedError",
     "InputError",
     "NotFound",
+    "OverloadedError",
+    "ScopeError",
     "StoreError",
     "SummarizeError",
     "TokenizerError",
@@ -99,8 +103,16 @@ class UpstreamError(CtxwardenError):
     """An upstream model server failed: timeout, error status or an unusable body."""
 
 
+class OverloadedError(CtxwardenError):
+    """Too much work is queued (turn slots full): retry after a moment."""
+
+
 class AuthError(CtxwardenError):
     """A missing, unknown or insufficient API key."""
+
+
+class ScopeError(AuthError):
+    """A valid API key that lacks the scope (read, write, delete, admin) an operation needs."""
 
 
 class NotFound(CtxwardenError):  # noqa: N818 - the house style names it so, like httpx's NotFound-style names

@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -37,7 +37,7 @@ import httpx
 from ctxwarden.errors import ConfigError, InputError, UpstreamError
 from ctxwarden.toolcalls import ToolCall
 
-__all__ = ["ChatResult", "LLMClient", "UpstreamStatusError", "Usage"]
+__all__ = ["ChatResult", "ChunkStream", "LLMClient", "UpstreamStatusError", "Usage"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,45 @@ class ChatResult:
     usage: Usage | None
     model: str | None
     raw: Mapping[str, Any] = field(repr=False)
+
+
+class ChunkStream:
+    """The events of a streamed answer: iterate for each ``data:`` payload (JSON text) until
+    ``[DONE]``; close it (or use it as a context manager) to free the connection. ``body`` is
+    the whole answer when the server did not stream (it then yields no events)."""
+
+    def __init__(
+        self, response: httpx.Response, shown: str, *, body: dict[str, Any] | None = None
+    ) -> None:
+        self._response = response
+        self._shown = shown
+        self.body = body
+
+    def __iter__(self) -> Iterator[str]:
+        if self.body is not None:
+            return
+        try:
+            for line in self._response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                yield data
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                f"{self._shown}: the stream broke off ({type(exc).__name__})"
+            ) from exc
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._response.close()
+
+    def __enter__(self) -> ChunkStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class LLMClient:
@@ -204,6 +243,54 @@ class LLMClient:
             body["tools"] = [dict(t) for t in tools]
         data = self.post("chat/completions", body)
         return self._chat_result(data)
+
+    def stream(self, path: str, body: Mapping[str, Any]) -> ChunkStream:
+        """POST ``body`` and read the answer as server-sent events (``"stream": true`` bodies).
+
+        The request is sent and its status checked before this returns (an error status raises
+        :class:`UpstreamStatusError`, as :meth:`request` does); iterate the result for each
+        event's JSON text, until ``[DONE]``, and close it when done. Not retried: a stream
+        cannot be resumed, and the caller has usually started answering its own client.
+        """
+        url = f"{self._base_url}/{path.lstrip('/')}"
+        shown = f"POST {self._base_path}/{path.lstrip('/')} at {self._where}"
+        http = self._http()
+        try:
+            response = http.send(
+                http.build_request(
+                    "POST", url, json=dict(body), headers={"Accept": "text/event-stream"}
+                ),
+                stream=True,
+            )
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(f"{shown}: no answer within {self._timeout:g}s") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                f"{shown}: cannot reach the server ({type(exc).__name__}: "
+                f"{self._redact(str(exc))}); check that it is running and the base_url is right"
+            ) from exc
+        if response.status_code >= 300:
+            response.read()
+            response.close()
+            detail = self._detail(response)
+            raise UpstreamStatusError(
+                f"{shown}: status {response.status_code}: {detail}; {_hint(response.status_code)}",
+                status=response.status_code,
+                path=f"{self._base_path}/{path.lstrip('/')}",
+                detail=detail,
+            )
+        if response.headers.get("content-type", "").startswith("application/json"):
+            # a server that ignores "stream": its whole answer at once
+            response.read()
+            response.close()
+            try:
+                data = response.json()
+            except ValueError as exc:
+                raise self._bad_body(path, "the body is not JSON") from exc
+            if not isinstance(data, dict):
+                raise self._bad_body(path, "the body is not a JSON object")
+            return ChunkStream(response, shown, body=data)
+        return ChunkStream(response, shown)
 
     def embeddings(self, texts: Sequence[str], *, model: str | None = None) -> list[list[float]]:
         """Embed ``texts`` (``POST {base_url}/embeddings``), one vector per text, in order."""

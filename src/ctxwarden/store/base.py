@@ -18,8 +18,10 @@ from typing import Any, Protocol, runtime_checkable
 from ctxwarden.types import Memory
 
 __all__ = [
+    "ApiKey",
     "ContextLog",
     "Inclusion",
+    "KeyStore",
     "NewMemory",
     "Store",
     "TokenCount",
@@ -92,6 +94,36 @@ class ContextLog:
     inclusions: Sequence[Inclusion] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApiKey:
+    """An API key as stored: never the secret, only its hash."""
+
+    key_id: str
+    tenant: str
+    scopes: frozenset[str]
+    secret_hash: str
+    name: str | None
+    created_at: float
+    revoked_at: float | None = None
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Where the servers keep API keys (a separate seam from :class:`Store`)."""
+
+    def put_api_key(self, key: ApiKey) -> None:
+        """Insert a key; :class:`~ctxwarden.errors.ConflictError` if its id exists."""
+
+    def api_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id (revoked ones included), or None."""
+
+    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Keys of ``tenant`` (every tenant when None), oldest first."""
+
+    def revoke_api_key(self, key_id: str, at: float) -> bool:
+        """Mark a key revoked; False if there is no such key."""
+
+
 @runtime_checkable
 class Writer(Protocol):
     """A unit of work: every call runs in one transaction that commits at the end."""
@@ -121,6 +153,13 @@ class Writer(Protocol):
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
+
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``."""
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        """Delete the memory ``id`` lives in (row, aliases, FTS entry, token counts) and leave a
+        content-free tombstone; False if there is none in ``tenant``."""
 
 
 @runtime_checkable

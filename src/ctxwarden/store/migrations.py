@@ -14,6 +14,8 @@ records the version in ``PRAGMA user_version``. The tables (the DESIGN.md data m
   counted once.
 - ``contexts`` and ``inclusions``: the inclusion log.
 - ``tombstones``: content-free records of deleted memories.
+- ``api_keys`` (migration ``serve_api_keys``): API keys of the servers, each with a tenant and
+  scopes; only a SHA-256 of the secret is kept.
 """
 
 from __future__ import annotations
@@ -166,6 +168,26 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID
             """,
             "CREATE INDEX tombstones_summary ON tombstones (tenant, summary_id)",
+        ),
+    ),
+    # Added on branch ``serve``: renumber if another migration 2 landed first (the name is the
+    # contract; the number only orders).
+    Migration(
+        version=2,
+        name="serve_api_keys",
+        statements=(
+            """
+            CREATE TABLE api_keys (
+                key_id TEXT PRIMARY KEY,
+                tenant TEXT NOT NULL,
+                scopes TEXT NOT NULL,
+                secret_hash TEXT NOT NULL,
+                name TEXT,
+                created_at REAL NOT NULL,
+                revoked_at REAL
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX api_keys_tenant ON api_keys (tenant)",
         ),
     ),
 )

@@ -219,6 +219,45 @@ class _PostgresWriter:
                 [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
             )
 
+    def _rowid(self, tenant: str, id: str) -> int | None:
+        row = self._one(
+            "SELECT rowid FROM memories WHERE tenant = %s AND id = %s UNION ALL "
+            "SELECT memory_rowid FROM aliases WHERE tenant = %s AND id = %s LIMIT 1",
+            (tenant, id, tenant, id),
+        )
+        return int(row[0]) if row else None
+
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        self._conn.execute(
+            "UPDATE memories SET pinned = %s WHERE rowid = %s AND tenant = %s",
+            (bool(pinned), rowid, tenant),
+        )
+        return True
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        row = self._one(
+            "SELECT id, content_hash, time_start, time_end FROM memories "
+            "WHERE rowid = %s AND tenant = %s",
+            (rowid, tenant),
+        )
+        assert row is not None
+        self._conn.execute(
+            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) VALUES (%s, %s, %s, NULL, %s, %s, %s, %s) "
+            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+            "reason = excluded.reason",
+            (tenant, row[0], deleted_at, row[1], row[2], row[3], reason),
+        )
+        # aliases and token counts go by ON DELETE CASCADE; the tsvector lives in the row
+        self._conn.execute("DELETE FROM memories WHERE rowid = %s AND tenant = %s", (rowid, tenant))
+        return True
+
 
 class PostgresStore:
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.

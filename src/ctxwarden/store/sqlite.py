@@ -18,9 +18,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ctxwarden.errors import NotFound, StoreError
+from ctxwarden.errors import ConflictError, NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
+from ctxwarden.store.base import ApiKey, ContextLog, NewMemory, TokenCount
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -57,6 +57,19 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         tuple(json.loads(attachments)) if attachments else (),
         json.loads(metadata) if metadata else _EMPTY,
     )  # fmt: skip
+
+
+def _api_key(row: tuple[Any, ...]) -> ApiKey:
+    key_id, tenant, scopes, secret_hash, name, created_at, revoked_at = row
+    return ApiKey(
+        key_id=key_id,
+        tenant=tenant,
+        scopes=frozenset(scopes.split()),
+        secret_hash=secret_hash,
+        name=name,
+        created_at=created_at,
+        revoked_at=revoked_at,
+    )
 
 
 class _SQLiteWriter:
@@ -160,6 +173,42 @@ class _SQLiteWriter:
             "VALUES (?, ?, ?, ?)",
             [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
         )
+
+    def _rowid(self, tenant: str, id: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
+            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
+            (tenant, id, tenant, id),
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        self._conn.execute(
+            "UPDATE memories SET pinned = ? WHERE rowid = ? AND tenant = ?",
+            (int(pinned), rowid, tenant),
+        )
+        return True
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        row = self._conn.execute(
+            "SELECT id, content_hash, time_start, time_end FROM memories "
+            "WHERE rowid = ? AND tenant = ?",
+            (rowid, tenant),
+        ).fetchone()
+        self._conn.execute(
+            "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+            (tenant, row[0], deleted_at, row[1], row[2], row[3], reason),
+        )
+        # aliases and token counts go by ON DELETE CASCADE, the FTS entry by its trigger
+        self._conn.execute("DELETE FROM memories WHERE rowid = ? AND tenant = ?", (rowid, tenant))
+        return True
 
 
 class SQLiteStore:
@@ -431,6 +480,56 @@ class SQLiteStore:
             for row in rows:
                 yield _memory(row)
             last = (rows[-1][9], rows[-1][0])
+
+    # -- API keys (the KeyStore seam) ---------------------------------------------------------
+
+    def put_api_key(self, key: ApiKey) -> None:
+        """Insert an API key (its secret's hash only)."""
+        with self.write():
+            try:
+                self._conn.execute(
+                    "INSERT INTO api_keys (key_id, tenant, scopes, secret_hash, name, created_at, "
+                    "revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key.key_id,
+                        key.tenant,
+                        " ".join(sorted(key.scopes)),
+                        key.secret_hash,
+                        key.name,
+                        key.created_at,
+                        key.revoked_at,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ConflictError(f"api key {key.key_id!r} exists: issue a new one") from exc
+
+    def api_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id, or None."""
+        rows = self._query(
+            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
+            "FROM api_keys WHERE key_id = ?",
+            (key_id,),
+        )
+        return _api_key(rows[0]) if rows else None
+
+    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Keys of ``tenant`` (all when None), oldest first."""
+        where, params = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
+        rows = self._query(
+            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
+            f"FROM api_keys {where} ORDER BY created_at, key_id",
+            params,
+        )
+        return [_api_key(r) for r in rows]
+
+    def revoke_api_key(self, key_id: str, at: float) -> bool:
+        """Revoke a key; False if unknown."""
+        with self.write():
+            cursor = self._conn.execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE key_id = ?",
+                (at, key_id),
+            )
+            return cursor.rowcount > 0
 
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``'s answer ("ok" when sound)."""

@@ -1,0 +1,443 @@
+"""The HTTP API over one :class:`~ctxwarden.engine.Engine` (FastAPI, served by uvicorn).
+
+Endpoints (OpenAPI schema at ``/openapi.json``)::
+
+    GET    /health                      liveness
+    POST   /v1/ingest                   {"records": [...], "session"?} -> outcomes
+    POST   /v1/assemble                 {"session", "query"?, "model"?, "budget"?, ...} -> context
+    POST   /v1/search                   {"query", "limit"?} -> hits
+    GET    /v1/memories/{id}            one memory
+    POST   /v1/memories/{id}/pin        pin
+    POST   /v1/memories/{id}/unpin      unpin
+    DELETE /v1/memories/{id}            delete (leaves a tombstone)
+    GET    /v1/stats                    counts
+    GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
+
+Errors from the error tree map to status codes in :data:`STATUS_BY_ERROR` (one table), bodies
+above ``max_body_bytes`` get 413, and when ``max_concurrency`` requests are already running the
+next one gets 429 with ``Retry-After`` rather than queueing without bound.
+
+>>> from ctxwarden import Engine
+>>> app = create_app(Engine.open(":memory:"))
+>>> app.title
+'ctxwarden'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ctxwarden.engine import Engine
+from ctxwarden.errors import (
+    AuthError,
+    BudgetError,
+    ConfigError,
+    ConflictError,
+    CtxwardenError,
+    EmbedError,
+    InputError,
+    NotFound,
+    OverloadedError,
+    ScopeError,
+    StoreError,
+    SummarizeError,
+    TokenizerError,
+    UpstreamError,
+)
+from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+
+__all__ = ["STATUS_BY_ERROR", "ServerConfig", "create_app", "status_for"]
+
+log = logging.getLogger(__name__)
+
+#: The one table from error class to HTTP status; the first matching row (most specific first)
+#: wins. A ConfigError raised while serving a request is the request naming something the
+#: server does not know (a model, a block), so it is the client's to fix: 422.
+STATUS_BY_ERROR: tuple[tuple[type[CtxwardenError], int], ...] = (
+    (ScopeError, 403),
+    (AuthError, 401),
+    (NotFound, 404),
+    (ConflictError, 409),
+    (OverloadedError, 429),
+    (InputError, 422),
+    (BudgetError, 422),
+    (TokenizerError, 422),
+    (ConfigError, 422),
+    (UpstreamError, 502),
+    (SummarizeError, 502),
+    (StoreError, 503),
+    (EmbedError, 500),
+    (CtxwardenError, 500),
+)
+
+SCOPES: tuple[str, ...] = ("read", "write", "delete", "admin")
+
+
+def status_for(error: CtxwardenError) -> int:
+    """The HTTP status of ``error`` from :data:`STATUS_BY_ERROR`."""
+    for cls, status in STATUS_BY_ERROR:
+        if isinstance(error, cls):
+            return status
+    return 500
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServerConfig:
+    """Limits of the HTTP server.
+
+    ``max_body_bytes``: larger request bodies get 413. ``max_concurrency``: requests running at
+    once; more get 429 with ``Retry-After: retry_after_seconds``. ``authenticate``: maps the
+    bearer token (or None) to a :class:`Principal`; None serves every request as the engine's
+    default tenant with every scope (a loopback development server).
+    """
+
+    max_body_bytes: int = 1 << 20
+    max_concurrency: int = 16
+    retry_after_seconds: int = 1
+    authenticate: Callable[[str | None], Principal] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"max_body_bytes: {self.max_body_bytes} must be at least 1")
+        if self.max_concurrency < 1:
+            raise ConfigError(f"max_concurrency: {self.max_concurrency} must be at least 1")
+        if self.retry_after_seconds < 0:
+            raise ConfigError(f"retry_after_seconds: {self.retry_after_seconds} is negative")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Principal:
+    """Who is calling: a tenant and what they may do."""
+
+    tenant: str
+    scopes: frozenset[str]
+
+    def require(self, scope: str) -> None:
+        """Raise :class:`AuthError` unless this principal holds ``scope`` (or admin)."""
+        if scope not in self.scopes and "admin" not in self.scopes:
+            raise ScopeError(f"this API key lacks the {scope!r} scope: use a key that has it")
+
+
+# -- ASGI middleware: body limit and concurrency gate ------------------------------------------
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], headers: Any = ()) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+class LimitsMiddleware:
+    """Refuse bodies over ``max_body_bytes`` (413) and requests over the concurrency cap (429).
+
+    The gate is a counter, not a queue: an overloaded server answers at once and the client
+    retries after ``Retry-After`` seconds. ``/health`` bypasses the gate.
+    """
+
+    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: Metrics | None = None) -> None:
+        self.app = app
+        self.config = config
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self.running = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.config.max_body_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                self._reject("body_too_large")
+                await _send_json(send, 413, _too_large(limit))
+                return
+        if scope.get("path") in ("/health", "/metrics"):
+            await self.app(scope, receive, send)
+            return
+        with self._lock:
+            if self.running >= self.config.max_concurrency:
+                busy = True
+            else:
+                busy = False
+                self.running += 1
+        if busy:
+            self._reject("overloaded")
+            retry = str(self.config.retry_after_seconds).encode()
+            await _send_json(
+                send,
+                429,
+                {"error": {"type": "Overloaded", "message": "server busy: retry after a moment"}},
+                [(b"retry-after", retry)],
+            )
+            return
+        received = 0
+        started = False
+        over = False
+        status = 500
+        began = time.perf_counter()
+
+        async def limited_receive() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    raise _BodyTooLargeError
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            # the framework may turn the failed body read into its own error response: the
+            # client gets the 413 instead
+            nonlocal started, status
+            if over:
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await _send_json(send, 413, _too_large(limit))
+                return
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLargeError:
+            if not started:
+                started = True
+                await _send_json(send, 413, _too_large(limit))
+        finally:
+            with self._lock:
+                self.running -= 1
+            if over:
+                self._reject("body_too_large")
+            elif self.metrics is not None:
+                route = scope.get("route")
+                name = getattr(route, "path", None) or "unmatched"
+                self.metrics.observe_request(name, status, time.perf_counter() - began)
+
+    def _reject(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason=reason).inc()
+
+
+def _too_large(limit: int) -> dict[str, Any]:
+    return {
+        "error": {
+            "type": "PayloadTooLarge",
+            "message": f"request body over {limit} bytes: send smaller batches",
+        }
+    }
+
+
+# -- request and response bodies ---------------------------------------------------------------
+
+
+class IngestBody(BaseModel):
+    """Records to ingest (the fields of :class:`~ctxwarden.types.Record`)."""
+
+    records: list[dict[str, Any]]
+    session: str | None = None
+
+
+class AssembleBody(BaseModel):
+    """Arguments of :meth:`Engine.assemble`."""
+
+    session: str
+    query: str | None = None
+    model: str | None = None
+    budget: int | None = Field(default=None, ge=1)
+    system: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    channel: str | None = None
+    items: dict[str, list[str]] | None = None
+
+
+class SearchBody(BaseModel):
+    """A full-text query."""
+
+    query: str
+    limit: int = Field(default=20, ge=1, le=200)
+
+
+def _error_body(exc: CtxwardenError) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, InputError) and exc.field is not None:
+        body["field"] = exc.field
+    return {"error": body}
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("Authorization header must be 'Bearer <key>'")
+    return token.strip()
+
+
+def principal_of(request: Request) -> Principal:
+    """The caller of ``request`` (the dependency every endpoint takes)."""
+    token = _bearer(request)
+    config: ServerConfig = request.app.state.config
+    if config.authenticate is None:
+        engine: Engine = request.app.state.engine
+        return Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
+    return config.authenticate(token)
+
+
+Caller = Annotated[Principal, Depends(principal_of)]
+
+
+def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine``. Run it with uvicorn."""
+    config = config or ServerConfig()
+    app = FastAPI(
+        title="ctxwarden",
+        version="0.1.0",
+        description="Context and memory engine for long-lived LLM agents.",
+    )
+    app.state.engine = engine
+    app.state.config = config
+    metrics = Metrics()
+    app.state.metrics = metrics
+
+    @app.exception_handler(CtxwardenError)
+    async def _ctxwarden_error(request: Request, exc: CtxwardenError) -> JSONResponse:
+        status = status_for(exc)
+        if status >= 500:
+            log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 429:
+            headers = {"Retry-After": str(config.retry_after_seconds)}
+        return JSONResponse(_error_body(exc), status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"] if p != "body")
+        return JSONResponse(
+            {
+                "error": {
+                    "type": "InputError",
+                    "message": f"{where}: {first['msg']}",
+                    "field": where,
+                }
+            },
+            status_code=422,
+        )
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.post("/v1/ingest")
+    def ingest(body: IngestBody, caller: Caller) -> dict[str, Any]:
+        """Ingest records into the caller's tenant; all or nothing."""
+        caller.require("write")
+        for number, record in enumerate(body.records, start=1):
+            if "tenant" in record and record["tenant"] != caller.tenant:
+                raise InputError(
+                    "records cannot name another tenant: leave 'tenant' out",
+                    field="tenant",
+                    line=number,
+                )
+        result = engine.ingest(body.records, tenant=caller.tenant, session=body.session)
+        metrics.observe_ingest(result.counts)
+        return {
+            "outcomes": [o.to_dict() for o in result.outcomes],
+            "counts": result.counts,
+        }
+
+    @app.post("/v1/assemble")
+    def assemble(body: AssembleBody, caller: Caller) -> dict[str, Any]:
+        """Assemble the context of one turn."""
+        caller.require("read")
+        began = time.perf_counter()
+        context = engine.assemble(
+            session=body.session,
+            query=body.query,
+            model=body.model,
+            budget=body.budget,
+            system=body.system,
+            tools=body.tools,
+            channel=body.channel,
+            items=body.items,
+            tenant=caller.tenant,
+        )
+        metrics.observe_context(context, time.perf_counter() - began)
+        return context.to_dict()
+
+    @app.post("/v1/search")
+    def search(body: SearchBody, caller: Caller) -> dict[str, Any]:
+        """Full-text search of the caller's memories."""
+        caller.require("read")
+        hits = engine.search(body.query, tenant=caller.tenant, limit=body.limit)
+        return {"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]}
+
+    @app.get("/v1/memories/{memory_id}")
+    def get_memory(memory_id: str, caller: Caller) -> dict[str, Any]:
+        """One memory by id (or the aggregate it was folded into)."""
+        caller.require("read")
+        return engine.get(memory_id, tenant=caller.tenant).to_dict()
+
+    @app.post("/v1/memories/{memory_id}/pin")
+    def pin(memory_id: str, caller: Caller) -> dict[str, Any]:
+        """Pin a memory: it is then always offered to the pinned block."""
+        caller.require("write")
+        return engine.pin(memory_id, pinned=True, tenant=caller.tenant).to_dict()
+
+    @app.post("/v1/memories/{memory_id}/unpin")
+    def unpin(memory_id: str, caller: Caller) -> dict[str, Any]:
+        """Unpin a memory."""
+        caller.require("write")
+        return engine.pin(memory_id, pinned=False, tenant=caller.tenant).to_dict()
+
+    @app.delete("/v1/memories/{memory_id}")
+    def delete(memory_id: str, caller: Caller) -> dict[str, Any]:
+        """Delete a memory; a content-free tombstone remains."""
+        caller.require("delete")
+        engine.delete(memory_id, tenant=caller.tenant)
+        return {"deleted": memory_id}
+
+    @app.get("/v1/stats")
+    def stats(caller: Caller) -> dict[str, Any]:
+        """Counts of the caller's tenant."""
+        caller.require("read")
+        return engine.stats(tenant=caller.tenant)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_endpoint() -> Response:
+        """Prometheus metrics (no tenant data: counts and latencies only)."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(LimitsMiddleware, config=config, metrics=metrics)
+    return app

@@ -1,0 +1,84 @@
+"""Prometheus metrics of a server: requests, assembly latency, budget use per block, de-dup.
+
+Each app owns its :class:`Metrics` (its own registry, nothing global), exposed at ``/metrics``
+in the Prometheus text format. Paths are labelled by route template (``/v1/memories/{memory_id}``),
+never by a raw path, so ids do not grow the label set.
+
+>>> metrics = Metrics()
+>>> metrics.observe_ingest({"stored": 2, "duplicate": 1})
+>>> b'ctxwarden_ingest_records_total{status="duplicate"} 1.0' in metrics.render()
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from ctxwarden.types import Context
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """The counters and histograms of one server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ctxwarden_http_requests", "HTTP requests answered.", ["route", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "ctxwarden_http_request_seconds", "Time to answer a request.", ["route"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.assemble_seconds = Histogram(
+            "ctxwarden_assemble_seconds", "Time to assemble a context.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.context_tokens = Counter(
+            "ctxwarden_context_tokens", "Tokens in assembled contexts.", registry=r
+        )
+        self.block_used = Counter(
+            "ctxwarden_block_tokens_used", "Tokens used per budget block.", ["block"], registry=r
+        )
+        self.block_budget = Counter(
+            "ctxwarden_block_tokens_budget", "Tokens budgeted per block.", ["block"], registry=r
+        )
+        self.ingest = Counter(
+            "ctxwarden_ingest_records",
+            "Ingested records by outcome (duplicate and near_duplicate are de-dup folds).",
+            ["status"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "ctxwarden_http_rejected", "Requests refused by a limit.", ["reason"], registry=r
+        )
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered request."""
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.request_seconds.labels(route=route).observe(seconds)
+
+    def observe_context(self, context: Context, seconds: float) -> None:
+        """Record one assembly: latency, tokens and each block's use of its budget."""
+        self.assemble_seconds.observe(seconds)
+        self.context_tokens.inc(context.tokens)
+        for block in context.report.blocks:
+            self.block_used.labels(block=block.name).inc(block.used)
+            self.block_budget.labels(block=block.name).inc(block.budget)
+
+    def observe_ingest(self, counts: Mapping[str, int]) -> None:
+        """Count ingest outcomes (stored, duplicate, near_duplicate, known)."""
+        for status, count in counts.items():
+            if count:
+                self.ingest.labels(status=status).inc(count)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

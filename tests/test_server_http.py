@@ -1,0 +1,227 @@
+"""The HTTP API over a real uvicorn server on loopback, driven with httpx."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ctxwarden import Engine
+from ctxwarden.errors import (
+    AuthError,
+    BudgetError,
+    ConflictError,
+    CtxwardenError,
+    InputError,
+    NotFound,
+    StoreError,
+    UpstreamError,
+)
+from ctxwarden.server.http import ServerConfig, create_app, status_for
+from serving import serve
+
+JSON = {"content-type": "application/json"}
+RECORDS = [
+    {"id": "m1", "role": "user", "author": "ana", "content": "the deploy moved to 10:30 friday"},
+    {"id": "m2", "role": "assistant", "content": "noted: deploy at 10:30 on friday"},
+    {"id": "m3", "role": "user", "author": "ana", "content": "omar owns the release checklist"},
+]
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with Engine.open(":memory:") as engine, serve(create_app(engine)) as base:
+        yield base
+
+
+def test_ingest_assemble_search_round_trip(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        r = client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
+        assert r.status_code == 200, r.text
+        assert [o["status"] for o in r.json()["outcomes"]] == ["stored"] * 3
+        r = client.post("/v1/assemble", json={"session": "s", "query": "who owns the checklist?"})
+        assert r.status_code == 200
+        context = r.json()
+        assert set(context["included"]) >= {"m1", "m2", "m3"}
+        assert context["messages"][-1] == {"role": "user", "content": "who owns the checklist?"}
+        r = client.post("/v1/search", json={"query": "release checklist"})
+        assert r.json()["hits"][0]["memory"]["id"] == "m3"
+        assert client.get("/v1/stats").json()["memories"] == 3
+        assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_memory_pin_unpin_delete(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
+        assert client.get("/v1/memories/m3").json()["pinned"] is False
+        assert client.post("/v1/memories/m3/pin").json()["pinned"] is True
+        assert client.get("/v1/memories/m3").json()["pinned"] is True
+        assert client.post("/v1/memories/m3/unpin").json()["pinned"] is False
+        assert client.delete("/v1/memories/m3").status_code == 200
+        r = client.get("/v1/memories/m3")
+        assert r.status_code == 404
+        assert r.json()["error"]["type"] == "NotFound"
+        assert client.post("/v1/search", json={"query": "checklist"}).json()["hits"] == []
+        assert client.delete("/v1/memories/m3").status_code == 404
+
+
+def test_errors_name_the_field(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        r = client.post("/v1/ingest", json={"records": [{"role": "user"}], "session": "s"})
+        assert r.status_code == 422
+        assert "content" in r.json()["error"]["message"]
+        r = client.post("/v1/assemble", json={"query": "no session"})
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "session"
+        r = client.post("/v1/assemble", json={"session": "s", "model": "no-such-model-x"})
+        assert r.status_code == 422
+        r = client.post("/v1/ingest", json={"records": [{**RECORDS[0], "tenant": "other"}]})
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "tenant"
+
+
+def test_openapi_schema_lists_the_endpoints(url: str) -> None:
+    schema = httpx.get(url + "/openapi.json").json()
+    assert {"/v1/ingest", "/v1/assemble", "/v1/search", "/v1/memories/{memory_id}"} <= set(
+        schema["paths"]
+    )
+
+
+def test_error_table_maps_the_tree() -> None:
+    assert status_for(NotFound("x")) == 404
+    assert status_for(AuthError("x")) == 401
+    assert status_for(InputError("x")) == 422
+    assert status_for(BudgetError("x")) == 422
+    assert status_for(ConflictError("x")) == 409
+    assert status_for(StoreError("x")) == 503
+    assert status_for(UpstreamError("x")) == 502
+    assert status_for(CtxwardenError("x")) == 500
+
+
+def test_body_over_the_limit_is_413() -> None:
+    config = ServerConfig(max_body_bytes=2000)
+    with Engine.open(":memory:") as engine, serve(create_app(engine, config)) as url:
+        big = {"records": [{"role": "user", "content": "x" * 5000}], "session": "s"}
+        r = httpx.post(url + "/v1/ingest", json=big)
+        assert r.status_code == 413
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+            yield b'{"session": "s", "records": [{"role": "user", "content": "'
+            for _ in range(10):
+                yield b"y" * 500
+            yield b'"}]}'
+
+        r = httpx.post(url + "/v1/ingest", content=chunks())
+        assert r.status_code == 413
+        assert engine.stats()["memories"] == 0
+
+
+def test_overload_gets_429_with_retry_after() -> None:
+    config = ServerConfig(max_concurrency=1, retry_after_seconds=3)
+    release = threading.Event()
+    sent = threading.Event()
+
+    def slow_body() -> Iterator[bytes]:
+        yield b'{"session": "s", "records": [{"role": "user", "content": "hello"}]'
+        sent.set()
+        release.wait(10)
+        yield b"}"
+
+    with Engine.open(":memory:") as engine, serve(create_app(engine, config)) as url:
+        results: list[int] = []
+        holder = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(
+                    url + "/v1/ingest", content=slow_body(), headers=JSON, timeout=20
+                ).status_code
+            )
+        )
+        holder.start()
+        assert sent.wait(10)
+        try:
+            for _ in range(50):  # the holder's request reaches the gate once its headers land
+                r = httpx.get(url + "/v1/stats")
+                if r.status_code == 429:
+                    break
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "3"
+            assert httpx.get(url + "/health").status_code == 200
+        finally:
+            release.set()
+            holder.join(20)
+        assert results == [200]
+        assert httpx.get(url + "/v1/stats").status_code == 200
+
+
+def test_cli_serve_requires_a_key_from_cli_keys_create(tmp_path: Path) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    command = [sys.executable, "-m", "ctxwarden.cli", "--db", str(tmp_path / "x.db")]
+    key = subprocess.run(
+        [*command, "keys", "create", "--tenant", "acme", "--scope", "read", "--scope", "write"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert key.startswith("cw_")
+    listed = subprocess.run([*command, "keys", "list"], capture_output=True, text=True, check=True)
+    assert "acme" in listed.stdout
+    assert key.split("_", 2)[2] not in listed.stdout
+    proc = subprocess.Popen(
+        [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                r = httpx.get(base + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                if proc.poll() is not None:
+                    raise AssertionError(proc.stderr.read().decode()) from None
+                threading.Event().wait(0.05)
+        assert r.status_code == 200
+        r = httpx.post(base + "/v1/ingest", json={"records": RECORDS[:1]})
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        auth = {"Authorization": f"Bearer {key}"}
+        r = httpx.post(base + "/v1/ingest", json={"records": RECORDS[:1]}, headers=auth)
+        assert r.json()["counts"]["stored"] == 1
+        assert httpx.get(base + "/v1/stats", headers=auth).json()["memories"] == 1
+        assert httpx.delete(base + "/v1/memories/m1", headers=auth).status_code == 403
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+
+
+def test_cli_no_auth_only_on_loopback(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "ctxwarden.cli", "--db", str(tmp_path / "x.db")]
+    done = subprocess.run(
+        [*command, "serve", "--host", "0.0.0.0", "--no-auth"], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "loopback" in done.stderr
+
+
+def test_metrics_expose_latency_budget_use_and_dedupe(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": [*RECORDS, {**RECORDS[0], "id": "m4"}]})
+        client.post("/v1/assemble", json={"session": "default", "query": "deploy?"})
+        client.get("/v1/memories/nope")
+        text = client.get("/metrics").text
+    assert 'ctxwarden_ingest_records_total{status="stored"} 3.0' in text
+    assert 'ctxwarden_ingest_records_total{status="duplicate"} 1.0' in text
+    assert "ctxwarden_assemble_seconds_count 1.0" in text
+    assert 'ctxwarden_block_tokens_used_total{block="recent"}' in text
+    assert 'route="/v1/memories/{memory_id}",status="404"' in text
+    assert "nope" not in text

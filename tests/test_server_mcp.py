@@ -1,0 +1,113 @@
+"""The MCP server through the SDK's own client: in process, over stdio and streamable HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from ctxwarden import Engine
+from ctxwarden.server.mcp import create_mcp_server
+from serving import serve
+
+TEXT = """We decided to move the release to Friday 10:30 because QA found 3 blockers.
+Omar will own the release checklist and the rollback plan from now on.
+The staging database migration takes about 40 minutes, so plan the window for it.
+Lunch was good today.
+Priya asked whether the mobile build is signed with the new certificate; nobody answered yet.
+The on-call rotation changes next Monday: Lee takes the first week.
+Marketing wants the changelog by Thursday noon for the newsletter.
+"""
+
+
+def result_json(result: Any) -> Any:
+    assert not result.is_error, result.content
+    if result.structured_content is not None:
+        data = result.structured_content
+        return data.get("result", data) if set(data) == {"result"} else data
+    return json.loads(result.content[0].text)
+
+
+def text_of(result: Any) -> str:
+    assert not result.is_error, result.content
+    return str(result.content[0].text)
+
+
+async def exercise(client: Client) -> None:
+    names = {t.name for t in (await client.list_tools()).tools}
+    assert names == {"summarize_text", "remember", "recall", "forget", "assemble_context"}
+
+    summary = text_of(await client.call_tool("summarize_text", {"text": TEXT, "max_tokens": 64}))
+    assert "Friday" in summary or "checklist" in summary
+    from ctxwarden.tokens import get_tokenizer
+
+    assert get_tokenizer("o200k_base").count(summary) <= 64
+
+    a = result_json(
+        await client.call_tool("remember", {"content": "Omar's laptop is a ThinkPad X1"})
+    )
+    b = result_json(
+        await client.call_tool("remember", {"content": "the wifi password rotates monthly"})
+    )
+    assert a["status"] == b["status"] == "stored"
+
+    found = result_json(await client.call_tool("recall", {"query": "what laptop does omar use"}))
+    assert [m["id"] for m in found["memories"]] == [a["id"]]
+    tight = result_json(
+        await client.call_tool("recall", {"query": "laptop wifi password", "max_tokens": 12})
+    )
+    assert tight["tokens"] <= 12
+    assert len(tight["memories"]) == 1
+
+    ctx = result_json(
+        await client.call_tool("assemble_context", {"session": "mcp", "query": "laptop?"})
+    )
+    assert ctx["tokens"] <= ctx["cap"]
+    assert any("ThinkPad" in (m.get("content") or "") for m in ctx["messages"])
+
+    assert result_json(await client.call_tool("forget", {"id": a["id"]})) == {"deleted": a["id"]}
+    again = result_json(await client.call_tool("recall", {"query": "laptop omar"}))
+    assert again["memories"] == []
+    missing = await client.call_tool("forget", {"id": a["id"]})
+    assert missing.is_error
+    assert "no memory" in missing.content[0].text
+
+
+def test_in_process() -> None:
+    async def main() -> None:
+        with Engine.open(":memory:") as engine:
+            async with Client(create_mcp_server(engine)) as client:
+                await exercise(client)
+
+    anyio.run(main)
+
+
+def test_streamable_http() -> None:
+    with Engine.open(":memory:") as engine:
+        app = create_mcp_server(engine).streamable_http_app()
+        with serve(app, lifespan="on") as url:
+
+            async def main() -> None:
+                async with Client(url + "/mcp") as client:
+                    await exercise(client)
+
+            anyio.run(main)
+
+
+@pytest.mark.slow
+def test_stdio_via_cli(tmp_path: Path) -> None:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "ctxwarden.cli", "--db", str(tmp_path / "m.db"), "mcp"],
+    )
+
+    async def main() -> None:
+        async with Client(params) as client:
+            await exercise(client)
+
+    anyio.run(main)
