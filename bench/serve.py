@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-WORDS = (  # noqa: SIM905 - a word list reads better as one string
+WORDS = (
     "the deploy release standup review branch merge ticket customer budget design meeting "
     "schedule laptop coffee lunch weekend plan report bug fix test pipeline server database "
     "query index cache token memory context agent model prompt window latency metric alert"
