@@ -176,7 +176,8 @@ def test_repair_never_raises_and_output_is_valid_json(text: str):
     result = repair(text)
     if result.ok:
         assert result.text is not None
-        assert json.loads(result.text) == result.value
+        # Compare serialised forms: NaN parses to a float that is not equal to itself.
+        assert json.dumps(json.loads(result.text)) == json.dumps(result.value)
         again = repair(result.text)
         assert again.text == result.text
         assert again.repairs == ()
