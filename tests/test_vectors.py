@@ -259,3 +259,22 @@ def test_usearch_then_onnxruntime_in_one_process() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "1"
+
+
+def test_large_ids_use_the_dictionary_path(tmp_path: Path) -> None:
+    # Ids far beyond the row count cannot be mapped densely; scopes must still work.
+    data = _clustered(1500, seed=8)
+    ids = [2**40 + 7 * i for i in range(1500)]
+    index = VectorIndex(DIM)
+    index.add(ids, data)
+    assert index._dense is None
+    allowed = set(ids[::3]) | {5, 2**62}
+    got = index.search(data[3], 10, allowed=allowed)
+    assert got[0][0] == ids[3]
+    assert {i for i, _ in got} <= allowed
+    index.remove(ids[:3])
+    assert ids[0] not in index
+    index.save(tmp_path / "big")
+    loaded = VectorIndex.load(tmp_path / "big")
+    assert loaded.search(data[6], 1)[0][0] == ids[6]
+    assert loaded.search(data[6], 5, allowed=allowed) == index.search(data[6], 5, allowed=allowed)
