@@ -469,7 +469,8 @@ class VectorIndex:
         temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         with self._lock:
             live = np.flatnonzero(self._ids >= 0)
-            graph_bytes = bytes(self._ensure_graph().save())
+            # usearch serialises to a bytearray; written as is (no second copy of ~1 KB a row).
+            graph_bytes = self._ensure_graph().save()
             header = json.dumps(
                 {
                     "format": _FORMAT,
