@@ -16,14 +16,17 @@ hnswlib, ef 128 / 256         100k     135 s       3.0 / 4.1   .954/.980  167 MB
 faiss HNSWFlat, ef 128 / 256  100k     136 s       1.1 / 1.8   .952/.977  183 MB  168 MB
 this index, ef 128 / 256      100k     88 s        2.6 / 2.4   .941/.977  171 MB  169 MB
 numpy exact (float32)         1M       2 s         153/195 ms  1.000      1.5 GB  1.5 GB
-this index, ef 128            1M       1171 s      4.1/12 ms   0.932      1.8 GB  1.7 GB
-this index, ef 256            1M       (same)      6.4/11 ms   0.983      1.8 GB  1.7 GB
+this index, ef 128            1M       661 s       1.2/2.3 ms  0.922      1.9 GB  1.7 GB
+this index, ef 256 (default)  1M       646 s       1.6/2.5 ms  0.983      1.9 GB  1.7 GB
 ============================  =======  ==========  ==========  =========  ======  ======
 
-(p50 per ef; HNSW timings varied by 2x between runs on the shared machine, recall did not.)
+(p50 per ef at 100k; HNSW timings varied by 2x between runs on the shared machine, recall did
+not.) With an ``allowed`` scope at 1M rows (ef 256): 1 % (10k ids) 2.9 ms, 2 % 8 ms, exact;
+5 % 13 ms, 10 % 6 ms, 20 % 3-4 ms, 50 % 1.9 ms at recall@50 0.87-0.97 (graph, filtered).
+Loading the 1M-row file takes ~6 s.
 
 - At 1M rows exact search costs ~150 ms a query: far over the 20 ms p50 budget of a whole
-  retrieval. The graph answers in ~5 ms at recall@50 0.98 (expansion 256; 128 is faster at 0.93).
+  retrieval. The graph answers in ~2 ms at recall@50 0.98 (expansion 256; 128: 0.92).
 - The three HNSW libraries give the same recall at the same expansion. usearch is maintained,
   ships cp311+ wheels (hnswlib has none: it compiles from source at install), removes entries
   from the graph (faiss's HNSW cannot: deletes would need tombstone filters and rebuilds), builds
@@ -40,10 +43,11 @@ this index, ef 256            1M       (same)      6.4/11 ms   0.983      1.8 GB
 Consistency with the memories table: :meth:`VectorIndex.remove` takes a row out of the graph and
 the side copy at once, so a deleted or tombstoned memory is never returned; :meth:`add` of a
 present id replaces its vector. ``allowed`` (a tenant, a session) is honoured exactly: a scope is
-searched exhaustively when that is cheaper (up to ~10k ids, or a small share of the index: a few
-ms), otherwise through the graph with oversampling that widens until ``k`` allowed hits are
-found. After many removals HNSW recall degrades: :meth:`rebuild` when
-:attr:`removed_since_rebuild` passes ~20 % of ``len(index)``.
+searched exhaustively when that is cheaper (exact; at 1M rows up to ~40k ids), otherwise through
+the graph with oversampling that widens until ``k`` allowed hits are found (recall ~0.87-0.97:
+if large scopes are the common case, one index per scope serves better). After many removals
+HNSW recall degrades: :meth:`rebuild` when :attr:`removed_since_rebuild` passes ~20 % of
+``len(index)`` (it holds the lock for as long as a build takes: do it when idle).
 
 The index lives in memory (~1.8 KB a row at 384 dimensions). :meth:`save` writes one file
 atomically (temporary file, fsync, ``os.replace``) and :meth:`load` reads it back. It is a cache
@@ -80,6 +84,10 @@ _MAX_ID = 2**63 - 1
 _EXACT_ROWS = 4_096
 # An allowed scope up to this size is searched exhaustively (gather + matmul, ~5 ms).
 _EXACT_ALLOWED = 10_000
+# Exhaustive search of a scope is chosen while it holds at most this many ids per graph candidate
+# that the scope would need: at 1M rows that is scopes up to ~40k ids (<= ~20 ms, exact); larger
+# ones take the graph (<= ~13 ms, recall@50 ~0.87-0.89).
+_EXHAUSTIVE_PER_CANDIDATE = 16
 _MAGIC = b"CTXWVEC1"
 _FORMAT = 1
 
@@ -146,6 +154,7 @@ class VectorIndex:
         threads: int = 1,
         exact_below: int = _EXACT_ROWS,
         exact_scope: int = _EXACT_ALLOWED,
+        scope_oversample: float = 2.0,
     ) -> None:
         if dim < 1:
             raise ConfigError(f"vector index dim: {dim} must be >= 1")
@@ -163,6 +172,7 @@ class VectorIndex:
         self.threads = threads
         self.exact_below = exact_below
         self.exact_scope = exact_scope
+        self.scope_oversample = scope_oversample
         self._lock = threading.RLock()
         self._graph: Any = None
         # Side copy: row `slot` of _matrix holds the vector of id _ids[slot] (-1: free slot).
@@ -409,15 +419,20 @@ class VectorIndex:
 
     def _search_allowed(self, query: Vector, k: int, allowed: set[int]) -> list[tuple[int, float]]:
         size = len(self._slot)
-        # Ask the graph for enough candidates that k of them are likely allowed (x2 for recall).
+        # Ask the graph for enough candidates that k of them are likely allowed (x scope_oversample
+        # for recall).
         count = min(
             size,
-            max(math.ceil(k * self.oversample), math.ceil(2 * k * size / max(1, len(allowed)))),
+            max(
+                math.ceil(k * self.oversample),
+                math.ceil(self.scope_oversample * k * size / max(1, len(allowed))),
+            ),
         )
         while True:
             # Exhaustive costs ~0.3 us per allowed id, the graph ~10 us per candidate asked for
             # (its search list grows with the count): take the cheaper; exhaustive is also exact.
-            if len(allowed) <= max(self.exact_scope, 32 * count) or size <= self.exact_below:
+            exhaustive_limit = max(self.exact_scope, _EXHAUSTIVE_PER_CANDIDATE * count)
+            if len(allowed) <= exhaustive_limit or size <= self.exact_below:
                 return self._rescore(query, k, self._allowed_slots(allowed))
             keys = [int(key) for key in self._candidates(query, count) if int(key) in allowed]
             if len(keys) >= k:
