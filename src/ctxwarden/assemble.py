@@ -24,7 +24,7 @@ overhead; segments are built so that sum is exact (see :mod:`ctxwarden.render`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,14 +334,3 @@ def memory_message(memory: Memory, text: str) -> dict[str, Any]:
     if memory.tool_call_id:
         message["tool_call_id"] = memory.tool_call_id
     return message
-
-
-def as_mapping(items: Sequence[str | Mapping[str, Any]]) -> list[str]:
-    """Caller-supplied items as text (a mapping's ``content``)."""
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append(item)
-        else:
-            out.append(str(item.get("content", "")))
-    return out

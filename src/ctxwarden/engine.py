@@ -25,6 +25,7 @@ from ctxwarden import render, tokens
 from ctxwarden.assemble import (
     Candidate,
     Material,
+    Plan,
     block_reports,
     fill,
     memory_message,
@@ -342,12 +343,13 @@ class Engine:
             and newest.content == query_text
         )
 
+        # Counted once per call: the fixed cost and the final total both use it.
+        system_prefix_tokens = tok.count(render.system_prefix(system)) if system else 0
         fixed_parts = {
             "template": max(
                 fmt.request_overhead(has_system=True), fmt.request_overhead(has_system=False)
             ),
-            "system": fmt.message_overhead("system")
-            + (tok.count(render.system_prefix(system)) if system else 0),
+            "system": fmt.message_overhead("system") + system_prefix_tokens,
             "tools": fmt.tools_tokens(tok, tool_list) if tool_list else 0,
             "query": (
                 tok.count(query_text) + fmt.message_overhead("user")
@@ -394,7 +396,7 @@ class Engine:
             messages.append({"role": "system", "content": system_text})
             total += fmt.message_overhead("system")
             if system:
-                total += tok.count(render.system_prefix(system)) if held else tok.count(system)
+                total += system_prefix_tokens if held else tok.count(system)
             for block in policy.blocks:
                 if block.source == "recent" or not plan.chosen[block.name]:
                     continue
@@ -513,7 +515,7 @@ class Engine:
         return out
 
 
-def _costs(plan: Any) -> dict[int, int]:
+def _costs(plan: Plan) -> dict[int, int]:
     costs: dict[int, int] = {}
     for cands in plan.chosen.values():
         for cand in cands:

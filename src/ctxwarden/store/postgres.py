@@ -397,10 +397,12 @@ class PostgresStore:
         if session is not None:
             extra = " AND session = %s"
             params.append(session)
+        # Two indexed branches rather than one OR, which would scan the tenant's memories.
         rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s "
-            f"AND (pinned OR kind = 'fact'){extra} ORDER BY created_at, rowid",
-            params,
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND pinned{extra} "
+            f"UNION SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND kind = 'fact'"
+            f"{extra} ORDER BY 10, 1",
+            params + params,
         )
         return [_memory(r) for r in rows]
 
