@@ -182,7 +182,7 @@ def test_never_over_budget(
         records = [
             {"id": f"x{i}", "session": "s", "author": "ana", "content": c,
              "created_at": 1_700_000_000 + i, "pinned": i % 7 == 3}
-            for i, c in enumerate(contents) if c.strip()
+            for i, c in enumerate(contents) if c.strip() and "\x00" not in c
         ]  # fmt: skip
         if records:
             e.ingest(records)

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,18 @@ from ctxwarden.assemble import (
     system_message_text,
 )
 from ctxwarden.budget import BudgetPolicy, chat_policy
-from ctxwarden.dedupe import exact_key
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_key, may_fold
 from ctxwarden.errors import ConfigError, CtxwardenError, InputError
 from ctxwarden.models import ModelSpec, default_registry
-from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, Store, TokenCount
+from ctxwarden.store.base import (
+    ContextLog,
+    FoldTarget,
+    Inclusion,
+    NewMemory,
+    Store,
+    TokenCount,
+    Writer,
+)
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.types import (
     Context,
@@ -47,9 +56,19 @@ from ctxwarden.types import (
     Report,
 )
 
-__all__ = ["Engine", "EngineConfig"]
+__all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
 log = logging.getLogger(__name__)
+
+#: The engine's de-dup default: layer A per *session* (a person's or bot's verbatim cross-post
+#: in two channels of one session is one aggregate), both layers within an hour. See README.
+DEFAULT_DEDUPE: DedupeConfig = DedupeConfig(exact_scope="session")
+
+#: How many stored memories sharing a near key layer B tries, most recently seen first.
+NEAR_CANDIDATES = 4
+
+#: Bound of the in-process cache of analysed aggregates (rowid -> candidate).
+CANDIDATE_CACHE_SIZE = 65536
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,22 +76,23 @@ class EngineConfig:
     """How an engine behaves. Every field has a sensible default.
 
     ``tokenizers`` are counted at ingest (others are counted on first use and cached); by default
-    the tokenizer of ``default_model``. ``exact_ttl_seconds`` is how long a verbatim repeat in a
-    channel is folded into the first one.
+    the tokenizer of ``default_model``. ``dedupe`` sets the de-dup layers at ingest (TTL and
+    scope of exact repeats, window of near repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
+    and :data:`DEFAULT_DEDUPE`.
     """
 
     default_model: str = "gpt-4o"
     tokenizers: tuple[str, ...] = ()
     policy: BudgetPolicy = field(default_factory=chat_policy)
-    exact_ttl_seconds: float = 3600.0
+    dedupe: DedupeConfig = DEFAULT_DEDUPE
     tenant: str = "default"
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
     recent_page: int = 64
 
     def __post_init__(self) -> None:
-        if self.exact_ttl_seconds < 0:
-            raise ConfigError(f"exact_ttl_seconds: {self.exact_ttl_seconds} is negative")
+        if not isinstance(self.dedupe, DedupeConfig):
+            raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
         if self.recent_page < 1:
@@ -85,6 +105,22 @@ class _Prepared:
     id: str
     created_at: float
     content_hash: str
+    candidate: DedupeCandidate | None  # None: not subject to de-dup (tool calls, facts...)
+
+
+@dataclass(frozen=True, slots=True)
+class _Analysed:
+    """An aggregate as the de-dup rule sees it: its first member's slot values and its newest
+    member's candidate (timed at the aggregate's ``last_seen_at``)."""
+
+    id: str
+    seen_at: float
+    first_values: tuple[str, ...]
+    latest: DedupeCandidate
+
+
+def _dedupable(record: Record) -> bool:
+    return record.kind == "message" and not record.tool_calls and record.role != "tool"
 
 
 class Engine:
@@ -106,6 +142,9 @@ class Engine:
         self.registry = default_registry()
         for spec in self.config.models:
             self.registry.register(spec)
+        # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
+        # are checked against the row's id and last_seen_at before use.
+        self._analysed: OrderedDict[int, _Analysed] = OrderedDict()
 
     @classmethod
     def open(
@@ -151,10 +190,14 @@ class Engine:
         """Validate and store records; one outcome per record, in order.
 
         All or nothing: if any record is invalid, :class:`InputError` names its line and field
-        and nothing is written. A record whose id is already known is a no-op (``known``); a
-        verbatim repeat in the same channel within the TTL is folded into the first
-        (``duplicate``): its ``dup_count`` and ``last_seen_at`` are bumped and the repeat's id
-        becomes an alias of it.
+        and nothing is written. A record whose id is already known is a no-op (``known``).
+        Messages go through the two de-dup layers (:mod:`ctxwarden.dedupe`,
+        ``config.dedupe``): a verbatim repeat within the TTL (per session or channel) is
+        ``duplicate``; a repeat that differs only in formatting, or a bot's message that differs
+        only in volatile values, within the window in its channel is ``near_duplicate``. Either
+        folds into the stored aggregate: ``dup_count`` and ``last_seen_at`` are bumped, the
+        record's id becomes an alias, and the aggregate keeps the newest member's content when
+        its values differ (``latest_content``). Earlier records of the same batch count.
         """
         defaults: dict[str, Any] = {}
         if tenant is not None:
@@ -172,23 +215,46 @@ class Engine:
                 record = Record.from_mapping(raw, line=number, defaults=defaults)
             created = record.created_at if record.created_at is not None else now
             record_id = record.id or _derive_id(record, created)
+            if _dedupable(record):
+                candidate: DedupeCandidate | None = DedupeCandidate.build(
+                    author=record.author,
+                    author_kind=record.author_kind,
+                    content=record.content,
+                    attachments=record.attachments,
+                    created_at=created,
+                )
+                assert candidate is not None
+                content_hash = candidate.exact_key
+            else:
+                candidate = None
+                content_hash = exact_key(
+                    author=record.author, content=record.content, attachments=record.attachments
+                )
             prepared.append(
                 _Prepared(
                     record=record,
                     id=record_id,
                     created_at=created,
-                    content_hash=exact_key(
-                        author=record.author, content=record.content, attachments=record.attachments
-                    ),
+                    content_hash=content_hash,
+                    candidate=candidate,
                 )
             )
         tokenizers = self._ingest_tokenizers()
         outcomes: list[IngestOutcome] = []
-        ttl = self.config.exact_ttl_seconds
+        staged: dict[int, _Analysed] = {}
+        counts: list[TokenCount] = []
+        by_tenant: dict[str, list[str]] = {}
+        for item in prepared:
+            by_tenant.setdefault(item.record.tenant, []).append(item.id)
         with self.store.write() as writer:
+            known: dict[tuple[str, str], str] = {}
+            for tenant_name, ids in by_tenant.items():
+                for id_, where in writer.resolve_many(tenant_name, ids).items():
+                    known[(tenant_name, id_)] = where
             for item in prepared:
                 record = item.record
-                existing = writer.resolve(record.tenant, item.id)
+                key = (record.tenant, item.id)
+                existing = known.get(key)
                 if existing is not None:
                     outcomes.append(
                         IngestOutcome(
@@ -198,24 +264,34 @@ class Engine:
                         )
                     )
                     continue
-                if record.kind == "message" and ttl > 0 and not record.tool_calls:
-                    hit = writer.find_exact(
-                        record.tenant, record.channel, item.content_hash, item.created_at - ttl
-                    )
-                    if hit is not None:
-                        writer.fold(
-                            hit[0], alias=item.id, status="duplicate", seen_at=item.created_at
+                if item.candidate is not None:
+                    found = self._find_fold(writer, item, item.candidate, staged)
+                    if found is not None:
+                        decision, target, first_values = found
+                        self._fold(
+                            writer, item, item.candidate, decision, target, first_values, staged
                         )
+                        known[key] = target.id
                         outcomes.append(
                             IngestOutcome(
                                 id=item.id,
-                                status="duplicate",
-                                duplicate_of=hit[1],
-                                reason="verbatim repeat within the channel's TTL",
+                                status="duplicate"
+                                if decision.layer == "exact"
+                                else "near_duplicate",
+                                duplicate_of=target.id,
+                                reason=decision.reason,
                             )
                         )
                         continue
                 rowid = writer.insert(_new_memory(item))
+                known[key] = item.id
+                if item.candidate is not None:
+                    staged[rowid] = _Analysed(
+                        id=item.id,
+                        seen_at=item.created_at,
+                        first_values=item.candidate.values,
+                        latest=item.candidate,
+                    )
                 memory_view = {
                     "role": record.role,
                     "author": record.author,
@@ -226,19 +302,126 @@ class Engine:
                 }
                 message_text = render.message_text(memory_view)
                 line_text = render.line_text(memory_view)
-                writer.put_token_counts(
-                    [
-                        TokenCount(
-                            rowid=rowid,
-                            tokenizer=tok.name,
-                            message=tok.count(message_text),
-                            line=tok.count(line_text),
-                        )
-                        for tok in tokenizers
-                    ]
+                counts.extend(
+                    TokenCount(
+                        rowid=rowid,
+                        tokenizer=tok.name,
+                        message=tok.count(message_text),
+                        line=tok.count(line_text),
+                    )
+                    for tok in tokenizers
                 )
                 outcomes.append(IngestOutcome(id=item.id, status="stored"))
+            if counts:
+                writer.put_token_counts(counts)
+        # Only after the commit: a rolled-back batch's rowids may be reused.
+        cache = self._analysed
+        for rowid, analysed in staged.items():
+            cache[rowid] = analysed
+            cache.move_to_end(rowid)
+        while len(cache) > CANDIDATE_CACHE_SIZE:
+            cache.popitem(last=False)
         return IngestResult(outcomes=tuple(outcomes))
+
+    def _find_fold(
+        self,
+        writer: Writer,
+        item: _Prepared,
+        candidate: DedupeCandidate,
+        staged: dict[int, _Analysed],
+    ) -> tuple[FoldDecision, FoldTarget, tuple[str, ...]] | None:
+        """The first stored memory this record may fold into: layer A, then layer B."""
+        config = self.config.dedupe
+        record = item.record
+        hit = writer.find_exact(
+            record.tenant,
+            candidate.exact_key,
+            item.created_at - config.exact_ttl_seconds,
+            channel=record.channel,
+            session=record.session if config.exact_scope == "session" else None,
+        )
+        if hit is not None:
+            # Equal exact keys mean equal (author, canonical text, attachments), and a candidate
+            # is a function of those: the stored one differs only in its kind and time.
+            old = dataclasses.replace(
+                candidate, author_kind=hit.author_kind, created_at=hit.last_seen_at
+            )
+            decision = may_fold(candidate, old, config)
+            if decision.fold:
+                return decision, hit, candidate.values
+        if not config.near or candidate.near_key is None:
+            return None
+        for target in writer.find_near(
+            record.tenant,
+            record.channel,
+            candidate.near_key,
+            item.created_at - config.near_window_seconds,
+            limit=NEAR_CANDIDATES,
+        ):
+            analysed = self._analyse(target, staged)
+            decision = may_fold(candidate, analysed.latest, config)
+            if decision.fold:
+                return decision, target, analysed.first_values
+        return None
+
+    def _analyse(self, target: FoldTarget, staged: dict[int, _Analysed]) -> _Analysed:
+        cached = staged.get(target.rowid) or self._analysed.get(target.rowid)
+        if cached is not None and cached.id == target.id and cached.seen_at == target.last_seen_at:
+            return cached
+        first = DedupeCandidate.build(
+            author=target.author,
+            author_kind=target.author_kind,
+            content=target.content,
+            attachments=target.attachments,
+            created_at=target.created_at,
+        )
+        latest = first
+        if target.latest_content is not None:
+            latest = DedupeCandidate.build(
+                author=target.author,
+                author_kind=target.author_kind,
+                content=target.latest_content,
+                attachments=target.attachments,
+            )
+        analysed = _Analysed(
+            id=target.id,
+            seen_at=target.last_seen_at,
+            first_values=first.values,
+            latest=dataclasses.replace(latest, created_at=target.last_seen_at),
+        )
+        staged[target.rowid] = analysed
+        return analysed
+
+    def _fold(
+        self,
+        writer: Writer,
+        item: _Prepared,
+        candidate: DedupeCandidate,
+        decision: FoldDecision,
+        target: FoldTarget,
+        first_values: tuple[str, ...],
+        staged: dict[int, _Analysed],
+    ) -> None:
+        # The aggregate keeps the newest member's content only when it says other values than
+        # the first member (a price tick, a new counter): the model must see the value now.
+        latest = item.record.content if candidate.values != first_values else None
+        writer.fold(
+            target.rowid,
+            alias=item.id,
+            status="duplicate" if decision.layer == "exact" else "near_duplicate",
+            seen_at=item.created_at,
+            latest_content=latest,
+        )
+        if item.created_at >= target.last_seen_at:
+            staged[target.rowid] = _Analysed(
+                id=target.id,
+                seen_at=item.created_at,
+                first_values=first_values,
+                latest=candidate,
+            )
+        else:
+            # An older record arrived late: the aggregate's newest member is unchanged.
+            staged.pop(target.rowid, None)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -485,7 +668,9 @@ def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]
     if memory.dup_count > 1:
         text = (
             text[:-1]
-            + render.volume_note(memory.dup_count, memory.created_at, memory.last_seen_at)
+            + render.volume_note(
+                memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+            )
             + "\n"
         )
         return text, tok.count(text)
@@ -582,7 +767,9 @@ class _RecentWalk:
         for memory in group:
             text = render.message_text(memory)
             if memory.dup_count > 1:
-                text += render.volume_note(memory.dup_count, memory.created_at, memory.last_seen_at)
+                text += render.volume_note(
+                    memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+                )
             texts.append(text)
             cached = counts.get(memory.rowid)
             if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1 or cached is None:
@@ -648,4 +835,5 @@ def _new_memory(item: _Prepared) -> NewMemory:
         attachments=r.attachments,
         metadata=r.metadata,
         content_hash=item.content_hash,
+        near_key=item.candidate.near_key if item.candidate is not None else None,
     )

@@ -25,10 +25,27 @@ def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 1
 
 def test_migrations_plan_then_apply(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
-    assert [m.name for m in migrations.plan(conn)] == ["initial"]
-    assert [m.version for m in migrations.apply(conn)] == [1]
+    assert [m.name for m in migrations.plan(conn)] == ["initial", "dedupe"]
+    assert [m.version for m in migrations.apply(conn)] == [1, 2]
     assert migrations.plan(conn) == []
-    assert migrations.current_version(conn) == 1
+    assert migrations.current_version(conn) == 2
+
+
+def test_migration_2_upgrades_a_version_1_database(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    conn.execute("BEGIN")
+    for statement in migrations.MIGRATIONS[0].statements:
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("COMMIT")
+    conn.close()
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        w.insert(_memory("a"))
+    assert store.get("t", "a").latest_content is None
+    indexes = {r[0] for r in store._query("SELECT name FROM sqlite_master", ())}
+    assert {"memories_near", "memories_exact_session"} <= indexes
+    store.close()
 
 
 def test_wal_and_integrity(tmp_path: Path) -> None:
@@ -75,16 +92,40 @@ def test_fold_counts_and_aliases() -> None:
     store = SQLiteStore(":memory:")
     with store.write() as w:
         rowid = w.insert(_memory("a", content="spam"))
-        assert w.find_exact("t", "c", "h-spam", since=0) == (rowid, "a")
-        assert w.find_exact("t", "other", "h-spam", since=0) is None
-        assert w.find_exact("t", "c", "h-spam", since=101) is None  # outside the TTL
+        hit = w.find_exact("t", "h-spam", 0, channel="c")
+        assert hit is not None
+        assert (hit.rowid, hit.id) == (rowid, "a")
+        assert w.find_exact("t", "h-spam", 0, channel="other") is None
+        assert w.find_exact("t", "h-spam", 0, channel="other", session="s") is not None
+        assert w.find_exact("t", "h-spam", 0, channel="c", session="s2") is None
+        assert w.find_exact("t", "h-spam", 101, channel="c") is None  # outside the TTL
         w.fold(rowid, alias="b", status="duplicate", seen_at=150.0)
+        w.fold(rowid, alias="c", status="near_duplicate", seen_at=160.0, latest_content="spam!")
+        w.fold(rowid, alias="d", status="near_duplicate", seen_at=155.0, latest_content="late")
         assert w.resolve("t", "b") == "a"
+        assert w.resolve_many("t", ["a", "c", "zz"]) == {"a": "a", "c": "a"}
     memory = store.get("t", "b")
-    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 2, 150.0)
+    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 4, 160.0)
+    assert memory.latest_content == "spam!"  # the late, older member does not replace it
     stats = store.stats("t")
-    assert stats["channels"]["c"] == {"memories": 1, "seen": 2, "folded": 1}
-    assert stats["top_families"][0]["count"] == 2
+    assert stats["channels"]["c"] == {"memories": 1, "seen": 4, "folded": 3, "exact": 1, "near": 2}
+    assert stats["top_families"][0]["count"] == 4
+
+
+def test_find_near_most_recent_first_within_since() -> None:
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        for i, at in enumerate([100.0, 300.0, 200.0]):
+            memory = _memory(f"n{i}", content=f"tick {i}", at=at)
+            w.insert(NewMemory(**{**_fields(memory), "near_key": "k1"}))
+        w.insert(NewMemory(**{**_fields(_memory("x", content="tick x")), "near_key": "k2"}))
+        assert [t.id for t in w.find_near("t", "c", "k1", 150.0)] == ["n1", "n2"]
+        assert [t.id for t in w.find_near("t", "c", "k1", 0.0, limit=1)] == ["n1"]
+        assert w.find_near("t", "other", "k1", 0.0) == []
+
+
+def _fields(memory: NewMemory) -> dict[str, object]:
+    return {name: getattr(memory, name) for name in NewMemory.__slots__}
 
 
 def test_token_counts_and_inclusion_log() -> None:

@@ -19,6 +19,7 @@ from ctxwarden.types import Memory
 
 __all__ = [
     "ContextLog",
+    "FoldTarget",
     "Inclusion",
     "NewMemory",
     "Store",
@@ -53,6 +54,25 @@ class NewMemory:
     near_key: str | None = None
     source_ids: Sequence[str] = ()
     time_range: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FoldTarget:
+    """A stored memory that a new record may fold into: what the de-dup rule compares.
+
+    ``latest_content`` is the newest folded member's content when it differs in values from
+    ``content`` (None otherwise); its time is ``last_seen_at``.
+    """
+
+    rowid: int
+    id: str
+    author: str | None
+    author_kind: str
+    content: str
+    latest_content: str | None
+    attachments: Sequence[Mapping[str, Any]]
+    created_at: float
+    last_seen_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,16 +119,42 @@ class Writer(Protocol):
     def resolve(self, tenant: str, id: str) -> str | None:
         """The id of the memory that ``id`` lives in now (itself, its aggregate), or None."""
 
+    def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`resolve` for many ids at once; unknown ids are left out."""
+
     def find_exact(
-        self, tenant: str, channel: str | None, content_hash: str, since: float
-    ) -> tuple[int, str] | None:
-        """The newest memory in ``channel`` with ``content_hash`` seen at or after ``since``."""
+        self,
+        tenant: str,
+        content_hash: str,
+        since: float,
+        *,
+        channel: str | None,
+        session: str | None = None,
+    ) -> FoldTarget | None:
+        """The newest message with ``content_hash`` last seen at or after ``since``: in
+        ``session`` (any channel) when it is given, else in ``channel``."""
+
+    def find_near(
+        self, tenant: str, channel: str | None, near_key: str, since: float, *, limit: int = 4
+    ) -> list[FoldTarget]:
+        """Up to ``limit`` messages in ``channel`` with ``near_key`` last seen at or after
+        ``since``, most recently seen first."""
 
     def insert(self, memory: NewMemory) -> int:
         """Insert a memory and index it; returns its rowid."""
 
-    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
-        """Fold a duplicate into ``rowid``: bump dup_count and last_seen_at, keep the alias."""
+    def fold(
+        self,
+        rowid: int,
+        *,
+        alias: str,
+        status: str,
+        seen_at: float,
+        latest_content: str | None = None,
+    ) -> None:
+        """Fold a duplicate into ``rowid``: bump dup_count and last_seen_at, keep the alias
+        (with ``status``). When ``seen_at`` is the newest sighting, ``latest_content`` replaces
+        the aggregate's latest content (None: the newest member says what the first says)."""
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
@@ -159,7 +205,8 @@ class Store(Protocol):
         """The inclusion log of one context: ``[{memory_id, block, tokens}]`` in order."""
 
     def stats(self, tenant: str) -> dict[str, Any]:
-        """Counts for ``ctxwarden stats``: memories, folded duplicates, per channel."""
+        """Counts for ``ctxwarden stats``: per channel ``seen``, ``memories``, ``folded``,
+        ``exact`` and ``near`` (folds by layer); totals; ``top_families``."""
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of a tenant, oldest first (exports, maintenance)."""

@@ -14,6 +14,12 @@ records the version in ``PRAGMA user_version``. The tables (the DESIGN.md data m
   counted once.
 - ``contexts`` and ``inclusions``: the inclusion log.
 - ``tombstones``: content-free records of deleted memories.
+
+Migration 2 (``dedupe``) adds ``memories.latest_content`` (the newest folded member's content when
+its values differ from the aggregate's, so the model sees the value now in force; its time is
+``last_seen_at``), the layer-B index ``memories_near`` on (tenant, channel, near_key,
+last_seen_at) and ``memories_exact_session`` on (tenant, session, content_hash, last_seen_at) for
+``exact_scope = "session"``.
 """
 
 from __future__ import annotations
@@ -166,6 +172,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID
             """,
             "CREATE INDEX tombstones_summary ON tombstones (tenant, summary_id)",
+        ),
+    ),
+    Migration(
+        version=2,
+        name="dedupe",
+        statements=(
+            "ALTER TABLE memories ADD COLUMN latest_content TEXT",
+            """CREATE INDEX memories_near
+               ON memories (tenant, channel, near_key, last_seen_at) WHERE near_key IS NOT NULL""",
+            """CREATE INDEX memories_exact_session
+               ON memories (tenant, session, content_hash, last_seen_at)""",
         ),
     ),
 )

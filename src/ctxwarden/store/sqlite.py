@@ -19,7 +19,7 @@ from typing import Any
 
 from ctxwarden.errors import NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
+from ctxwarden.store.base import ContextLog, FoldTarget, NewMemory, TokenCount
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -31,8 +31,27 @@ _MEMORY_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
     "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
     "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata"
+    "source_ids, time_start, time_end, attachments, metadata, latest_content"
 )
+
+_TARGET_COLUMNS = (
+    "rowid, id, author, author_kind, content, latest_content, attachments, created_at, last_seen_at"
+)
+
+
+def _target(row: tuple[Any, ...]) -> FoldTarget:
+    rowid, id_, author, author_kind, content, latest, attachments, created_at, seen = row
+    return FoldTarget(
+        rowid=rowid,
+        id=id_,
+        author=author,
+        author_kind=author_kind,
+        content=content,
+        latest_content=latest,
+        attachments=tuple(json.loads(attachments)) if attachments else (),
+        created_at=created_at,
+        last_seen_at=seen,
+    )
 
 
 def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
@@ -40,7 +59,7 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
         thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
         last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total,
-        source_ids, time_start, time_end, attachments, metadata,
+        source_ids, time_start, time_end, attachments, metadata, latest_content,
     ) = row  # fmt: skip
     return Memory(
         rowid=rowid,
@@ -71,6 +90,7 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         time_range=(time_start, time_end) if time_start is not None else None,
         attachments=tuple(json.loads(attachments)) if attachments else (),
         metadata=json.loads(metadata) if metadata else {},
+        latest_content=latest_content,
     )
 
 
@@ -91,15 +111,55 @@ class _SQLiteWriter:
         ).fetchone()
         return str(row[0]) if row else None
 
+    def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for (id_,) in self._conn.execute(
+                f"SELECT id FROM memories WHERE tenant = ? AND id IN ({marks})", [tenant, *chunk]
+            ):
+                out[id_] = id_
+            for alias, id_ in self._conn.execute(
+                "SELECT a.id, m.id FROM aliases a JOIN memories m ON m.rowid = a.memory_rowid "
+                f"WHERE a.tenant = ? AND a.id IN ({marks})",
+                [tenant, *chunk],
+            ):
+                out.setdefault(alias, id_)
+        return out
+
     def find_exact(
-        self, tenant: str, channel: str | None, content_hash: str, since: float
-    ) -> tuple[int, str] | None:
+        self,
+        tenant: str,
+        content_hash: str,
+        since: float,
+        *,
+        channel: str | None,
+        session: str | None = None,
+    ) -> FoldTarget | None:
+        if session is not None:
+            where, scope = "session = ?", session
+        else:
+            where, scope = "channel IS ?", channel  # type: ignore[assignment]
         row = self._conn.execute(
-            "SELECT rowid, id FROM memories WHERE tenant = ? AND channel IS ? "
-            "AND content_hash = ? AND last_seen_at >= ? ORDER BY last_seen_at DESC LIMIT 1",
-            (tenant, channel, content_hash, since),
+            f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND {where} "
+            "AND content_hash = ? AND last_seen_at >= ? AND kind = 'message' "
+            "ORDER BY last_seen_at DESC LIMIT 1",
+            (tenant, scope, content_hash, since),
         ).fetchone()
-        return (int(row[0]), str(row[1])) if row else None
+        return _target(row) if row else None
+
+    def find_near(
+        self, tenant: str, channel: str | None, near_key: str, since: float, *, limit: int = 4
+    ) -> list[FoldTarget]:
+        rows = self._conn.execute(
+            f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND channel IS ? "
+            "AND near_key = ? AND last_seen_at >= ? AND kind = 'message' "
+            "ORDER BY last_seen_at DESC LIMIT ?",
+            (tenant, channel, near_key, since, limit),
+        ).fetchall()
+        return [_target(row) for row in rows]
 
     def insert(self, memory: NewMemory) -> int:
         cursor = self._conn.execute(
@@ -139,19 +199,26 @@ class _SQLiteWriter:
         assert rowid is not None
         return rowid
 
-    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
+    def fold(
+        self,
+        rowid: int,
+        *,
+        alias: str,
+        status: str,
+        seen_at: float,
+        latest_content: str | None = None,
+    ) -> None:
+        # Right-hand sides read the row as it was, so the CASE compares with the old sighting.
         self._conn.execute(
             "UPDATE memories SET dup_count = dup_count + 1, "
+            "latest_content = CASE WHEN ? >= last_seen_at THEN ? ELSE latest_content END, "
             "last_seen_at = max(last_seen_at, ?) WHERE rowid = ?",
-            (seen_at, rowid),
+            (seen_at, latest_content, seen_at, rowid),
         )
-        tenant = self._conn.execute(
-            "SELECT tenant FROM memories WHERE rowid = ?", (rowid,)
-        ).fetchone()[0]
         self._conn.execute(
             "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (tenant, alias, rowid, status, seen_at),
+            "SELECT tenant, ?, rowid, ?, ? FROM memories WHERE rowid = ?",
+            (alias, status, seen_at, rowid),
         )
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
@@ -379,7 +446,8 @@ class SQLiteStore:
         return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
 
     def stats(self, tenant: str) -> dict[str, Any]:
-        """Per-channel counts: records seen, memories stored, duplicates folded."""
+        """Per-channel counts: records seen, memories stored, duplicates folded (exact and near
+        layers apart); the top families by count."""
         channels: dict[str, dict[str, int]] = {}
         for channel, memories, seen in self._query(
             "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
@@ -390,11 +458,29 @@ class SQLiteStore:
                 "memories": memories,
                 "seen": seen,
                 "folded": seen - memories,
+                "exact": 0,
+                "near": 0,
             }
+        for channel, status, count in self._query(
+            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
+            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
+            (tenant,),
+        ):
+            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
+            if layer is not None and channel in channels:
+                channels[channel][layer] += count
         top = [
-            {"id": r[0], "channel": r[1], "author": r[2], "count": r[3], "content": r[4]}
+            {
+                "id": r[0],
+                "channel": r[1],
+                "author": r[2],
+                "count": r[3],
+                "content": r[4],
+                "latest": r[5],
+            }
             for r in self._query(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120) FROM memories "
+                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
+                "substr(latest_content, 1, 120) FROM memories "
                 "WHERE tenant = ? AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
                 (tenant,),
             )
@@ -406,6 +492,8 @@ class SQLiteStore:
             "memories": memories,
             "seen": seen,
             "folded": seen - memories,
+            "exact": sum(c["exact"] for c in channels.values()),
+            "near": sum(c["near"] for c in channels.values()),
             "contexts": contexts,
             "channels": channels,
             "top_families": top,
