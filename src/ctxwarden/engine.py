@@ -78,20 +78,20 @@ class EngineConfig:
     ``tokenizers`` are counted at ingest (others are counted on first use and cached); by default
     the tokenizer of ``default_model``. ``dedupe`` sets the de-dup layers at ingest (TTL and
     scope of exact repeats, window of near repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
-    and :data:`DEFAULT_DEDUPE`.
+    and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup).
     """
 
     default_model: str = "gpt-4o"
     tokenizers: tuple[str, ...] = ()
     policy: BudgetPolicy = field(default_factory=chat_policy)
-    dedupe: DedupeConfig = DEFAULT_DEDUPE
+    dedupe: DedupeConfig | None = DEFAULT_DEDUPE
     tenant: str = "default"
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
     recent_page: int = 64
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dedupe, DedupeConfig):
+        if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
@@ -332,6 +332,8 @@ class Engine:
     ) -> tuple[FoldDecision, FoldTarget, tuple[str, ...]] | None:
         """The first stored memory this record may fold into: layer A, then layer B."""
         config = self.config.dedupe
+        if config is None:
+            return None
         record = item.record
         hit = writer.find_exact(
             record.tenant,
