@@ -34,12 +34,14 @@ from ctxwarden.assemble import (
     system_message_text,
 )
 from ctxwarden.budget import BudgetPolicy, chat_policy
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_key, may_fold
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
 from ctxwarden.errors import ConfigError, CtxwardenError, InputError
+from ctxwarden.fold import Aggregate, Analysed, FoldIndex
 from ctxwarden.models import ModelSpec, default_registry
 from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
     ContextLog,
-    FoldTarget,
     Inclusion,
     NewMemory,
     Store,
@@ -51,6 +53,7 @@ from ctxwarden.types import (
     Context,
     IngestOutcome,
     IngestResult,
+    IngestStatus,
     Memory,
     Record,
     Report,
@@ -63,9 +66,6 @@ log = logging.getLogger(__name__)
 #: The engine's de-dup default: layer A per *session* (a person's or bot's verbatim cross-post
 #: in two channels of one session is one aggregate), both layers within an hour. See README.
 DEFAULT_DEDUPE: DedupeConfig = DedupeConfig(exact_scope="session")
-
-#: How many stored memories sharing a near key layer B tries, most recently seen first.
-NEAR_CANDIDATES = 4
 
 #: Bound of the in-process cache of analysed aggregates (rowid -> candidate).
 CANDIDATE_CACHE_SIZE = 65536
@@ -108,17 +108,6 @@ class _Prepared:
     candidate: DedupeCandidate | None  # None: not subject to de-dup (tool calls, facts...)
 
 
-@dataclass(frozen=True, slots=True)
-class _Analysed:
-    """An aggregate as the de-dup rule sees it: its first member's slot values and its newest
-    member's candidate (timed at the aggregate's ``last_seen_at``)."""
-
-    id: str
-    seen_at: float
-    first_values: tuple[str, ...]
-    latest: DedupeCandidate
-
-
 def _dedupable(record: Record) -> bool:
     return record.kind == "message" and not record.tool_calls and record.role != "tool"
 
@@ -144,7 +133,7 @@ class Engine:
             self.registry.register(spec)
         # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
         # are checked against the row's id and last_seen_at before use.
-        self._analysed: OrderedDict[int, _Analysed] = OrderedDict()
+        self._analysed: OrderedDict[int, Analysed] = OrderedDict()
 
     @classmethod
     def open(
@@ -241,16 +230,21 @@ class Engine:
             )
         tokenizers = self._ingest_tokenizers()
         outcomes: list[IngestOutcome] = []
-        staged: dict[int, _Analysed] = {}
         counts: list[TokenCount] = []
-        by_tenant: dict[str, list[str]] = {}
+        aliases: list[Alias] = []
+        by_tenant: dict[str, list[_Prepared]] = {}
         for item in prepared:
-            by_tenant.setdefault(item.record.tenant, []).append(item.id)
+            by_tenant.setdefault(item.record.tenant, []).append(item)
+        config = self.config.dedupe
+        index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
-            for tenant_name, ids in by_tenant.items():
-                for id_, where in writer.resolve_many(tenant_name, ids).items():
+            for tenant_name, items in by_tenant.items():
+                resolved = writer.resolve_many(tenant_name, [item.id for item in items])
+                for id_, where in resolved.items():
                     known[(tenant_name, id_)] = where
+                if config is not None:
+                    self._prefetch(writer, tenant_name, items, config, index)
             for item in prepared:
                 record = item.record
                 key = (record.tenant, item.id)
@@ -264,33 +258,53 @@ class Engine:
                         )
                     )
                     continue
-                if item.candidate is not None:
-                    found = self._find_fold(writer, item, item.candidate, staged)
+                candidate = item.candidate if config is not None else None
+                if candidate is not None:
+                    found = index.find(
+                        candidate,
+                        tenant=record.tenant,
+                        session=record.session,
+                        channel=record.channel,
+                    )
                     if found is not None:
-                        decision, target, first_values = found
-                        self._fold(
-                            writer, item, item.candidate, decision, target, first_values, staged
+                        aggregate, decision, first_values = found
+                        index.fold(aggregate, candidate, record.content, first_values)
+                        status: IngestStatus = (
+                            "duplicate" if decision.layer == "exact" else "near_duplicate"
                         )
-                        known[key] = target.id
+                        aliases.append(
+                            Alias(
+                                tenant=record.tenant,
+                                id=item.id,
+                                rowid=aggregate.rowid,
+                                status=status,
+                                created_at=item.created_at,
+                            )
+                        )
+                        known[key] = aggregate.id
                         outcomes.append(
                             IngestOutcome(
                                 id=item.id,
-                                status="duplicate"
-                                if decision.layer == "exact"
-                                else "near_duplicate",
-                                duplicate_of=target.id,
+                                status=status,
+                                duplicate_of=aggregate.id,
                                 reason=decision.reason,
                             )
                         )
                         continue
                 rowid = writer.insert(_new_memory(item))
                 known[key] = item.id
-                if item.candidate is not None:
-                    staged[rowid] = _Analysed(
-                        id=item.id,
-                        seen_at=item.created_at,
-                        first_values=item.candidate.values,
-                        latest=item.candidate,
+                if candidate is not None:
+                    index.add(
+                        Aggregate.new(
+                            rowid=rowid,
+                            id=item.id,
+                            tenant=record.tenant,
+                            session=record.session,
+                            channel=record.channel,
+                            content=record.content,
+                            candidate=candidate,
+                            attachments=record.attachments,
+                        )
                     )
                 memory_view = {
                     "role": record.role,
@@ -312,118 +326,67 @@ class Engine:
                     for tok in tokenizers
                 )
                 outcomes.append(IngestOutcome(id=item.id, status="stored"))
+            changed = index.changed()
+            if changed:
+                writer.update_aggregates(
+                    [
+                        AggregateUpdate(
+                            rowid=a.rowid,
+                            dup_count=a.dup_count,
+                            last_seen_at=a.last_seen_at,
+                            latest_content=a.latest_content,
+                        )
+                        for a in changed
+                    ]
+                )
+            if aliases:
+                writer.add_aliases(aliases)
             if counts:
                 writer.put_token_counts(counts)
         # Only after the commit: a rolled-back batch's rowids may be reused.
         cache = self._analysed
-        for rowid, analysed in staged.items():
+        fresh: dict[int, Analysed] = {}
+        index.analysed(fresh)
+        for rowid, analysed in fresh.items():
             cache[rowid] = analysed
             cache.move_to_end(rowid)
         while len(cache) > CANDIDATE_CACHE_SIZE:
             cache.popitem(last=False)
         return IngestResult(outcomes=tuple(outcomes))
 
-    def _find_fold(
-        self,
+    @staticmethod
+    def _prefetch(
         writer: Writer,
-        item: _Prepared,
-        candidate: DedupeCandidate,
-        staged: dict[int, _Analysed],
-    ) -> tuple[FoldDecision, FoldTarget, tuple[str, ...]] | None:
-        """The first stored memory this record may fold into: layer A, then layer B."""
-        config = self.config.dedupe
-        if config is None:
-            return None
-        record = item.record
-        hit = writer.find_exact(
-            record.tenant,
-            candidate.exact_key,
-            item.created_at - config.exact_ttl_seconds,
-            channel=record.channel,
-            session=record.session if config.exact_scope == "session" else None,
-        )
-        if hit is not None:
-            # Equal exact keys mean equal (author, canonical text, attachments), and a candidate
-            # is a function of those: the stored one differs only in its kind and time.
-            old = dataclasses.replace(
-                candidate, author_kind=hit.author_kind, created_at=hit.last_seen_at
-            )
-            decision = may_fold(candidate, old, config)
-            if decision.fold:
-                return decision, hit, candidate.values
-        if not config.near or candidate.near_key is None:
-            return None
-        for target in writer.find_near(
-            record.tenant,
-            record.channel,
-            candidate.near_key,
-            item.created_at - config.near_window_seconds,
-            limit=NEAR_CANDIDATES,
-        ):
-            analysed = self._analyse(target, staged)
-            decision = may_fold(candidate, analysed.latest, config)
-            if decision.fold:
-                return decision, target, analysed.first_values
-        return None
-
-    def _analyse(self, target: FoldTarget, staged: dict[int, _Analysed]) -> _Analysed:
-        cached = staged.get(target.rowid) or self._analysed.get(target.rowid)
-        if cached is not None and cached.id == target.id and cached.seen_at == target.last_seen_at:
-            return cached
-        first = DedupeCandidate.build(
-            author=target.author,
-            author_kind=target.author_kind,
-            content=target.content,
-            attachments=target.attachments,
-            created_at=target.created_at,
-        )
-        latest = first
-        if target.latest_content is not None:
-            latest = DedupeCandidate.build(
-                author=target.author,
-                author_kind=target.author_kind,
-                content=target.latest_content,
-                attachments=target.attachments,
-            )
-        analysed = _Analysed(
-            id=target.id,
-            seen_at=target.last_seen_at,
-            first_values=first.values,
-            latest=dataclasses.replace(latest, created_at=target.last_seen_at),
-        )
-        staged[target.rowid] = analysed
-        return analysed
-
-    def _fold(
-        self,
-        writer: Writer,
-        item: _Prepared,
-        candidate: DedupeCandidate,
-        decision: FoldDecision,
-        target: FoldTarget,
-        first_values: tuple[str, ...],
-        staged: dict[int, _Analysed],
+        tenant: str,
+        items: Sequence[_Prepared],
+        config: DedupeConfig,
+        index: FoldIndex,
     ) -> None:
-        # The aggregate keeps the newest member's content only when it says other values than
-        # the first member (a price tick, a new counter): the model must see the value now.
-        latest = item.record.content if candidate.values != first_values else None
-        writer.fold(
-            target.rowid,
-            alias=item.id,
-            status="duplicate" if decision.layer == "exact" else "near_duplicate",
-            seen_at=item.created_at,
-            latest_content=latest,
-        )
-        if item.created_at >= target.last_seen_at:
-            staged[target.rowid] = _Analysed(
-                id=target.id,
-                seen_at=item.created_at,
-                first_values=first_values,
-                latest=candidate,
-            )
-        else:
-            # An older record arrived late: the aggregate's newest member is unchanged.
-            staged.pop(target.rowid, None)
+        """Load every stored message the batch's records of ``tenant`` may fold into."""
+        exact: list[tuple[str | None, str]] = []
+        near: list[tuple[str | None, str]] = []
+        oldest = None
+        for item in items:
+            candidate = item.candidate
+            if candidate is None:
+                continue
+            record = item.record
+            scope = record.session if config.exact_scope == "session" else record.channel
+            exact.append((scope, candidate.exact_key))
+            if config.near and candidate.near_key is not None:
+                near.append((record.channel, candidate.near_key))
+            oldest = item.created_at if oldest is None else min(oldest, item.created_at)
+        if oldest is None:
+            return
+        for target in writer.find_targets(
+            tenant,
+            exact_scope=config.exact_scope,
+            exact=exact,
+            exact_since=oldest - config.exact_ttl_seconds,
+            near=near,
+            near_since=oldest - config.near_window_seconds,
+        ):
+            index.add(Aggregate.of(target))
 
     # -- reads -------------------------------------------------------------------------------
 

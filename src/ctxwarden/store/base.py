@@ -18,6 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 from ctxwarden.types import Memory
 
 __all__ = [
+    "AggregateUpdate",
+    "Alias",
     "ContextLog",
     "FoldTarget",
     "Inclusion",
@@ -66,13 +68,40 @@ class FoldTarget:
 
     rowid: int
     id: str
+    tenant: str
+    session: str
+    channel: str | None
     author: str | None
     author_kind: str
     content: str
     latest_content: str | None
     attachments: Sequence[Mapping[str, Any]]
     created_at: float
+    content_hash: str
+    near_key: str | None
+    dup_count: int
     last_seen_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AggregateUpdate:
+    """The new aggregate fields of a memory that absorbed duplicates (absolute values)."""
+
+    rowid: int
+    dup_count: int
+    last_seen_at: float
+    latest_content: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Alias:
+    """An id folded into (or compacted into) the memory at ``rowid``."""
+
+    tenant: str
+    id: str
+    rowid: int
+    status: str
+    created_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,6 +168,27 @@ class Writer(Protocol):
     ) -> list[FoldTarget]:
         """Up to ``limit`` messages in ``channel`` with ``near_key`` last seen at or after
         ``since``, most recently seen first."""
+
+    def find_targets(
+        self,
+        tenant: str,
+        *,
+        exact_scope: str,
+        exact: Sequence[tuple[str | None, str]],
+        exact_since: float,
+        near: Sequence[tuple[str | None, str]],
+        near_since: float,
+    ) -> list[FoldTarget]:
+        """Every message that a batch's records may fold into, in indexed lookups: those whose
+        (session or channel, per ``exact_scope``; content_hash) is in ``exact`` and were last seen
+        at or after ``exact_since``, and those whose (channel, near_key) is in ``near`` and were
+        last seen at or after ``near_since``. Each memory at most once, in no particular order."""
+
+    def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
+        """Set dup_count, last_seen_at and latest_content of these memories."""
+
+    def add_aliases(self, aliases: Sequence[Alias]) -> None:
+        """Record ids that now live in another memory."""
 
     def insert(self, memory: NewMemory) -> int:
         """Insert a memory and index it; returns its rowid."""

@@ -19,7 +19,14 @@ from typing import Any
 
 from ctxwarden.errors import NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ContextLog, FoldTarget, NewMemory, TokenCount
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ContextLog,
+    FoldTarget,
+    NewMemory,
+    TokenCount,
+)
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -35,21 +42,34 @@ _MEMORY_COLUMNS = (
 )
 
 _TARGET_COLUMNS = (
-    "rowid, id, author, author_kind, content, latest_content, attachments, created_at, last_seen_at"
+    "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
+    "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
 )
+
+# Keys per lookup statement (SQLite allows 32766 parameters; short statements plan faster).
+_CHUNK = 400
 
 
 def _target(row: tuple[Any, ...]) -> FoldTarget:
-    rowid, id_, author, author_kind, content, latest, attachments, created_at, seen = row
+    (
+        rowid, id_, tenant, session, channel, author, author_kind, content, latest, attachments,
+        created_at, content_hash, near_key, dup_count, seen,
+    ) = row  # fmt: skip
     return FoldTarget(
         rowid=rowid,
         id=id_,
+        tenant=tenant,
+        session=session,
+        channel=channel,
         author=author,
         author_kind=author_kind,
         content=content,
         latest_content=latest,
         attachments=tuple(json.loads(attachments)) if attachments else (),
         created_at=created_at,
+        content_hash=content_hash,
+        near_key=near_key,
+        dup_count=dup_count,
         last_seen_at=seen,
     )
 
@@ -160,6 +180,71 @@ class _SQLiteWriter:
             (tenant, channel, near_key, since, limit),
         ).fetchall()
         return [_target(row) for row in rows]
+
+    def find_targets(
+        self,
+        tenant: str,
+        *,
+        exact_scope: str,
+        exact: Sequence[tuple[str | None, str]],
+        exact_since: float,
+        near: Sequence[tuple[str | None, str]],
+        near_since: float,
+    ) -> list[FoldTarget]:
+        found: dict[int, FoldTarget] = {}
+        scope_column = "session" if exact_scope == "session" else "channel"
+        lookups = [
+            (scope_column, "content_hash", exact, exact_since),
+            ("channel", "near_key", near, near_since),
+        ]
+        for scope, key, pairs, since in lookups:
+            wanted = set(pairs)
+            if not wanted:
+                continue
+            scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+            keys = sorted({p[1] for p in wanted})
+            has_null = scopes[-1] is None
+            values = [v for v in scopes if v is not None]
+            # `IN` for the scope values (few: sessions or channels) and the keys, so each lookup
+            # is a handful of index probes; NULL channels need their own `IS NULL` arm.
+            arms = []
+            if values:
+                arms.append(f"{scope} IN ({','.join('?' * len(values))})")
+            if has_null:
+                arms.append(f"{scope} IS NULL")
+            for start in range(0, len(keys), _CHUNK):
+                chunk = keys[start : start + _CHUNK]
+                for arm in arms:
+                    params = [tenant, *(values if "IN" in arm else ()), *chunk, since]
+                    for row in self._conn.execute(
+                        f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND {arm} "
+                        f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
+                        "AND kind = 'message'",
+                        params,
+                    ):
+                        target = _target(row)
+                        scope_value = target.session if scope == "session" else target.channel
+                        pair = (
+                            scope_value,
+                            target.content_hash if key == "content_hash" else target.near_key,
+                        )
+                        if pair in wanted:
+                            found.setdefault(target.rowid, target)
+        return list(found.values())
+
+    def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
+        self._conn.executemany(
+            "UPDATE memories SET dup_count = ?, last_seen_at = ?, latest_content = ? "
+            "WHERE rowid = ?",
+            [(u.dup_count, u.last_seen_at, u.latest_content, u.rowid) for u in updates],
+        )
+
+    def add_aliases(self, aliases: Sequence[Alias]) -> None:
+        self._conn.executemany(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(a.tenant, a.id, a.rowid, a.status, a.created_at) for a in aliases],
+        )
 
     def insert(self, memory: NewMemory) -> int:
         cursor = self._conn.execute(
