@@ -9,7 +9,14 @@ import pytest
 
 from ctxwarden.errors import NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, TokenCount
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ContextLog,
+    Inclusion,
+    NewMemory,
+    TokenCount,
+)
 from ctxwarden.store.sqlite import SQLiteStore
 
 
@@ -88,40 +95,66 @@ def test_failed_transaction_leaves_store_unchanged() -> None:
         store.get("t", "b")
 
 
-def test_fold_counts_and_aliases() -> None:
+def test_targets_aggregates_and_aliases() -> None:
     store = SQLiteStore(":memory:")
     with store.write() as w:
         rowid = w.insert(_memory("a", content="spam"))
-        hit = w.find_exact("t", "h-spam", 0, channel="c")
-        assert hit is not None
-        assert (hit.rowid, hit.id) == (rowid, "a")
-        assert w.find_exact("t", "h-spam", 0, channel="other") is None
-        assert w.find_exact("t", "h-spam", 0, channel="other", session="s") is not None
-        assert w.find_exact("t", "h-spam", 0, channel="c", session="s2") is None
-        assert w.find_exact("t", "h-spam", 101, channel="c") is None  # outside the TTL
-        w.fold(rowid, alias="b", status="duplicate", seen_at=150.0)
-        w.fold(rowid, alias="c", status="near_duplicate", seen_at=160.0, latest_content="spam!")
-        w.fold(rowid, alias="d", status="near_duplicate", seen_at=155.0, latest_content="late")
-        assert w.resolve("t", "b") == "a"
-        assert w.resolve_many("t", ["a", "c", "zz"]) == {"a": "a", "c": "a"}
-    memory = store.get("t", "b")
-    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 4, 160.0)
-    assert memory.latest_content == "spam!"  # the late, older member does not replace it
+        w.insert(_memory("b", content="spam", channel="other", session="s2"))
+
+        def ids(**kw: object) -> list[str]:
+            args: dict[str, object] = {
+                "exact_scope": "channel", "exact": [], "exact_since": 0.0, "near": [],
+                "near_since": 0.0,
+            }  # fmt: skip
+            args.update(kw)
+            return sorted(t.id for t in w.find_targets("t", **args))  # type: ignore[arg-type]
+
+        assert ids(exact=[("c", "h-spam")]) == ["a"]
+        assert ids(exact=[("other", "h-spam"), ("c", "h-spam")]) == ["a", "b"]
+        assert ids(exact=[("zz", "h-spam")]) == []
+        assert ids(exact_scope="session", exact=[("s", "h-spam")]) == ["a"]
+        assert ids(exact=[("c", "h-spam")], exact_since=101.0) == []  # outside the TTL
+        assert ids(exact=[("c", "h-spam")], exact_scope="session") == []
+        w.update_aggregates(
+            [AggregateUpdate(rowid=rowid, dup_count=3, last_seen_at=160.0, latest_content="s2")]
+        )
+        w.add_aliases(
+            [
+                Alias(tenant="t", id="x", rowid=rowid, status="duplicate", created_at=150.0),
+                Alias(tenant="t", id="y", rowid=rowid, status="near_duplicate", created_at=160.0),
+            ]
+        )
+        assert w.resolve("t", "x") == "a"
+        assert w.resolve_many("t", ["a", "y", "zz"]) == {"a": "a", "y": "a"}
+    memory = store.get("t", "y")
+    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 3, 160.0)
+    assert memory.latest_content == "s2"
     stats = store.stats("t")
-    assert stats["channels"]["c"] == {"memories": 1, "seen": 4, "folded": 3, "exact": 1, "near": 2}
-    assert stats["top_families"][0]["count"] == 4
+    assert stats["channels"]["c"] == {"memories": 1, "seen": 3, "folded": 2, "exact": 1, "near": 1}
+    assert stats["top_families"][0]["count"] == 3
 
 
-def test_find_near_most_recent_first_within_since() -> None:
+def test_find_targets_near_keys_and_null_channels() -> None:
     store = SQLiteStore(":memory:")
     with store.write() as w:
         for i, at in enumerate([100.0, 300.0, 200.0]):
             memory = _memory(f"n{i}", content=f"tick {i}", at=at)
             w.insert(NewMemory(**{**_fields(memory), "near_key": "k1"}))
         w.insert(NewMemory(**{**_fields(_memory("x", content="tick x")), "near_key": "k2"}))
-        assert [t.id for t in w.find_near("t", "c", "k1", 150.0)] == ["n1", "n2"]
-        assert [t.id for t in w.find_near("t", "c", "k1", 0.0, limit=1)] == ["n1"]
-        assert w.find_near("t", "other", "k1", 0.0) == []
+        nochan = _memory("z", content="tick z", channel=None)
+        w.insert(NewMemory(**{**_fields(nochan), "near_key": "k1"}))
+
+        def near(pairs: list[tuple[str | None, str]], since: float) -> list[str]:
+            found = w.find_targets(
+                "t", exact_scope="session", exact=[], exact_since=0.0, near=pairs,
+                near_since=since,
+            )  # fmt: skip
+            return sorted(t.id for t in found)
+
+        assert near([("c", "k1")], 150.0) == ["n1", "n2"]
+        assert near([("c", "k1"), (None, "k1")], 0.0) == ["n0", "n1", "n2", "z"]
+        assert near([(None, "k1")], 0.0) == ["z"]
+        assert near([("other", "k1")], 0.0) == []
 
 
 def _fields(memory: NewMemory) -> dict[str, object]:

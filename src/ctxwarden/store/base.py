@@ -151,24 +151,6 @@ class Writer(Protocol):
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
         """:meth:`resolve` for many ids at once; unknown ids are left out."""
 
-    def find_exact(
-        self,
-        tenant: str,
-        content_hash: str,
-        since: float,
-        *,
-        channel: str | None,
-        session: str | None = None,
-    ) -> FoldTarget | None:
-        """The newest message with ``content_hash`` last seen at or after ``since``: in
-        ``session`` (any channel) when it is given, else in ``channel``."""
-
-    def find_near(
-        self, tenant: str, channel: str | None, near_key: str, since: float, *, limit: int = 4
-    ) -> list[FoldTarget]:
-        """Up to ``limit`` messages in ``channel`` with ``near_key`` last seen at or after
-        ``since``, most recently seen first."""
-
     def find_targets(
         self,
         tenant: str,
@@ -192,19 +174,6 @@ class Writer(Protocol):
 
     def insert(self, memory: NewMemory) -> int:
         """Insert a memory and index it; returns its rowid."""
-
-    def fold(
-        self,
-        rowid: int,
-        *,
-        alias: str,
-        status: str,
-        seen_at: float,
-        latest_content: str | None = None,
-    ) -> None:
-        """Fold a duplicate into ``rowid``: bump dup_count and last_seen_at, keep the alias
-        (with ``status``). When ``seen_at`` is the newest sighting, ``latest_content`` replaces
-        the aggregate's latest content (None: the newest member says what the first says)."""
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""

@@ -149,38 +149,6 @@ class _SQLiteWriter:
                 out.setdefault(alias, id_)
         return out
 
-    def find_exact(
-        self,
-        tenant: str,
-        content_hash: str,
-        since: float,
-        *,
-        channel: str | None,
-        session: str | None = None,
-    ) -> FoldTarget | None:
-        if session is not None:
-            where, scope = "session = ?", session
-        else:
-            where, scope = "channel IS ?", channel  # type: ignore[assignment]
-        row = self._conn.execute(
-            f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND {where} "
-            "AND content_hash = ? AND last_seen_at >= ? AND kind = 'message' "
-            "ORDER BY last_seen_at DESC LIMIT 1",
-            (tenant, scope, content_hash, since),
-        ).fetchone()
-        return _target(row) if row else None
-
-    def find_near(
-        self, tenant: str, channel: str | None, near_key: str, since: float, *, limit: int = 4
-    ) -> list[FoldTarget]:
-        rows = self._conn.execute(
-            f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND channel IS ? "
-            "AND near_key = ? AND last_seen_at >= ? AND kind = 'message' "
-            "ORDER BY last_seen_at DESC LIMIT ?",
-            (tenant, channel, near_key, since, limit),
-        ).fetchall()
-        return [_target(row) for row in rows]
-
     def find_targets(
         self,
         tenant: str,
@@ -283,28 +251,6 @@ class _SQLiteWriter:
         rowid = cursor.lastrowid
         assert rowid is not None
         return rowid
-
-    def fold(
-        self,
-        rowid: int,
-        *,
-        alias: str,
-        status: str,
-        seen_at: float,
-        latest_content: str | None = None,
-    ) -> None:
-        # Right-hand sides read the row as it was, so the CASE compares with the old sighting.
-        self._conn.execute(
-            "UPDATE memories SET dup_count = dup_count + 1, "
-            "latest_content = CASE WHEN ? >= last_seen_at THEN ? ELSE latest_content END, "
-            "last_seen_at = max(last_seen_at, ?) WHERE rowid = ?",
-            (seen_at, latest_content, seen_at, rowid),
-        )
-        self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "SELECT tenant, ?, rowid, ?, ? FROM memories WHERE rowid = ?",
-            (alias, status, seen_at, rowid),
-        )
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         self._conn.executemany(
