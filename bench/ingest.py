@@ -95,23 +95,26 @@ def synthetic(n: int, seed: int = 7) -> list[dict[str, Any]]:
     return out
 
 
-def run(messages: list[dict[str, Any]], batch: int, path: Path) -> tuple[float, list[float]]:
+def run(
+    messages: list[dict[str, Any]], batch: int, path: Path
+) -> tuple[float, list[tuple[float, float]]]:
+    """Ingest in batches; returns wall seconds and (wall, CPU) seconds per 10k slice."""
     slice_size = 10_000
-    slices: list[float] = []
+    slices: list[tuple[float, float]] = []
     counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
     with Engine.open(path) as engine:
         engine.ingest(messages[:1])  # load the tokenizer outside the timing
         start = slice_start = time.perf_counter()
-        cpu_start = time.process_time()
+        cpu_start = cpu_slice = time.process_time()
         for offset in range(1, len(messages), batch):
             result = engine.ingest(messages[offset : offset + batch])
             for key, value in result.counts.items():
                 counts[key] += value
             done = offset + batch
             if done // slice_size != offset // slice_size or done >= len(messages):
-                now = time.perf_counter()
-                slices.append(now - slice_start)
-                slice_start = now
+                now, cpu_now = time.perf_counter(), time.process_time()
+                slices.append((now - slice_start, cpu_now - cpu_slice))
+                slice_start, cpu_slice = now, cpu_now
         total = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
     print(f"process CPU time {cpu:.2f} s: {(len(messages) - 1) / cpu:,.0f} messages per CPU second")
@@ -145,10 +148,14 @@ def main() -> None:
         f"\n{n} messages in batches of {args.batch}: {total:.2f} s, "
         f"{n / total:,.0f} messages/s (target >= 20,000), store {size / 1e6:.1f} MB\n"
     )
-    print("| slice | us per message |")
-    print("|---:|---:|")
-    for index, seconds in enumerate(slices):
-        print(f"| {index * 10}k-{(index + 1) * 10}k | {seconds / 10_000 * 1e6:.1f} |")
+    # CPU time is the fairer measure on a shared machine: wall time includes waiting for a core.
+    print("| slice | wall us per message | CPU us per message |")
+    print("|---:|---:|---:|")
+    for index, (wall, cpu) in enumerate(slices):
+        print(
+            f"| {index * 10}k-{(index + 1) * 10}k | {wall / 10_000 * 1e6:.1f} "
+            f"| {cpu / 10_000 * 1e6:.1f} |"
+        )
 
 
 if __name__ == "__main__":
