@@ -245,3 +245,17 @@ def test_config_rejects_a_bad_dedupe_value() -> None:
         EngineConfig(dedupe={"exact_ttl_seconds": 1})  # type: ignore[arg-type]
     assert EngineConfig().dedupe == DedupeConfig(exact_scope="session")
     assert math.isfinite(EngineConfig().dedupe.exact_ttl_seconds)  # type: ignore[union-attr]
+
+
+def test_settings_build_the_dedupe_config(tmp_path: Any) -> None:
+    from ctxwarden.config import load_settings
+    from ctxwarden.errors import ConfigError
+
+    path = tmp_path / "config.toml"
+    path.write_text('exact_ttl_seconds = 120\nexact_scope = "channel"\n', encoding="utf-8")
+    config = load_settings(path, near_window_seconds=600).engine_config()
+    assert config.dedupe == DedupeConfig(
+        exact_ttl_seconds=120, near_window_seconds=600, exact_scope="channel"
+    )
+    with pytest.raises(ConfigError, match="exact_ttl_seconds"):
+        load_settings(path, exact_ttl_seconds=0).engine_config()
