@@ -192,3 +192,19 @@ def test_deleting_a_memory_cascades() -> None:
     store._conn.execute("DELETE FROM memories WHERE rowid = ?", (a,))
     assert store.token_counts([a], "x") == {}
     assert store.search("t", ["unique"]) == []
+
+
+def test_inserted_rows_are_searchable_after_commit_and_not_after_rollback() -> None:
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        w.insert(_memory("a", content="the zebra deploy"))
+    with pytest.raises(RuntimeError), store.write() as w:
+        w.insert(_memory("b", content="zebra crossing"))
+        raise RuntimeError("abort")
+    assert [m.id for m, _ in store.search("t", ["zebra"])] == ["a"]
+    with store.write() as w:
+        w.insert(_memory("c", content="zebra again"))
+    assert sorted(m.id for m, _ in store.search("t", ["zebra"])) == ["a", "c"]
+    assert (
+        store._query("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')", ()) == []
+    )

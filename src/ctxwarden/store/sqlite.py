@@ -117,6 +117,18 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
 class _SQLiteWriter:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self._unindexed: list[int] = []
+
+    def flush(self) -> None:
+        """Add the rows inserted so far to the full-text index (one statement per chunk)."""
+        pending, self._unindexed = self._unindexed, []
+        for start in range(0, len(pending), _CHUNK):
+            chunk = pending[start : start + _CHUNK]
+            self._conn.execute(
+                "INSERT INTO memories_fts (rowid, content) SELECT rowid, content FROM memories "
+                f"WHERE rowid IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
 
     def resolve(self, tenant: str, id: str) -> str | None:
         row = self._conn.execute(
@@ -250,6 +262,7 @@ class _SQLiteWriter:
         )
         rowid = cursor.lastrowid
         assert rowid is not None
+        self._unindexed.append(rowid)
         return rowid
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
@@ -297,8 +310,10 @@ class SQLiteStore:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"cannot start a write transaction: {exc}") from exc
+            writer = _SQLiteWriter(self._conn)
             try:
-                yield _SQLiteWriter(self._conn)
+                yield writer
+                writer.flush()
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
