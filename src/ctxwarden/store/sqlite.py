@@ -173,11 +173,14 @@ class _SQLiteWriter:
     ) -> list[FoldTarget]:
         found: dict[int, FoldTarget] = {}
         scope_column = "session" if exact_scope == "session" else "channel"
+        # INDEXED BY: without statistics the planner prefers memories_recent for the session
+        # lookup (tenant, session, kind), a scan of the whole session that grows with the store.
+        exact_index = "memories_exact_session" if exact_scope == "session" else "memories_exact"
         lookups = [
-            (scope_column, "content_hash", exact, exact_since),
-            ("channel", "near_key", near, near_since),
+            (scope_column, "content_hash", exact, exact_since, exact_index),
+            ("channel", "near_key", near, near_since, "memories_near"),
         ]
-        for scope, key, pairs, since in lookups:
+        for scope, key, pairs, since, index in lookups:
             wanted = set(pairs)
             if not wanted:
                 continue
@@ -197,7 +200,8 @@ class _SQLiteWriter:
                 for arm in arms:
                     params = [tenant, *(values if "IN" in arm else ()), *chunk, since]
                     for row in self._conn.execute(
-                        f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = ? AND {arm} "
+                        f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
+                        f"WHERE tenant = ? AND {arm} "
                         f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
                         "AND kind = 'message'",
                         params,
