@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import Engine, InputError, Record
+from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import EngineConfig
 
 
@@ -45,7 +46,8 @@ def test_reingesting_a_known_id_is_a_noop(engine: Engine) -> None:
 
 
 def test_duplicates_fold_only_within_channel_and_ttl(clock: Any) -> None:
-    with Engine.open(":memory:", clock=clock, config=EngineConfig(exact_ttl_seconds=60)) as e:
+    config = EngineConfig(dedupe=DedupeConfig(exact_ttl_seconds=60, exact_scope="channel"))
+    with Engine.open(":memory:", clock=clock, config=config) as e:
         result = e.ingest(
             [
                 _msg(0, "deploy done"),

@@ -9,7 +9,8 @@ def test_all_is_pinned() -> None:
     assert sorted(ctxwarden.__all__) == sorted(
         [
             "AuthError", "Block", "BudgetError", "BudgetPolicy", "ConfigError", "ConflictError",
-            "Context", "CtxwardenError", "EmbedError", "Engine", "EngineConfig", "IngestOutcome",
+            "Context", "CtxwardenError", "DedupeConfig", "EmbedError", "Engine", "EngineConfig",
+            "IngestOutcome",
             "IngestResult", "InputError", "Memory", "ModelRegistry", "ModelSpec", "NotFound",
             "Record", "Report", "StoreError", "SummarizeError", "Tokenizer", "TokenizerError",
             "UpstreamError", "chat_policy", "get_tokenizer", "research_policy",

@@ -11,6 +11,7 @@ ingest; retrieval of the related past; an inclusion log that explains every cont
 """
 
 from ctxwarden.budget import Block, BudgetPolicy, chat_policy, research_policy
+from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import (
     AuthError,
@@ -41,6 +42,7 @@ __all__ = [
     "ConflictError",
     "Context",
     "CtxwardenError",
+    "DedupeConfig",
     "EmbedError",
     "Engine",
     "EngineConfig",

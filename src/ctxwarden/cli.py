@@ -149,21 +149,38 @@ def stats(
     table = Table(
         title=f"ctxwarden store: {data['memories']} memories, {data['contexts']} contexts"
     )
-    for column in ("channel", "seen", "stored", "folded"):
+    for column in ("channel", "seen", "stored", "folded", "exact", "near"):
         table.add_column(column, justify="left" if column == "channel" else "right")
     for channel, row in data["channels"].items():
-        table.add_row(channel or "-", str(row["seen"]), str(row["memories"]), str(row["folded"]))
+        table.add_row(
+            channel or "-",
+            str(row["seen"]),
+            str(row["memories"]),
+            str(row["folded"]),
+            str(row["exact"]),
+            str(row["near"]),
+        )
     table.add_row(
-        "all", str(data["seen"]), str(data["memories"]), str(data["folded"]), style="bold"
+        "all",
+        str(data["seen"]),
+        str(data["memories"]),
+        str(data["folded"]),
+        str(data["exact"]),
+        str(data["near"]),
+        style="bold",
     )
     console.print(table)
     if data["top_families"]:
-        top = Table(title="top repeated messages")
-        for column in ("count", "channel", "author", "content"):
+        top = Table(title="top spam families")
+        for column in ("count", "channel", "author", "content", "latest"):
             top.add_column(column)
         for fam in data["top_families"]:
             top.add_row(
-                str(fam["count"]), fam["channel"] or "-", fam["author"] or "-", fam["content"]
+                str(fam["count"]),
+                fam["channel"] or "-",
+                fam["author"] or "-",
+                fam["content"],
+                fam["latest"] or "",
             )
         console.print(top)
 

@@ -9,6 +9,8 @@ A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
     db = "/var/lib/ctxwarden/memory.db"
     default_model = "qwen2.5-7b-instruct"
     exact_ttl_seconds = 3600
+    near_window_seconds = 3600
+    exact_scope = "session"
 
     [budget]
     preset = "chat"
@@ -27,14 +29,15 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from ctxwarden.budget import policy_from_mapping
-from ctxwarden.engine import EngineConfig
+from ctxwarden.dedupe import DedupeConfig
+from ctxwarden.engine import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.models import ModelSpec
 
@@ -75,7 +78,9 @@ class Settings(BaseSettings):
     db: str = Field(default_factory=lambda: str(default_db_path()))
     default_model: str = "gpt-4o"
     tokenizers: list[str] = Field(default_factory=list)
-    exact_ttl_seconds: float = 3600.0
+    exact_ttl_seconds: float = DEFAULT_DEDUPE.exact_ttl_seconds
+    near_window_seconds: float = DEFAULT_DEDUPE.near_window_seconds
+    exact_scope: Literal["channel", "session"] = DEFAULT_DEDUPE.exact_scope
     tenant: str = "default"
     budget: dict[str, Any] = Field(default_factory=dict)
     models: list[dict[str, Any]] = Field(default_factory=list)
@@ -106,7 +111,11 @@ class Settings(BaseSettings):
             default_model=self.default_model,
             tokenizers=tuple(self.tokenizers),
             policy=policy_from_mapping(self.budget) if self.budget else EngineConfig().policy,
-            exact_ttl_seconds=self.exact_ttl_seconds,
+            dedupe=DedupeConfig(
+                exact_ttl_seconds=self.exact_ttl_seconds,
+                near_window_seconds=self.near_window_seconds,
+                exact_scope=self.exact_scope,
+            ),
             tenant=self.tenant,
             models=models,
         )

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,23 +35,44 @@ from ctxwarden.assemble import (
     system_message_text,
 )
 from ctxwarden.budget import BudgetPolicy, chat_policy
-from ctxwarden.dedupe import exact_key
-from ctxwarden.errors import ConfigError, CtxwardenError, InputError, NotFound
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
+from ctxwarden.errors import ConfigError, ConflictError, CtxwardenError, InputError, NotFound
+from ctxwarden.fold import Aggregate, Analysed, FoldIndex
 from ctxwarden.models import ModelSpec, default_registry
-from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, Store, TokenCount
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ContextLog,
+    Inclusion,
+    NewMemory,
+    Store,
+    TokenCount,
+    Writer,
+)
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.types import (
     Context,
     IngestOutcome,
     IngestResult,
+    IngestStatus,
     Memory,
     Record,
     Report,
 )
 
-__all__ = ["Engine", "EngineConfig"]
+__all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
 log = logging.getLogger(__name__)
+
+#: The engine's de-dup default: layer A per channel (the same message posted into one channel
+#: from several sessions is one aggregate), both layers within an hour. See README.
+DEFAULT_DEDUPE: DedupeConfig = DedupeConfig()
+
+#: Attempts at a write transaction that deadlocks with another process's writer (PostgreSQL).
+_WRITE_ATTEMPTS = 5
+
+#: Bound of the in-process cache of analysed aggregates (rowid -> candidate).
+CANDIDATE_CACHE_SIZE = 65536
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,22 +80,23 @@ class EngineConfig:
     """How an engine behaves. Every field has a sensible default.
 
     ``tokenizers`` are counted at ingest (others are counted on first use and cached); by default
-    the tokenizer of ``default_model``. ``exact_ttl_seconds`` is how long a verbatim repeat in a
-    channel is folded into the first one.
+    the tokenizer of ``default_model``. ``dedupe`` sets the de-dup layers at ingest (TTL and
+    scope of exact repeats, window of near repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
+    and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup).
     """
 
     default_model: str = "gpt-4o"
     tokenizers: tuple[str, ...] = ()
     policy: BudgetPolicy = field(default_factory=chat_policy)
-    exact_ttl_seconds: float = 3600.0
+    dedupe: DedupeConfig | None = DEFAULT_DEDUPE
     tenant: str = "default"
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
     recent_page: int = 32
 
     def __post_init__(self) -> None:
-        if self.exact_ttl_seconds < 0:
-            raise ConfigError(f"exact_ttl_seconds: {self.exact_ttl_seconds} is negative")
+        if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
+            raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
         if self.recent_page < 1:
@@ -86,6 +109,11 @@ class _Prepared:
     id: str
     created_at: float
     content_hash: str
+    candidate: DedupeCandidate | None  # None: not subject to de-dup (tool calls, facts...)
+
+
+def _dedupable(record: Record) -> bool:
+    return record.kind == "message" and not record.tool_calls and record.role != "tool"
 
 
 def _postgres_store(dsn: str) -> Store:
@@ -118,6 +146,9 @@ class Engine:
         self.registry = default_registry()
         for spec in self.config.models:
             self.registry.register(spec)
+        # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
+        # are checked against the row's id and last_seen_at before use.
+        self._analysed: OrderedDict[int, Analysed] = OrderedDict()
 
     @classmethod
     def open(
@@ -164,10 +195,14 @@ class Engine:
         """Validate and store records; one outcome per record, in order.
 
         All or nothing: if any record is invalid, :class:`InputError` names its line and field
-        and nothing is written. A record whose id is already known is a no-op (``known``); a
-        verbatim repeat in the same channel within the TTL is folded into the first
-        (``duplicate``): its ``dup_count`` and ``last_seen_at`` are bumped and the repeat's id
-        becomes an alias of it.
+        and nothing is written. A record whose id is already known is a no-op (``known``).
+        Messages go through the two de-dup layers (:mod:`ctxwarden.dedupe`,
+        ``config.dedupe``): a verbatim repeat within the TTL (per session or channel) is
+        ``duplicate``; a repeat that differs only in formatting, or a bot's message that differs
+        only in volatile values, within the window in its channel is ``near_duplicate``. Either
+        folds into the stored aggregate: ``dup_count`` and ``last_seen_at`` are bumped, the
+        record's id becomes an alias, and the aggregate keeps the newest member's content when
+        its values differ (``latest_content``). Earlier records of the same batch count.
         """
         defaults: dict[str, Any] = {}
         if tenant is not None:
@@ -185,23 +220,76 @@ class Engine:
                 record = Record.from_mapping(raw, line=number, defaults=defaults)
             created = record.created_at if record.created_at is not None else now
             record_id = record.id or _derive_id(record, created)
+            if _dedupable(record):
+                candidate: DedupeCandidate | None = DedupeCandidate.build(
+                    author=record.author,
+                    author_kind=record.author_kind,
+                    content=record.content,
+                    attachments=record.attachments,
+                    created_at=created,
+                )
+                assert candidate is not None
+                content_hash = candidate.exact_key
+            else:
+                candidate = None
+                content_hash = exact_key(
+                    author=record.author, content=record.content, attachments=record.attachments
+                )
             prepared.append(
                 _Prepared(
                     record=record,
                     id=record_id,
                     created_at=created,
-                    content_hash=exact_key(
-                        author=record.author, content=record.content, attachments=record.attachments
-                    ),
+                    content_hash=content_hash,
+                    candidate=candidate,
                 )
             )
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                outcomes, index = self._write_batch(prepared)
+                break
+            except ConflictError:
+                # A deadlock with another process's writer (PostgreSQL): nothing was written;
+                # decide again from what is committed now.
+                if attempt == _WRITE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.01 * 2**attempt)
+        # Only after the commit: a rolled-back batch's rowids may be reused.
+        cache = self._analysed
+        fresh: dict[int, Analysed] = {}
+        index.analysed(fresh)
+        for rowid, analysed in fresh.items():
+            cache[rowid] = analysed
+            cache.move_to_end(rowid)
+        while len(cache) > CANDIDATE_CACHE_SIZE:
+            cache.popitem(last=False)
+        return IngestResult(outcomes=tuple(outcomes))
+
+    def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
+        """Decide and write one validated batch in one transaction; the outcomes, and the fold
+        index (whose analysed aggregates the caller caches once the batch is committed)."""
         tokenizers = self._ingest_tokenizers()
         outcomes: list[IngestOutcome] = []
-        ttl = self.config.exact_ttl_seconds
+        counts: list[TokenCount] = []
+        aliases: list[Alias] = []
+        folded_into: dict[tuple[str, str], tuple[int, Aggregate]] = {}
+        by_tenant: dict[str, list[_Prepared]] = {}
+        for item in prepared:
+            by_tenant.setdefault(item.record.tenant, []).append(item)
+        config = self.config.dedupe
+        index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
         with self.store.write() as writer:
+            known: dict[tuple[str, str], str] = {}
+            for tenant_name, items in by_tenant.items():
+                resolved = writer.resolve_many(tenant_name, [item.id for item in items])
+                for id_, where in resolved.items():
+                    known[(tenant_name, id_)] = where
+                if config is not None:
+                    self._prefetch(writer, tenant_name, items, config, index)
             for item in prepared:
                 record = item.record
-                existing = writer.resolve(record.tenant, item.id)
+                key = (record.tenant, item.id)
+                existing = known.get(key)
                 if existing is not None:
                     outcomes.append(
                         IngestOutcome(
@@ -211,29 +299,78 @@ class Engine:
                         )
                     )
                     continue
-                since = None
-                if record.kind == "message" and ttl > 0 and not record.tool_calls:
-                    since = item.created_at - ttl
-                status, rowid, target = writer.insert_or_fold(_new_memory(item), since=since)
-                if status == "duplicate":
-                    outcomes.append(
-                        IngestOutcome(
-                            id=item.id,
-                            status="duplicate",
-                            duplicate_of=target,
-                            reason="verbatim repeat within the channel's TTL",
-                        )
+                candidate = item.candidate if config is not None else None
+                if candidate is not None:
+                    found = index.find(
+                        candidate,
+                        tenant=record.tenant,
+                        session=record.session,
+                        channel=record.channel,
                     )
-                    continue
-                if status == "known":
+                    if found is not None:
+                        aggregate, decision, first_values = found
+                        index.fold(aggregate, candidate, record.content, first_values)
+                        status: IngestStatus = (
+                            "duplicate" if decision.layer == "exact" else "near_duplicate"
+                        )
+                        aliases.append(
+                            Alias(
+                                tenant=record.tenant,
+                                id=item.id,
+                                rowid=aggregate.rowid,
+                                status=status,
+                                created_at=item.created_at,
+                            )
+                        )
+                        known[key] = aggregate.id
+                        folded_into[key] = (len(outcomes), aggregate)
+                        outcomes.append(
+                            IngestOutcome(
+                                id=item.id,
+                                status=status,
+                                duplicate_of=aggregate.id,
+                                reason=decision.reason,
+                            )
+                        )
+                        continue
+                head = None
+                if candidate is not None:
+                    assert config is not None
+                    scope = record.session if config.exact_scope == "session" else record.channel
+                    head = (
+                        f"{config.exact_scope}:{scope or ''}",
+                        item.created_at - config.exact_ttl_seconds,
+                    )
+                # A concurrent writer (PostgreSQL) may have committed a verbatim copy since the
+                # targets were read: the store folds into it then, or reports the id as known.
+                stored, rowid, target = writer.insert_or_fold(_new_memory(item), head=head)
+                if stored != "stored":
+                    known[key] = target
                     outcomes.append(
                         IngestOutcome(
                             id=item.id,
-                            status="known",
+                            status="duplicate" if stored == "duplicate" else "known",
                             duplicate_of=target if target != item.id else None,
+                            reason="verbatim copy committed by a concurrent writer"
+                            if stored == "duplicate"
+                            else None,
                         )
                     )
                     continue
+                known[key] = item.id
+                if candidate is not None:
+                    index.add(
+                        Aggregate.new(
+                            rowid=rowid,
+                            id=item.id,
+                            tenant=record.tenant,
+                            session=record.session,
+                            channel=record.channel,
+                            content=record.content,
+                            candidate=candidate,
+                            attachments=record.attachments,
+                        )
+                    )
                 memory_view = {
                     "role": record.role,
                     "author": record.author,
@@ -244,19 +381,80 @@ class Engine:
                 }
                 message_text = render.message_text(memory_view)
                 line_text = render.line_text(memory_view)
-                writer.put_token_counts(
-                    [
-                        TokenCount(
-                            rowid=rowid,
-                            tokenizer=tok.name,
-                            message=tok.count(message_text),
-                            line=tok.count(line_text),
-                        )
-                        for tok in tokenizers
-                    ]
+                counts.extend(
+                    TokenCount(
+                        rowid=rowid,
+                        tokenizer=tok.name,
+                        message=tok.count(message_text),
+                        line=tok.count(line_text),
+                    )
+                    for tok in tokenizers
                 )
                 outcomes.append(IngestOutcome(id=item.id, status="stored"))
-        return IngestResult(outcomes=tuple(outcomes))
+            if aliases:
+                # Another writer (PostgreSQL) stored some of these ids meanwhile: known, not folds.
+                for taken in writer.add_aliases(aliases):
+                    for alias in aliases:
+                        if alias.id == taken:
+                            position, aggregate = folded_into[(alias.tenant, alias.id)]
+                            aggregate.folded -= 1
+                            aggregate.dup_count -= 1
+                            owner = writer.resolve(alias.tenant, alias.id)
+                            outcomes[position] = IngestOutcome(
+                                id=alias.id,
+                                status="known",
+                                duplicate_of=owner if owner not in (None, alias.id) else None,
+                            )
+            changed = [a for a in index.changed() if a.folded]
+            if changed:
+                writer.update_aggregates(
+                    [
+                        AggregateUpdate(
+                            rowid=a.rowid,
+                            folded=a.folded,
+                            last_seen_at=a.last_seen_at,
+                            latest_content=a.latest_content,
+                        )
+                        for a in changed
+                    ]
+                )
+            if counts:
+                writer.put_token_counts(counts)
+        return outcomes, index
+
+    @staticmethod
+    def _prefetch(
+        writer: Writer,
+        tenant: str,
+        items: Sequence[_Prepared],
+        config: DedupeConfig,
+        index: FoldIndex,
+    ) -> None:
+        """Load every stored message the batch's records of ``tenant`` may fold into."""
+        exact: list[tuple[str | None, str]] = []
+        near: list[tuple[str | None, str]] = []
+        oldest = None
+        for item in items:
+            candidate = item.candidate
+            if candidate is None:
+                continue
+            record = item.record
+            scope = record.session if config.exact_scope == "session" else record.channel
+            exact.append((scope, candidate.exact_key))
+            if config.near and candidate.near_key is not None:
+                near.append((record.channel, candidate.near_key))
+            oldest = item.created_at if oldest is None else min(oldest, item.created_at)
+        if oldest is None:
+            return
+        for target in writer.find_targets(
+            tenant,
+            exact_scope=config.exact_scope,
+            exact=exact,
+            exact_since=oldest - config.exact_ttl_seconds,
+            near=near,
+            near_since=oldest - config.near_window_seconds,
+        ):
+            index.add(Aggregate.of(target))
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -530,7 +728,9 @@ def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]
     if memory.dup_count > 1:
         text = (
             text[:-1]
-            + render.volume_note(memory.dup_count, memory.created_at, memory.last_seen_at)
+            + render.volume_note(
+                memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+            )
             + "\n"
         )
         return text, tok.count(text)
@@ -621,7 +821,9 @@ class _RecentWalk:
         for memory in group:
             text = render.message_text(memory)
             if memory.dup_count > 1:
-                text += render.volume_note(memory.dup_count, memory.created_at, memory.last_seen_at)
+                text += render.volume_note(
+                    memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+                )
             texts.append(text)
             cached = counts.get(memory.rowid)
             if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1 or cached is None:
@@ -687,4 +889,5 @@ def _new_memory(item: _Prepared) -> NewMemory:
         attachments=r.attachments,
         metadata=r.metadata,
         content_hash=item.content_hash,
+        near_key=item.candidate.near_key if item.candidate is not None else None,
     )

@@ -13,7 +13,8 @@ with a non-space character, so the token count of a block is the sum of its segm
 BPE pre-tokenisers split at a newline followed by a non-space.
 
 Aggregates (memories that absorbed duplicates) add a volume note, counted at assembly because
-the count changes: ``(x37 since 2026-03-01 08:00)``.
+the count changes: ``(x37 from 2026-03-01 08:00 to 2026-03-01 09:00)``, plus ``; latest: ...``
+with the newest member's content when its values differ from the first's.
 """
 
 from __future__ import annotations
@@ -63,9 +64,20 @@ def line_text(memory: Memory | Mapping[str, Any]) -> str:
     return f"[{_minute(created)}{where}] {who}: {content}\n"
 
 
-def volume_note(dup_count: int, first_seen: float, last_seen: float) -> str:
-    """The note an aggregate carries so the model still sees the volume of repeats."""
-    return f" (x{dup_count} from {_minute(first_seen)} to {_minute(last_seen)})"
+def volume_note(
+    dup_count: int, first_seen: float, last_seen: float, latest: str | None = None
+) -> str:
+    """The note an aggregate carries so the model still sees the volume of repeats, and, when
+    its newest member says other values than the first (a bot family's latest price), that
+    member's content.
+
+    >>> volume_note(3, 0.0, 600.0, "BTC 61,020")
+    ' (x3 from 1970-01-01 00:00 to 1970-01-01 00:10; latest: BTC 61,020)'
+    """
+    span = f"x{dup_count} from {_minute(first_seen)} to {_minute(last_seen)}"
+    if latest is not None:
+        return f" ({span}; latest: {latest})"
+    return f" ({span})"
 
 
 def block_header(title: str) -> str:

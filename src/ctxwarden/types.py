@@ -352,6 +352,9 @@ class Memory(NamedTuple):
     time_range: tuple[float, float] | None = None
     attachments: tuple[Mapping[str, Any], ...] = ()
     metadata: Mapping[str, Any] = MappingProxyType({})
+    #: An aggregate's newest member's content when its values differ from ``content`` (a bot
+    #: family's latest price or counter); seen at ``last_seen_at``.
+    latest_content: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (times as ISO 8601)."""
@@ -374,6 +377,7 @@ class Memory(NamedTuple):
             "tool_call_id": self.tool_call_id,
             "dup_count": self.dup_count,
             "last_seen_at": format_time(self.last_seen_at),
+            "latest_content": self.latest_content,
             "access_count": self.access_count,
             "access_score": self.access_score,
             "included_tokens_total": self.included_tokens_total,

@@ -14,7 +14,16 @@ import pytest
 
 from ctxwarden.engine import Engine
 from ctxwarden.errors import NotFound, StoreError
-from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, Store, TokenCount, Writer
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ContextLog,
+    Inclusion,
+    NewMemory,
+    Store,
+    TokenCount,
+    Writer,
+)
 from ctxwarden.store.sqlite import ACCESS_TAU_SECONDS, SQLiteStore
 
 INTEGRITY_ERRORS: tuple[type[Exception], ...] = (sqlite3.IntegrityError, StoreError)
@@ -40,12 +49,13 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,
             session: str = "s", channel: str | None = "c", kind: str = "message",
-            pinned: bool = False) -> NewMemory:  # fmt: skip
+            pinned: bool = False, near_key: str | None = None) -> NewMemory:  # fmt: skip
     return NewMemory(
         id=id, tenant=tenant, session=session, channel=channel, author="ana",
         author_kind="human", role="user", content=content, created_at=at, thread_id=None,
         reply_to=None, kind=kind, pinned=pinned, name=None, tool_calls=(),
         tool_call_id=None, attachments=(), metadata={}, content_hash=f"h-{content}",
+        near_key=near_key,
     )  # fmt: skip
 
 
@@ -117,49 +127,89 @@ def test_same_id_in_two_tenants(store: Store) -> None:
     assert (store.get("t", "a").content, store.get("u", "a").content) == ("one", "two")
 
 
-def test_fold_counts_and_aliases(store: Store) -> None:
+def _targets(w: Writer, **kw: object) -> list[str]:
+    args: dict[str, object] = {
+        "exact_scope": "channel", "exact": [], "exact_since": 0.0, "near": [], "near_since": 0.0,
+    }  # fmt: skip
+    args.update(kw)
+    return sorted(t.id for t in w.find_targets("t", **args))  # type: ignore[arg-type]
+
+
+def test_targets_aggregates_and_aliases(store: Store) -> None:
     with store.write() as w:
         rowid = w.insert(_memory("a", content="spam"))
-        assert w.find_exact("t", "c", "h-spam", since=0) == (rowid, "a")
-        assert w.find_exact("t", "other", "h-spam", since=0) is None
-        assert w.find_exact("t", "c", "h-spam", since=101) is None  # outside the TTL
-        w.fold(rowid, alias="b", status="duplicate", seen_at=150.0)
-        assert w.resolve("t", "b") == "a"
-        assert w.resolve("t", "zzz") is None
-    memory = store.get("t", "b")
-    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 2, 150.0)
-    stats = store.stats("t")
-    assert stats["channels"]["c"] == {"memories": 1, "seen": 2, "folded": 1}
-    assert stats["top_families"][0]["count"] == 2
-    assert (stats["memories"], stats["seen"], stats["folded"]) == (1, 2, 1)
-
-
-def test_find_exact_with_no_channel(store: Store) -> None:
-    with store.write() as w:
-        rowid = w.insert(_memory("a", content="dm", channel=None))
-        assert w.find_exact("t", None, "h-dm", since=0) == (rowid, "a")
-        assert w.find_exact("t", "c", "h-dm", since=0) is None
-
-
-def test_insert_or_fold(store: Store) -> None:
-    with store.write() as w:
-        status, rowid, id_ = w.insert_or_fold(_memory("a", content="hi", at=100.0), since=50.0)
-        assert (status, id_) == ("stored", "a")
-        assert w.insert_or_fold(_memory("b", content="hi", at=110.0), since=60.0) == (
-            "duplicate", rowid, "a",
-        )  # fmt: skip
-        assert w.insert_or_fold(_memory("a", content="hi"), since=60.0)[0] == "known"
-        assert w.insert_or_fold(_memory("b", content="hi"), since=60.0) == ("known", rowid, "a")
-        # Outside the window: a new memory. Another channel: a new memory. No window: new.
-        assert w.insert_or_fold(_memory("c", content="hi", at=500.0), since=400.0)[0] == "stored"
-        assert (
-            w.insert_or_fold(_memory("d", content="hi", channel="x", at=500.0), since=0.0)[0]
-            == "stored"
+        w.insert(_memory("b", content="spam", channel="other", session="s2"))
+        assert _targets(w, exact=[("c", "h-spam")]) == ["a"]
+        assert _targets(w, exact=[("other", "h-spam"), ("c", "h-spam")]) == ["a", "b"]
+        assert _targets(w, exact=[("zz", "h-spam")]) == []
+        assert _targets(w, exact_scope="session", exact=[("s", "h-spam")]) == ["a"]
+        assert _targets(w, exact=[("c", "h-spam")], exact_since=101.0) == []  # outside the TTL
+        assert _targets(w, exact=[("c", "h-spam")], exact_scope="session") == []
+        w.update_aggregates(
+            [AggregateUpdate(rowid=rowid, folded=2, last_seen_at=160.0, latest_content="s2")]
         )
-        assert w.insert_or_fold(_memory("e", content="hi", at=500.0), since=None)[0] == "stored"
-    assert store.get("t", "b").dup_count == 2
-    assert store.get("t", "c").dup_count == 1
-    assert (store.stats("t")["memories"], store.stats("t")["seen"]) == (4, 5)
+        w.add_aliases(
+            [
+                Alias(tenant="t", id="x", rowid=rowid, status="duplicate", created_at=150.0),
+                Alias(tenant="t", id="y", rowid=rowid, status="near_duplicate", created_at=160.0),
+            ]
+        )
+        assert w.resolve("t", "x") == "a"
+        assert w.resolve("t", "zzz") is None
+        assert w.resolve_many("t", ["a", "y", "zz"]) == {"a": "a", "y": "a"}
+    memory = store.get("t", "y")
+    assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 3, 160.0)
+    assert memory.latest_content == "s2"
+    stats = store.stats("t")
+    assert stats["channels"]["c"] == {"memories": 1, "seen": 3, "folded": 2, "exact": 1, "near": 1}
+    assert stats["top_families"][0]["count"] == 3
+    assert (stats["memories"], stats["seen"], stats["folded"]) == (2, 4, 2)
+
+
+def test_aggregate_updates_are_increments(store: Store) -> None:
+    """Two writers folding into one aggregate both count; an older batch keeps the newer value."""
+    with store.write() as w:
+        rowid = w.insert(_memory("a", content="tick", at=100.0))
+    with store.write() as w:
+        w.update_aggregates(
+            [AggregateUpdate(rowid=rowid, folded=3, last_seen_at=300.0, latest_content="new")]
+        )
+    with store.write() as w:  # a batch that saw older members only
+        w.update_aggregates(
+            [AggregateUpdate(rowid=rowid, folded=2, last_seen_at=200.0, latest_content="old")]
+        )
+    memory = store.get("t", "a")
+    assert (memory.dup_count, memory.last_seen_at, memory.latest_content) == (6, 300.0, "new")
+
+
+def test_find_targets_near_keys_and_null_channels(store: Store) -> None:
+    with store.write() as w:
+        for i, at in enumerate([100.0, 300.0, 200.0]):
+            w.insert(_memory(f"n{i}", content=f"tick {i}", at=at, near_key="k1"))
+        w.insert(_memory("x", content="tick x", near_key="k2"))
+        w.insert(_memory("z", content="tick z", channel=None, near_key="k1"))
+        w.insert(_memory("dm", content="dm", channel=None))
+
+        def near(pairs: list[tuple[str | None, str]], since: float) -> list[str]:
+            return _targets(w, exact_scope="session", near=pairs, near_since=since)
+
+        assert near([("c", "k1")], 150.0) == ["n1", "n2"]
+        assert near([("c", "k1"), (None, "k1")], 0.0) == ["n0", "n1", "n2", "z"]
+        assert near([(None, "k1")], 0.0) == ["z"]
+        assert near([("other", "k1")], 0.0) == []
+        assert _targets(w, exact=[(None, "h-dm")]) == ["dm"]
+        assert _targets(w, exact=[("c", "h-dm")]) == []
+
+
+def test_insert_or_fold_stores_what_no_one_else_stored(store: Store) -> None:
+    with store.write() as w:
+        status, rowid, id_ = w.insert_or_fold(
+            _memory("a", content="hi", at=100.0), head=("channel:c", 50.0)
+        )
+        assert (status, id_) == ("stored", "a")
+        assert w.insert_or_fold(_memory("b", content="other"), head=None)[0] == "stored"
+    assert store.get("t", "a").rowid == rowid
+    assert (store.stats("t")["memories"], store.stats("t")["seen"]) == (2, 2)
 
 
 def test_token_counts_and_inclusion_log(store: Store) -> None:

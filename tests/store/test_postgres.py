@@ -10,7 +10,7 @@ import pytest
 
 from ctxwarden.engine import Engine
 from ctxwarden.errors import ConfigError
-from ctxwarden.store.base import NewMemory, TokenCount
+from ctxwarden.store.base import Alias, NewMemory, TokenCount
 
 pytestmark = pytest.mark.postgres
 
@@ -38,11 +38,11 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
     from ctxwarden.store.postgres import PostgresStore
 
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
-        assert [m.name for m in pg_migrations.plan(conn)] == ["initial", "vectors"]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2]
+        assert [m.name for m in pg_migrations.plan(conn)] == ["initial", "vectors", "dedupe"]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3]
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 2
+        assert pg_migrations.current_version(conn) == 3
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "
@@ -65,7 +65,7 @@ def test_delete_cascades_to_index_counts_aliases_and_vectors(pg_schema_dsn: str)
     store = PostgresStore(pg_schema_dsn)
     with store.write() as w:
         a = w.insert(_memory("a", "unique words here"))
-        w.fold(a, alias="b", status="duplicate", seen_at=2.0)
+        w.add_aliases([Alias(tenant="t", id="b", rowid=a, status="duplicate", created_at=2.0)])
         w.put_token_counts([TokenCount(rowid=a, tokenizer="x", message=3, line=9)])
     store.execute("DELETE FROM memories WHERE rowid = %s", (a,))
     assert store.token_counts([a], "x") == {}

@@ -33,6 +33,23 @@ def test_migrations_plan_then_apply(tmp_path: Path) -> None:
     assert migrations.current_version(conn) == len(names)
 
 
+def test_later_migrations_upgrade_a_version_1_database(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    conn.execute("BEGIN")
+    for statement in migrations.MIGRATIONS[0].statements:
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("COMMIT")
+    conn.close()
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        w.insert(_memory("a"))
+    assert store.get("t", "a").latest_content is None
+    indexes = {r[0] for r in store._query("SELECT name FROM sqlite_master", ())}
+    assert {"memories_near", "memories_exact_session"} <= indexes
+    store.close()
+
+
 def test_wal_and_integrity(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "x.db")
     mode = store._query("PRAGMA journal_mode", ())[0][0]
@@ -52,3 +69,19 @@ def test_deleting_a_memory_cascades() -> None:
     store._conn.execute("DELETE FROM memories WHERE rowid = ?", (a,))
     assert store.token_counts([a], "x") == {}
     assert store.search("t", ["unique"]) == []
+
+
+def test_inserted_rows_are_searchable_after_commit_and_not_after_rollback() -> None:
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        w.insert(_memory("a", content="the zebra deploy"))
+    with pytest.raises(RuntimeError), store.write() as w:
+        w.insert(_memory("b", content="zebra crossing"))
+        raise RuntimeError("abort")
+    assert [m.id for m, _ in store.search("t", ["zebra"])] == ["a"]
+    with store.write() as w:
+        w.insert(_memory("c", content="zebra again"))
+    assert sorted(m.id for m, _ in store.search("t", ["zebra"])) == ["a", "c"]
+    assert (
+        store._query("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')", ()) == []
+    )

@@ -18,8 +18,11 @@ from typing import Any, Protocol, runtime_checkable
 from ctxwarden.types import Memory
 
 __all__ = [
+    "AggregateUpdate",
+    "Alias",
     "ApiKey",
     "ContextLog",
+    "FoldTarget",
     "Inclusion",
     "KeyStore",
     "NewMemory",
@@ -55,6 +58,54 @@ class NewMemory:
     near_key: str | None = None
     source_ids: Sequence[str] = ()
     time_range: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FoldTarget:
+    """A stored memory that a new record may fold into: what the de-dup rule compares.
+
+    ``latest_content`` is the newest folded member's content when it differs in values from
+    ``content`` (None otherwise); its time is ``last_seen_at``.
+    """
+
+    rowid: int
+    id: str
+    tenant: str
+    session: str
+    channel: str | None
+    author: str | None
+    author_kind: str
+    content: str
+    latest_content: str | None
+    attachments: Sequence[Mapping[str, Any]]
+    created_at: float
+    content_hash: str
+    near_key: str | None
+    dup_count: int
+    last_seen_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AggregateUpdate:
+    """How a batch changed an aggregate: ``folded`` is added to ``dup_count`` (an increment, safe
+    across processes); ``last_seen_at`` and ``latest_content`` apply when they are at least as new
+    as the stored ones."""
+
+    rowid: int
+    folded: int
+    last_seen_at: float
+    latest_content: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Alias:
+    """An id folded into (or compacted into) the memory at ``rowid``."""
+
+    tenant: str
+    id: str
+    rowid: int
+    status: str
+    created_at: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,25 +182,47 @@ class Writer(Protocol):
     def resolve(self, tenant: str, id: str) -> str | None:
         """The id of the memory that ``id`` lives in now (itself, its aggregate), or None."""
 
-    def find_exact(
-        self, tenant: str, channel: str | None, content_hash: str, since: float
-    ) -> tuple[int, str] | None:
-        """The newest memory in ``channel`` with ``content_hash`` seen at or after ``since``."""
+    def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`resolve` for many ids at once; unknown ids are left out."""
+
+    def find_targets(
+        self,
+        tenant: str,
+        *,
+        exact_scope: str,
+        exact: Sequence[tuple[str | None, str]],
+        exact_since: float,
+        near: Sequence[tuple[str | None, str]],
+        near_since: float,
+    ) -> list[FoldTarget]:
+        """Every message that a batch's records may fold into, in indexed lookups: those whose
+        (session or channel, per ``exact_scope``; content_hash) is in ``exact`` and were last seen
+        at or after ``exact_since``, and those whose (channel, near_key) is in ``near`` and were
+        last seen at or after ``near_since``. Each memory at most once, in no particular order."""
+
+    def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
+        """Add ``folded`` to dup_count; take last_seen_at and latest_content when newer."""
+
+    def add_aliases(self, aliases: Sequence[Alias]) -> list[str]:
+        """Record ids that now live in another memory; returns the ids not added because another
+        writer stored them (as a memory or an alias) since :meth:`resolve_many`."""
 
     def insert(self, memory: NewMemory) -> int:
         """Insert a memory and index it; returns its rowid."""
 
-    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
-        """Store ``memory``, or fold it into the newest verbatim copy in its channel.
+    def insert_or_fold(
+        self, memory: NewMemory, *, head: tuple[str, float] | None
+    ) -> tuple[str, int, str]:
+        """Insert ``memory`` unless another writer got there first; ``(status, rowid, id)``.
 
-        ``since`` is the start of the de-duplication window (None: never fold). Returns
-        ``(status, rowid, id)``: ``stored``; ``duplicate`` (folded into memory ``id``); ``known``
-        (the caller id was stored meanwhile, by this or another writer). Safe when several
-        processes ingest the same message at the same moment: exactly one stores it.
+        The caller decided to store ``memory`` from :meth:`find_targets` and :meth:`resolve_many`
+        within this transaction. A writer in another process may have committed since: then the
+        status is ``known`` (its caller id was stored meanwhile; ``id`` is where it lives) or,
+        when ``head`` is ``(exact_scope_key, since)``, ``duplicate`` (a verbatim copy with the
+        same ``content_hash`` in that scope, last seen at or after ``since``, was committed:
+        ``memory`` was folded into it, alias and ``dup_count`` included). Otherwise ``stored``.
+        Backends whose writers are serialised (SQLite) always store.
         """
-
-    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
-        """Fold a duplicate into ``rowid``: bump dup_count and last_seen_at, keep the alias."""
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
@@ -207,7 +280,8 @@ class Store(Protocol):
         """The inclusion log of one context: ``[{memory_id, block, tokens}]`` in order."""
 
     def stats(self, tenant: str) -> dict[str, Any]:
-        """Counts for ``ctxwarden stats``: memories, folded duplicates, per channel."""
+        """Counts for ``ctxwarden stats``: per channel ``seen``, ``memories``, ``folded``,
+        ``exact`` and ``near`` (folds by layer); totals; ``top_families``."""
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of a tenant, oldest first (exports, maintenance)."""

@@ -13,6 +13,10 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   with that content; ingest claims it with ``INSERT ... ON CONFLICT DO UPDATE``, so two servers
   ingesting the same message at the same moment fold it into one memory (no lost update, no
   application lock).
+- ``exact_heads.scope`` (migration 3, ``dedupe``): the layer-A scope key, ``channel:<name>`` or
+  ``session:<name>`` per the engine's ``exact_scope``; heads are a race guard only, so migration 3
+  empties the table rather than rewriting it. Migration 3 also adds ``memories.latest_content`` and
+  the indexes of :mod:`ctxwarden.store.migrations`' migration 3.
 - ``memory_vectors``: a ``vector(384)`` per memory and embedding model, with an HNSW index
   (cosine), ready for the embedder.
 """
@@ -181,6 +185,19 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
             """CREATE INDEX memory_vectors_hnsw ON memory_vectors
                USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)""",
+        ),
+    ),
+    Migration(
+        version=3,
+        name="dedupe",
+        statements=(
+            "ALTER TABLE memories ADD COLUMN latest_content TEXT",
+            """CREATE INDEX memories_near
+               ON memories (tenant, channel, near_key, last_seen_at) WHERE near_key IS NOT NULL""",
+            """CREATE INDEX memories_exact_session
+               ON memories (tenant, session, content_hash, last_seen_at)""",
+            "DELETE FROM exact_heads",
+            "ALTER TABLE exact_heads RENAME COLUMN channel TO scope",
         ),
     ),
 )

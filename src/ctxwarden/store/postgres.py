@@ -6,6 +6,10 @@ made safe by the schema, not by application locks: caller ids are unique per ten
 (``INSERT ... ON CONFLICT DO NOTHING``), and the newest memory of each ``(tenant, channel,
 content_hash)`` is claimed through ``exact_heads`` with ``INSERT ... ON CONFLICT DO UPDATE``, which
 makes a second, simultaneous ingest of the same message wait for the first and fold into it.
+Folds decided from rows read earlier in the transaction are written as increments
+(``dup_count = dup_count + n``), and aliases that another writer took meanwhile are reported back
+(the record is ``known``), so no update is lost. A deadlock between two writers' row locks is
+raised as :class:`~ctxwarden.errors.ConflictError`, which the engine retries.
 
 Lexical search: a stored ``tsvector`` (``english``) with a GIN index, ranked by ``ts_rank_cd``
 (cover density). Unlike FTS5's BM25 it has no inverse document frequency (a rare term weighs
@@ -24,10 +28,17 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ctxwarden.errors import NotFound, StoreError
+from ctxwarden.errors import ConflictError, NotFound, StoreError
 from ctxwarden.store import pg_migrations
-from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
-from ctxwarden.store.sqlite import ACCESS_TAU_SECONDS, _memory
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ContextLog,
+    FoldTarget,
+    NewMemory,
+    TokenCount,
+)
+from ctxwarden.store.sqlite import _TARGET_COLUMNS, ACCESS_TAU_SECONDS, _memory, _target
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
@@ -36,7 +47,7 @@ _MEMORY_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
     "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
     "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata"
+    "source_ids, time_start, time_end, attachments, metadata, latest_content"
 )
 
 _INSERT_MEMORY = (
@@ -99,29 +110,108 @@ class _PostgresWriter:
         )
         return str(row[0]) if row else None
 
-    def find_exact(
-        self, tenant: str, channel: str | None, content_hash: str, since: float
-    ) -> tuple[int, str] | None:
-        row = self._one(
-            "SELECT rowid, id FROM memories WHERE tenant = %s "
-            "AND channel IS NOT DISTINCT FROM %s AND content_hash = %s AND last_seen_at >= %s "
-            "ORDER BY last_seen_at DESC LIMIT 1",
-            (tenant, channel, content_hash, since),
-        )
-        return (int(row[0]), str(row[1])) if row else None
+    def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+        unique = list(dict.fromkeys(ids))
+        out: dict[str, str] = {}
+        for (id_,) in self._conn.execute(
+            "SELECT id FROM memories WHERE tenant = %s AND id = ANY(%s)", (tenant, unique)
+        ):
+            out[id_] = id_
+        for alias, id_ in self._conn.execute(
+            "SELECT a.id, m.id FROM aliases a JOIN memories m ON m.rowid = a.memory_rowid "
+            "WHERE a.tenant = %s AND a.id = ANY(%s)",
+            (tenant, unique),
+        ):
+            out.setdefault(alias, id_)
+        return out
+
+    def find_targets(
+        self,
+        tenant: str,
+        *,
+        exact_scope: str,
+        exact: Sequence[tuple[str | None, str]],
+        exact_since: float,
+        near: Sequence[tuple[str | None, str]],
+        near_since: float,
+    ) -> list[FoldTarget]:
+        found: dict[int, FoldTarget] = {}
+        scope_column = "session" if exact_scope == "session" else "channel"
+        lookups = [
+            (scope_column, "content_hash", exact, exact_since),
+            ("channel", "near_key", near, near_since),
+        ]
+        for scope, key, pairs, since in lookups:
+            wanted = set(pairs)
+            if not wanted:
+                continue
+            values = sorted({p[0] for p in wanted if p[0] is not None})
+            keys = sorted({p[1] for p in wanted})
+            arms = []
+            if values:
+                arms.append((f"{scope} = ANY(%s)", [values]))
+            if any(p[0] is None for p in wanted):
+                arms.append((f"{scope} IS NULL", []))
+            for arm, arm_params in arms:
+                rows = self._conn.execute(
+                    f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = %s AND {arm} "
+                    f"AND {key} = ANY(%s) AND last_seen_at >= %s AND kind = 'message'",
+                    [tenant, *arm_params, keys, since],
+                ).fetchall()
+                for row in rows:
+                    target = _target(row)
+                    scope_value = target.session if scope == "session" else target.channel
+                    pair = (
+                        scope_value,
+                        target.content_hash if key == "content_hash" else target.near_key,
+                    )
+                    if pair in wanted:
+                        found.setdefault(target.rowid, target)
+        return list(found.values())
+
+    def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
+        # One row at a time in rowid order: two writers lock shared aggregates in the same order.
+        with self._conn.cursor() as cursor:
+            cursor.executemany(
+                "UPDATE memories SET dup_count = dup_count + %s, "
+                "latest_content = CASE WHEN %s >= last_seen_at THEN %s ELSE latest_content END, "
+                "last_seen_at = greatest(last_seen_at, %s) WHERE rowid = %s",
+                [
+                    (u.folded, u.last_seen_at, u.latest_content, u.last_seen_at, u.rowid)
+                    for u in sorted(updates, key=lambda u: u.rowid)
+                ],
+            )
+
+    def add_aliases(self, aliases: Sequence[Alias]) -> list[str]:
+        # An id another writer stored (as a memory or an alias) since resolve_many is not
+        # re-added: it is returned, and the caller reports the record as known.
+        rows = self._conn.execute(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "SELECT a.tenant, a.id, a.rowid, a.status, a.at FROM unnest("
+            "%s::text[], %s::text[], %s::bigint[], %s::text[], %s::float8[]) "
+            "AS a(tenant, id, rowid, status, at) WHERE NOT EXISTS (SELECT 1 FROM memories m "
+            "WHERE m.tenant = a.tenant AND m.id = a.id) "
+            "ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id",
+            (
+                [a.tenant for a in aliases],
+                [a.id for a in aliases],
+                [a.rowid for a in aliases],
+                [a.status for a in aliases],
+                [a.created_at for a in aliases],
+            ),
+        ).fetchall()
+        added = {(r[0], r[1]) for r in rows}
+        return [a.id for a in aliases if (a.tenant, a.id) not in added]
 
     def insert(self, memory: NewMemory) -> int:
         row = self._one(_INSERT_MEMORY + " RETURNING rowid", _params(memory, None))
         assert row is not None
         return int(row[0])
 
-    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
-        """Store ``memory`` or fold it into the newest verbatim copy seen at or after ``since``.
-
-        Returns ``(status, rowid, id)``: ``stored`` (a new memory), ``duplicate`` (folded into
-        memory ``id``) or ``known`` (another writer stored this caller id first).
-        """
-        if since is None:
+    def insert_or_fold(
+        self, memory: NewMemory, *, head: tuple[str, float] | None
+    ) -> tuple[str, int, str]:
+        if head is None:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
                 _params(memory, None),
@@ -129,15 +219,16 @@ class _PostgresWriter:
             if row is not None:
                 return ("stored", int(row[0]), memory.id)
             return self._known(memory)
+        scope, since = head
         seq = self._one("SELECT nextval(pg_get_serial_sequence('memories', 'rowid'))", ())
         assert seq is not None
         mine = int(seq[0])
         # Claim the (tenant, channel, hash) head: a concurrent claimant waits on the row lock
         # until this transaction ends, then sees the committed head and folds into it.
         head = self._one(
-            "INSERT INTO exact_heads AS h (tenant, channel, content_hash, memory_rowid, "
+            "INSERT INTO exact_heads AS h (tenant, scope, content_hash, memory_rowid, "
             "last_seen_at) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT (tenant, channel, content_hash) DO UPDATE SET "
+            "ON CONFLICT (tenant, scope, content_hash) DO UPDATE SET "
             "memory_rowid = CASE WHEN h.last_seen_at >= %s THEN h.memory_rowid "
             "ELSE excluded.memory_rowid END, "
             "last_seen_at = CASE WHEN h.last_seen_at >= %s "
@@ -145,7 +236,7 @@ class _PostgresWriter:
             "RETURNING memory_rowid",
             (
                 memory.tenant,
-                memory.channel,
+                scope,
                 memory.content_hash,
                 mine,
                 memory.created_at,
@@ -167,6 +258,7 @@ class _PostgresWriter:
             return self._known(memory)
         if self.resolve(memory.tenant, memory.id) is not None:
             return self._known(memory)
+        # Folding here is rare (a race with another writer), so one row at a time is fine.
         alias = self._one(
             "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
             "VALUES (%s, %s, %s, 'duplicate', %s) ON CONFLICT (tenant, id) DO NOTHING "
@@ -193,20 +285,6 @@ class _PostgresWriter:
         if row is None:
             raise StoreError(f"id {memory.id!r} conflicted but cannot be found; retry the ingest")
         return ("known", int(row[0]), str(row[1]))
-
-    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
-        row = self._one(
-            "UPDATE memories SET dup_count = dup_count + 1, "
-            "last_seen_at = greatest(last_seen_at, %s) WHERE rowid = %s RETURNING tenant",
-            (seen_at, rowid),
-        )
-        if row is None:
-            raise NotFound(f"no memory with rowid {rowid} to fold into")
-        self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (%s, %s, %s, %s, %s)",
-            (row[0], alias, rowid, status, seen_at),
-        )
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         if not counts:
@@ -283,8 +361,11 @@ class PostgresStore:
     def write(self) -> Iterator[_PostgresWriter]:
         """One write transaction: commits at the end, rolls back if the block raises."""
         self._check_open()
-        with self._pool.connection() as conn, conn.transaction():
-            yield _PostgresWriter(conn)
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield _PostgresWriter(conn)
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+            raise ConflictError(f"write conflicted with a concurrent writer, retry: {exc}") from exc
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Cache token counts computed after ingest."""
@@ -472,11 +553,29 @@ class PostgresStore:
                 "memories": int(memories),
                 "seen": int(seen),
                 "folded": int(seen) - int(memories),
+                "exact": 0,
+                "near": 0,
             }
+        for channel, status, count in self._query(
+            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
+            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = %s GROUP BY 1, 2",
+            (tenant,),
+        ):
+            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
+            if layer is not None and channel in channels:
+                channels[channel][layer] += int(count)
         top = [
-            {"id": r[0], "channel": r[1], "author": r[2], "count": r[3], "content": r[4]}
+            {
+                "id": r[0],
+                "channel": r[1],
+                "author": r[2],
+                "count": r[3],
+                "content": r[4],
+                "latest": r[5],
+            }
             for r in self._query(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120) FROM memories "
+                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
+                "substr(latest_content, 1, 120) FROM memories "
                 "WHERE tenant = %s AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
                 (tenant,),
             )
@@ -488,6 +587,8 @@ class PostgresStore:
             "memories": memories,
             "seen": seen,
             "folded": seen - memories,
+            "exact": sum(c["exact"] for c in channels.values()),
+            "near": sum(c["near"] for c in channels.values()),
             "contexts": int(contexts),
             "channels": channels,
             "top_families": top,

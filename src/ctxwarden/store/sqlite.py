@@ -20,7 +20,15 @@ from typing import Any
 
 from ctxwarden.errors import ConflictError, NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ApiKey, ContextLog, NewMemory, TokenCount
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    ApiKey,
+    ContextLog,
+    FoldTarget,
+    NewMemory,
+    TokenCount,
+)
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -34,8 +42,40 @@ _MEMORY_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
     "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
     "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata"
+    "source_ids, time_start, time_end, attachments, metadata, latest_content"
 )
+
+_TARGET_COLUMNS = (
+    "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
+    "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
+)
+
+# Keys per lookup statement (SQLite allows 32766 parameters; short statements plan faster).
+_CHUNK = 400
+
+
+def _target(row: tuple[Any, ...]) -> FoldTarget:
+    (
+        rowid, id_, tenant, session, channel, author, author_kind, content, latest, attachments,
+        created_at, content_hash, near_key, dup_count, seen,
+    ) = row  # fmt: skip
+    return FoldTarget(
+        rowid=rowid,
+        id=id_,
+        tenant=tenant,
+        session=session,
+        channel=channel,
+        author=author,
+        author_kind=author_kind,
+        content=content,
+        latest_content=latest,
+        attachments=tuple(json.loads(attachments)) if attachments else (),
+        created_at=created_at,
+        content_hash=content_hash,
+        near_key=near_key,
+        dup_count=dup_count,
+        last_seen_at=seen,
+    )
 
 
 def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
@@ -44,7 +84,7 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
         thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
         last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total,
-        source_ids, time_start, time_end, attachments, metadata,
+        source_ids, time_start, time_end, attachments, metadata, latest_content,
     ) = row  # fmt: skip
     return Memory(
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
@@ -55,7 +95,7 @@ def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
         tuple(json.loads(source_ids)) if source_ids else (),
         (time_start, time_end) if time_start is not None else None,
         tuple(json.loads(attachments)) if attachments else (),
-        json.loads(metadata) if metadata else _EMPTY,
+        json.loads(metadata) if metadata else _EMPTY, latest_content,
     )  # fmt: skip
 
 
@@ -75,6 +115,18 @@ def _api_key(row: tuple[Any, ...]) -> ApiKey:
 class _SQLiteWriter:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self._unindexed: list[int] = []
+
+    def flush(self) -> None:
+        """Add the rows inserted so far to the full-text index (one statement per chunk)."""
+        pending, self._unindexed = self._unindexed, []
+        for start in range(0, len(pending), _CHUNK):
+            chunk = pending[start : start + _CHUNK]
+            self._conn.execute(
+                "INSERT INTO memories_fts (rowid, content) SELECT rowid, content FROM memories "
+                f"WHERE rowid IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
 
     def resolve(self, tenant: str, id: str) -> str | None:
         row = self._conn.execute(
@@ -89,15 +141,98 @@ class _SQLiteWriter:
         ).fetchone()
         return str(row[0]) if row else None
 
-    def find_exact(
-        self, tenant: str, channel: str | None, content_hash: str, since: float
-    ) -> tuple[int, str] | None:
-        row = self._conn.execute(
-            "SELECT rowid, id FROM memories WHERE tenant = ? AND channel IS ? "
-            "AND content_hash = ? AND last_seen_at >= ? ORDER BY last_seen_at DESC LIMIT 1",
-            (tenant, channel, content_hash, since),
-        ).fetchone()
-        return (int(row[0]), str(row[1])) if row else None
+    def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for (id_,) in self._conn.execute(
+                f"SELECT id FROM memories WHERE tenant = ? AND id IN ({marks})", [tenant, *chunk]
+            ):
+                out[id_] = id_
+            for alias, id_ in self._conn.execute(
+                "SELECT a.id, m.id FROM aliases a JOIN memories m ON m.rowid = a.memory_rowid "
+                f"WHERE a.tenant = ? AND a.id IN ({marks})",
+                [tenant, *chunk],
+            ):
+                out.setdefault(alias, id_)
+        return out
+
+    def find_targets(
+        self,
+        tenant: str,
+        *,
+        exact_scope: str,
+        exact: Sequence[tuple[str | None, str]],
+        exact_since: float,
+        near: Sequence[tuple[str | None, str]],
+        near_since: float,
+    ) -> list[FoldTarget]:
+        found: dict[int, FoldTarget] = {}
+        scope_column = "session" if exact_scope == "session" else "channel"
+        # INDEXED BY: without statistics the planner prefers memories_recent for the session
+        # lookup (tenant, session, kind), a scan of the whole session that grows with the store.
+        exact_index = "memories_exact_session" if exact_scope == "session" else "memories_exact"
+        lookups = [
+            (scope_column, "content_hash", exact, exact_since, exact_index),
+            ("channel", "near_key", near, near_since, "memories_near"),
+        ]
+        for scope, key, pairs, since, index in lookups:
+            wanted = set(pairs)
+            if not wanted:
+                continue
+            scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+            keys = sorted({p[1] for p in wanted})
+            has_null = scopes[-1] is None
+            values = [v for v in scopes if v is not None]
+            # `IN` for the scope values (few: sessions or channels) and the keys, so each lookup
+            # is a handful of index probes; NULL channels need their own `IS NULL` arm.
+            arms = []
+            if values:
+                arms.append(f"{scope} IN ({','.join('?' * len(values))})")
+            if has_null:
+                arms.append(f"{scope} IS NULL")
+            for start in range(0, len(keys), _CHUNK):
+                chunk = keys[start : start + _CHUNK]
+                for arm in arms:
+                    params = [tenant, *(values if "IN" in arm else ()), *chunk, since]
+                    for row in self._conn.execute(
+                        f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
+                        f"WHERE tenant = ? AND {arm} "
+                        f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
+                        "AND kind = 'message'",
+                        params,
+                    ):
+                        target = _target(row)
+                        scope_value = target.session if scope == "session" else target.channel
+                        pair = (
+                            scope_value,
+                            target.content_hash if key == "content_hash" else target.near_key,
+                        )
+                        if pair in wanted:
+                            found.setdefault(target.rowid, target)
+        return list(found.values())
+
+    def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
+        self._conn.executemany(
+            "UPDATE memories SET dup_count = dup_count + ?, "
+            "latest_content = CASE WHEN ? >= last_seen_at THEN ? ELSE latest_content END, "
+            "last_seen_at = max(last_seen_at, ?) WHERE rowid = ?",
+            [
+                (u.folded, u.last_seen_at, u.latest_content, u.last_seen_at, u.rowid)
+                for u in updates
+            ],
+        )
+
+    def add_aliases(self, aliases: Sequence[Alias]) -> list[str]:
+        # Writers are serialised: resolve_many saw every id, none can be taken meanwhile.
+        self._conn.executemany(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(a.tenant, a.id, a.rowid, a.status, a.created_at) for a in aliases],
+        )
+        return []
 
     def insert(self, memory: NewMemory) -> int:
         cursor = self._conn.execute(
@@ -135,37 +270,14 @@ class _SQLiteWriter:
         )
         rowid = cursor.lastrowid
         assert rowid is not None
+        self._unindexed.append(rowid)
         return rowid
 
-    def insert_or_fold(self, memory: NewMemory, *, since: float | None) -> tuple[str, int, str]:
-        # BEGIN IMMEDIATE serialises writers, so look-up then insert cannot race.
-        known = self.resolve(memory.tenant, memory.id)
-        if known is not None:
-            row = self._conn.execute(
-                "SELECT rowid FROM memories WHERE tenant = ? AND id = ?", (memory.tenant, known)
-            ).fetchone()
-            return ("known", int(row[0]), known)
-        if since is not None:
-            hit = self.find_exact(memory.tenant, memory.channel, memory.content_hash, since)
-            if hit is not None:
-                self.fold(hit[0], alias=memory.id, status="duplicate", seen_at=memory.created_at)
-                return ("duplicate", hit[0], hit[1])
+    def insert_or_fold(
+        self, memory: NewMemory, *, head: tuple[str, float] | None
+    ) -> tuple[str, int, str]:
+        # BEGIN IMMEDIATE serialises writers: nothing was committed since the caller's lookups.
         return ("stored", self.insert(memory), memory.id)
-
-    def fold(self, rowid: int, *, alias: str, status: str, seen_at: float) -> None:
-        self._conn.execute(
-            "UPDATE memories SET dup_count = dup_count + 1, "
-            "last_seen_at = max(last_seen_at, ?) WHERE rowid = ?",
-            (seen_at, rowid),
-        )
-        tenant = self._conn.execute(
-            "SELECT tenant FROM memories WHERE rowid = ?", (rowid,)
-        ).fetchone()[0]
-        self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (tenant, alias, rowid, status, seen_at),
-        )
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         self._conn.executemany(
@@ -193,6 +305,7 @@ class _SQLiteWriter:
         return True
 
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        self.flush()  # the FTS delete trigger needs the row indexed first
         rowid = self._rowid(tenant, id)
         if rowid is None:
             return False
@@ -248,8 +361,10 @@ class SQLiteStore:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"cannot start a write transaction: {exc}") from exc
+            writer = _SQLiteWriter(self._conn)
             try:
-                yield _SQLiteWriter(self._conn)
+                yield writer
+                writer.flush()
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -434,7 +549,8 @@ class SQLiteStore:
         return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
 
     def stats(self, tenant: str) -> dict[str, Any]:
-        """Per-channel counts: records seen, memories stored, duplicates folded."""
+        """Per-channel counts: records seen, memories stored, duplicates folded (exact and near
+        layers apart); the top families by count."""
         channels: dict[str, dict[str, int]] = {}
         for channel, memories, seen in self._query(
             "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
@@ -445,11 +561,29 @@ class SQLiteStore:
                 "memories": memories,
                 "seen": seen,
                 "folded": seen - memories,
+                "exact": 0,
+                "near": 0,
             }
+        for channel, status, count in self._query(
+            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
+            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
+            (tenant,),
+        ):
+            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
+            if layer is not None and channel in channels:
+                channels[channel][layer] += count
         top = [
-            {"id": r[0], "channel": r[1], "author": r[2], "count": r[3], "content": r[4]}
+            {
+                "id": r[0],
+                "channel": r[1],
+                "author": r[2],
+                "count": r[3],
+                "content": r[4],
+                "latest": r[5],
+            }
             for r in self._query(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120) FROM memories "
+                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
+                "substr(latest_content, 1, 120) FROM memories "
                 "WHERE tenant = ? AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
                 (tenant,),
             )
@@ -461,6 +595,8 @@ class SQLiteStore:
             "memories": memories,
             "seen": seen,
             "folded": seen - memories,
+            "exact": sum(c["exact"] for c in channels.values()),
+            "near": sum(c["near"] for c in channels.values()),
             "contexts": contexts,
             "channels": channels,
             "top_families": top,

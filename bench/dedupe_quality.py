@@ -1,0 +1,161 @@
+"""Score de-duplication at ingest through the real Engine on a chatbench log.
+
+    uv run python bench/dedupe_quality.py DATA_DIR [--scope channel|session|both]
+
+Reads ``messages.jsonl``, ``dups.jsonl`` and ``qa.jsonl`` from DATA_DIR, ingests the log oldest
+first through ``Engine.ingest`` into a temporary SQLite file with the de-dup windows covering the
+whole log, and scores the outcomes as issue 3 item 6 defines them:
+
+- recall: the share of family members (each family's first aside) reported as a duplicate of a
+  member of their own family;
+- precision: among records reported as duplicates where the record or its target belongs to a
+  family, the share whose target is in the record's own family;
+- protected: messages named as evidence by any question that were folded into another message
+  (must be 0);
+- other: folds where neither record nor target is in any family (for information).
+
+It also ingests the same log into a store without de-dup and prints both stores' size (memories
+and SQLite file bytes). The data is read at run time only; nothing of it is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sqlite3
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ctxwarden import Engine
+from ctxwarden.dedupe import DedupeConfig
+from ctxwarden.engine import EngineConfig
+from ctxwarden.types import IngestResult
+
+BATCH = 500
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def ingest(
+    messages: list[dict[str, Any]], directory: Path, name: str, config: DedupeConfig | None
+) -> tuple[IngestResult, int, int, float]:
+    """Ingest into ``directory/name``; returns outcomes, memories, file bytes, seconds."""
+    path = directory / name
+    outcomes = []
+    start = time.perf_counter()
+    with Engine.open(path, config=EngineConfig(dedupe=config)) as engine:
+        for offset in range(0, len(messages), BATCH):
+            outcomes.extend(engine.ingest(messages[offset : offset + BATCH]).outcomes)
+        seconds = time.perf_counter() - start
+        memories = engine.stats()["memories"]
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("VACUUM")
+    conn.close()
+    size = path.stat().st_size
+    return IngestResult(outcomes=tuple(outcomes)), memories, size, seconds
+
+
+def score(
+    messages: list[dict[str, Any]],
+    family: dict[str, str],
+    evidence: set[str],
+    result: IngestResult,
+) -> dict[str, Any]:
+    folds = {
+        o.id: (o.duplicate_of, o.status, o.reason or "")
+        for o in result.outcomes
+        if o.status in ("duplicate", "near_duplicate") and o.duplicate_of is not None
+    }
+    firsts: set[str] = set()
+    seen: set[str] = set()
+    for record in messages:
+        fam = family.get(record["id"])
+        if fam is not None and fam not in seen:
+            seen.add(fam)
+            firsts.add(record["id"])
+    members = [m for m in family if m not in firsts]
+    found = [m for m in members if m in folds and family.get(folds[m][0] or "") == family[m]]
+    judged = [(r, t) for r, (t, _, _) in folds.items() if r in family or t in family]
+    right = [(r, t) for r, t in judged if family.get(r) is not None and family.get(t) == family[r]]
+    protected = sorted(r for r in folds if r in evidence)
+    other = [(r, t) for r, (t, _, _) in folds.items() if r not in family and t not in family]
+    return {
+        "recall": len(found) / max(1, len(members)),
+        "recall_n": f"{len(found)}/{len(members)}",
+        "precision": len(right) / max(1, len(judged)),
+        "precision_n": f"{len(right)}/{len(judged)}",
+        "protected": protected,
+        "other": len(other),
+        "exact": sum(1 for _, s, _ in folds.values() if s == "duplicate"),
+        "near": sum(1 for _, s, _ in folds.values() if s == "near_duplicate"),
+        "reasons": Counter(reason.split(":")[0] for _, _, reason in folds.values()),
+        "missed": [m for m in members if m not in set(found)],
+        "wrong": [(r, t) for r, t in judged if (r, t) not in set(right)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("data_dir", type=Path)
+    parser.add_argument("--scope", choices=["channel", "session", "both"], default="both")
+    parser.add_argument("--show", type=int, default=5, help="print up to N misses and errors")
+    args = parser.parse_args()
+    messages = load(args.data_dir / "messages.jsonl")
+    family = {row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl")}
+    evidence = {mid for row in load(args.data_dir / "qa.jsonl") for mid in row["evidence"]}
+    by_id = {m["id"]: m for m in messages}
+    scopes = ["channel", "session"] if args.scope == "both" else [args.scope]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        plain = ingest(messages, directory, "plain.db", None)
+        _, plain_memories, plain_bytes, plain_seconds = plain
+        print(
+            f"{len(messages)} messages, {len(family)} in spam families, "
+            f"{len(evidence)} evidence messages; windows cover the whole log\n"
+        )
+        print(
+            "| exact scope | recall | precision | protected | other folds | exact | near "
+            "| memories | file bytes | vs no de-dup | ingest s |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print(
+            f"| (no de-dup) | | | | | | | {plain_memories} | {plain_bytes:,} | 1.000 "
+            f"| {plain_seconds:.2f} |"
+        )
+        details = []
+        for scope in scopes:
+            config = DedupeConfig(
+                exact_ttl_seconds=math.inf, near_window_seconds=math.inf, exact_scope=scope
+            )
+            result, memories, size, seconds = ingest(messages, directory, f"{scope}.db", config)
+            s = score(messages, family, evidence, result)
+            details.append((scope, s))
+            print(
+                f"| {scope} | {s['recall']:.4f} ({s['recall_n']}) "
+                f"| {s['precision']:.4f} ({s['precision_n']}) | {len(s['protected'])} "
+                f"| {s['other']} | {s['exact']} | {s['near']} | {memories} | {size:,} "
+                f"| {size / plain_bytes:.3f} | {seconds:.2f} |"
+            )
+    print("\ntargets: precision >= 0.99, recall >= 0.98, protected = 0")
+    for scope, s in details:
+        print(f"\n[{scope}] folds by reason: {dict(sorted(s['reasons'].items()))}")
+        for m in s["missed"][: args.show]:
+            r = by_id[m]
+            print(f"  missed {m} #{r['channel']} {family[m]} {r['content'][:70]!r}")
+        for r_id, t_id in s["wrong"][: args.show]:
+            print(f"  wrong {r_id} {family.get(r_id)} -> {t_id} {family.get(t_id or '')}")
+        for p in s["protected"][: args.show]:
+            print(f"  PROTECTED FOLDED {p} {by_id[p]['content'][:70]!r}")
+
+
+if __name__ == "__main__":
+    main()
