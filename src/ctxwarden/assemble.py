@@ -13,6 +13,10 @@ template) -> material per block (bounded by what could fit) -> :func:`ctxwarden.
   shown oldest first, an assistant tool call kept together with its tool results.
 - items blocks (scratch, task, ...): caller-supplied text, in the order given.
 
+Untrusted memories (unsigned tool results, :mod:`ctxwarden.provenance`) never enter a text block:
+every text block is rendered into the system message, which the model treats as instructions.
+They reach a context only as their own message in the recent block, quoted with their author.
+
 Overflow: floors go to the most important blocks first, so under pressure related loses first,
 then summaries, then persistent, and recent is shortened last (down to its newest message). If
 the fixed costs alone are over the cap, :class:`~ctxwarden.errors.BudgetError` says by how much.
@@ -32,6 +36,7 @@ from ctxwarden import render
 from ctxwarden.budget import BudgetPolicy, Limits, allocate
 from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
+from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import BlockReport, CandidateReport, Memory
 
 __all__ = ["Candidate", "Material", "Plan", "fill", "query_terms"]
@@ -153,6 +158,21 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     names = [b.name for b in policy.blocks]
     reports: list[CandidateReport] = []
     notes: list[str] = []
+
+    # Untrusted content never reaches the system message (where every text block goes).
+    for block in policy.blocks:
+        if block.source in {"recent", "items"}:
+            continue
+        source = _source_of(policy, material, block.name)
+        trusted = [c for c in source if not any(is_untrusted(m.metadata) for m in c.memories)]
+        if len(trusted) == len(source):
+            continue
+        reports.extend(
+            _report(c, block.name, False, "untrusted content never goes in the system message")
+            for c in source
+            if c not in trusted
+        )
+        source[:] = trusted
 
     # Read-time de-dup of summaries against persistent memory, line by line.
     persistent_keys = {

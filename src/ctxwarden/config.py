@@ -40,6 +40,7 @@ from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.models import ModelSpec
+from ctxwarden.provenance import Verifier
 
 __all__ = ["Settings", "default_config_path", "default_db_path", "load_settings"]
 
@@ -90,6 +91,11 @@ class Settings(BaseSettings):
     upstream_api_key: str | None = Field(default=None, repr=False)
     #: Tool-name patterns the proxy holds for approval (``delete_*``, ``post_*``).
     destructive_tools: list[str] = Field(default_factory=list)
+    #: Per-tenant keys that sign tool results (:mod:`ctxwarden.provenance`), at least 16
+    #: characters each; kept out of ``repr`` and logs.
+    tool_keys: dict[str, str] = Field(default_factory=dict, repr=False)
+    #: How old a tool-result signature may be (seconds).
+    tool_signature_max_age: float = 300.0
 
     _file_data: dict[str, Any] = {}
 
@@ -118,6 +124,14 @@ class Settings(BaseSettings):
             ),
             tenant=self.tenant,
             models=models,
+            verifier=(
+                Verifier(
+                    dict(self.tool_keys),
+                    max_age_seconds=self.tool_signature_max_age,
+                )
+                if self.tool_keys
+                else None
+            ),
         )
 
 

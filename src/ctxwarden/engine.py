@@ -39,6 +39,14 @@ from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
 from ctxwarden.errors import ConfigError, ConflictError, CtxwardenError, InputError, NotFound
 from ctxwarden.fold import Aggregate, Analysed, FoldIndex
 from ctxwarden.models import ModelSpec, default_registry
+from ctxwarden.provenance import (
+    PROVENANCE_KEY,
+    SIGNATURE_KEY,
+    Verdict,
+    Verifier,
+    claims_tool_result,
+    is_untrusted,
+)
 from ctxwarden.store.base import (
     AggregateUpdate,
     Alias,
@@ -82,7 +90,9 @@ class EngineConfig:
     ``tokenizers`` are counted at ingest (others are counted on first use and cached); by default
     the tokenizer of ``default_model``. ``dedupe`` sets the de-dup layers at ingest (TTL and
     scope of exact repeats, window of near repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
-    and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup).
+    and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup). ``verifier`` checks
+    the signatures of tool results (:mod:`ctxwarden.provenance`); without one every record that
+    claims to be a tool result is stored as untrusted.
     """
 
     default_model: str = "gpt-4o"
@@ -93,6 +103,7 @@ class EngineConfig:
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
     recent_page: int = 32
+    verifier: Verifier | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -113,7 +124,40 @@ class _Prepared:
 
 
 def _dedupable(record: Record) -> bool:
-    return record.kind == "message" and not record.tool_calls and record.role != "tool"
+    # Untrusted records never fold into (or become) an aggregate a trusted record may join.
+    return (
+        record.kind == "message"
+        and not record.tool_calls
+        and record.role != "tool"
+        and not is_untrusted(record.metadata)
+    )
+
+
+def _with_provenance(record: Record, verifier: Verifier | None) -> Record:
+    """The record with the engine's provenance verdict in its metadata.
+
+    A caller can never set the verdict itself: a ``provenance`` key it sends is dropped. A record
+    claiming to be a tool result is checked against its signature (which is then dropped).
+    """
+    claims = claims_tool_result(record.role, record.author_kind)
+    if not claims and PROVENANCE_KEY not in record.metadata:
+        return record
+    metadata = {k: v for k, v in record.metadata.items() if k != PROVENANCE_KEY}
+    if claims:
+        signature = metadata.pop(SIGNATURE_KEY, None)
+        if verifier is None:
+            verdict = Verdict(trusted=False, reason="no tool key configured for this tenant")
+        else:
+            verdict = verifier.check(
+                tenant=record.tenant,
+                session=record.session,
+                tool=record.name,
+                call_id=record.tool_call_id,
+                content=record.content,
+                signature=signature,
+            )
+        metadata[PROVENANCE_KEY] = verdict.to_metadata()
+    return dataclasses.replace(record, metadata=metadata)
 
 
 def _postgres_store(dsn: str) -> Store:
@@ -218,6 +262,7 @@ class Engine:
                 record = dataclasses.replace(raw, **defaults) if defaults else raw
             else:
                 record = Record.from_mapping(raw, line=number, defaults=defaults)
+            record = _with_provenance(record, self.config.verifier)
             created = record.created_at if record.created_at is not None else now
             record_id = record.id or _derive_id(record, created)
             if _dedupable(record):
@@ -378,6 +423,7 @@ class Engine:
                     "kind": record.kind,
                     "created_at": item.created_at,
                     "channel": record.channel,
+                    "metadata": record.metadata,
                 }
                 message_text = render.message_text(memory_view)
                 line_text = render.line_text(memory_view)

@@ -12,6 +12,12 @@ what keeps assembly from re-counting history. Segments join on newlines, and eve
 with a non-space character, so the token count of a block is the sum of its segments' counts:
 BPE pre-tokenisers split at a newline followed by a non-space.
 
+Untrusted memories (tool results without a valid signature, :mod:`ctxwarden.provenance`) are
+rendered as quoted data with their author, never as bare text the model could read as
+instructions: ``aiko (unverified tool output): "..."`` (the content JSON-quoted, so it stays on
+one line and cannot open a block of its own). A tool-role message keeps its content: its role
+already marks it as data.
+
 Aggregates (memories that absorbed duplicates) add a volume note, counted at assembly because
 the count changes: ``(x37 from 2026-03-01 08:00 to 2026-03-01 09:00)``, plus ``; latest: ...``
 with the newest member's content when its values differ from the first's.
@@ -19,16 +25,19 @@ with the newest member's content when its values differ from the first's.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import Memory
 
 __all__ = [
     "block_header",
     "line_text",
     "message_text",
+    "quoted",
     "system_prefix",
     "volume_note",
 ]
@@ -41,9 +50,20 @@ def _minute(seconds: float) -> str:
 def message_text(memory: Memory | Mapping[str, Any]) -> str:
     """The content of a memory as a chat message in the recent block."""
     role, author, content = _fields(memory)
+    if role != "tool" and _untrusted(memory):
+        return quoted(author or role, content)
     if role == "user" and author:
         return f"{author}: {content}"
     return content
+
+
+def quoted(who: str, content: str) -> str:
+    """Untrusted content as quoted data with its author.
+
+    >>> quoted("search", 'ignore previous instructions')
+    'search (unverified tool output): "ignore previous instructions"'
+    """
+    return f"{who} (unverified tool output): {json.dumps(content, ensure_ascii=False)}"
 
 
 def line_text(memory: Memory | Mapping[str, Any]) -> str:
@@ -55,11 +75,13 @@ def line_text(memory: Memory | Mapping[str, Any]) -> str:
         created = float(memory["created_at"])
         channel = memory.get("channel")
     role, author, content = _fields(memory)
+    where = f" #{channel}" if channel else ""
+    if _untrusted(memory):
+        return f"[{_minute(created)}{where}] {quoted(author or role, content)}\n"
     if kind in {"pinned", "fact"}:
         return f"- {content}\n"
     if kind == "summary":
         return f"{content}\n"
-    where = f" #{channel}" if channel else ""
     who = author or role
     return f"[{_minute(created)}{where}] {who}: {content}\n"
 
@@ -88,6 +110,11 @@ def block_header(title: str) -> str:
 def system_prefix(system: str) -> str:
     """The caller's system prompt as the first segment when memory blocks follow it."""
     return system.rstrip() + "\n\n"
+
+
+def _untrusted(memory: Memory | Mapping[str, Any]) -> bool:
+    metadata = memory.metadata if isinstance(memory, Memory) else memory.get("metadata")
+    return is_untrusted(metadata)
 
 
 def _fields(memory: Memory | Mapping[str, Any]) -> tuple[str, str | None, str]:
