@@ -531,12 +531,37 @@ class Engine:
         return self.store.get(tenant, id)
 
     def delete(self, id: str, *, tenant: str | None = None, reason: str = "deleted") -> None:
-        """Delete a memory, leaving a content-free tombstone. :class:`NotFound` if none."""
+        """Erase a memory: its text leaves every table and index, and every summary built from
+        it is removed too; content-free tombstones remain. :class:`NotFound` if none."""
         tenant = tenant or self.config.tenant
         with self.store.write() as writer:
             found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)
         if not found:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
+        self._analysed.clear()
+        self.store.scrub()
+
+    def delete_session(
+        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
+    ) -> int:
+        """Erase every memory of ``session`` (and the summaries built from them) and its
+        inclusion log, leaving tombstones; how many memories were removed."""
+        tenant = tenant or self.config.tenant
+        with self.store.write() as writer:
+            erased = writer.delete_session(tenant, session, deleted_at=self.clock(), reason=reason)
+        self._analysed.clear()
+        self.store.scrub()
+        return len(erased)
+
+    def delete_tenant(self, *, tenant: str | None = None, reason: str = "tenant deleted") -> int:
+        """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; how many
+        memories were removed. Its API keys stay until revoked."""
+        tenant = tenant or self.config.tenant
+        with self.store.write() as writer:
+            erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
+        self._analysed.clear()
+        self.store.scrub()
+        return len(erased)
 
     # -- assemble ----------------------------------------------------------------------------
 

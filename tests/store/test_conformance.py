@@ -331,3 +331,78 @@ def test_engine_over_the_store(store: Store) -> None:
     assert context.tokens > 0
     assert engine.stats()["contexts"] == 1
     assert engine.get("1").access_count == 1
+
+
+def _summary_of(id: str, sources: list[str], *, content: str, session: str = "s") -> NewMemory:
+    return NewMemory(
+        id=id, tenant="t", session=session, channel=None, author=None, author_kind="agent",
+        role="assistant", content=content, created_at=50.0, thread_id=None, reply_to=None,
+        kind="summary", pinned=False, name=None, tool_calls=(), tool_call_id=None,
+        attachments=(), metadata={}, content_hash=f"h-{id}", source_ids=sources,
+        time_range=(1.0, 9.0),
+    )  # fmt: skip
+
+
+def _tombstones(store: Store) -> list[tuple[str, str]]:
+    rows = list(
+        store._query(  # type: ignore[attr-defined]
+            "SELECT id, reason FROM tombstones WHERE tenant = 't' ORDER BY id", ()
+        )
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+def test_delete_erases_summaries_built_from_the_memory(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", content="alpha secret", at=1.0))
+        w.insert(_memory("b", content="bravo", at=2.0))
+        w.add_aliases([Alias(tenant="t", id="a2", rowid=a, status="duplicate", created_at=3.0)])
+        w.insert(_summary_of("s1", ["a2", "b"], content="summary: alpha secret and bravo"))
+        w.insert(_summary_of("s2", ["s1"], content="summary of s1: alpha secret"))
+        w.insert(_summary_of("s3", ["b"], content="summary: bravo only"))
+        w.insert(_memory("a", tenant="u", content="alpha secret", at=1.0))
+        w.insert(_memory("z", tenant="u", content="u alone"))
+    with store.write() as w:
+        assert w.delete("t", "a2", deleted_at=10.0, reason="user request")
+        assert not w.delete("t", "a2", deleted_at=10.0, reason="user request")
+    remaining = {m.id for m in store.iter_memories("t")}
+    assert remaining == {"b", "s3"}
+    assert store.search("t", ["secret"]) == []
+    assert [m.id for m, _ in store.search("u", ["secret"])] == ["a"]  # other tenant untouched
+    assert _tombstones(store) == [
+        ("a", "user request"),
+        ("s1", "user request (summary of erased memories)"),
+        ("s2", "user request (summary of erased memories)"),
+    ]
+    with pytest.raises(NotFound):
+        store.get("t", "a2")
+
+
+def test_delete_session_and_tenant(store: Store) -> None:
+    with store.write() as w:
+        for i in range(5):
+            w.insert(_memory(f"s-{i}", content=f"in s number {i}", at=float(i)))
+            w.insert(_memory(f"o-{i}", content=f"in o number {i}", at=float(i), session="o"))
+        w.insert(_summary_of("sum", ["s-1"], content="summary of s", session="o"))
+        w.insert(_memory("keep", tenant="u", content="in s number 1", at=1.0))
+    store.log_context(
+        ContextLog(
+            id="ctx-s", tenant="t", session="s", created_at=9.0, model="m", tokenizer="k",
+            exact=True, cap=100, tokens=10, blocks={},
+            inclusions=[Inclusion(rowid=store.get("t", "s-1").rowid, id="s-1", block="recent",
+                                  tokens=5)],
+        )
+    )  # fmt: skip
+    with store.write() as w:
+        erased = w.delete_session("t", "s", deleted_at=10.0, reason="session deleted")
+    assert len(erased) == 6  # five messages and the summary citing one of them
+    assert {m.id for m in store.iter_memories("t")} == {f"o-{i}" for i in range(5)}
+    assert store.inclusions("ctx-s") == []
+    assert store.stats("t")["contexts"] == 0
+    with store.write() as w:
+        assert w.delete_session("t", "s", deleted_at=11.0, reason="again") == []
+        assert len(w.delete_tenant("t", deleted_at=12.0, reason="tenant deleted")) == 5
+    assert list(store.iter_memories("t")) == []
+    assert store.search("t", ["number"]) == []
+    assert len(_tombstones(store)) == 11
+    assert [m.id for m in store.iter_memories("u")] == ["keep"]

@@ -9,7 +9,9 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     GET    /v1/memories/{id}            one memory
     POST   /v1/memories/{id}/pin        pin
     POST   /v1/memories/{id}/unpin      unpin
-    DELETE /v1/memories/{id}            delete (leaves a tombstone)
+    DELETE /v1/memories/{id}            erase (and summaries built from it; tombstones remain)
+    DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
+    DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats                    counts
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
 
@@ -427,6 +429,18 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         caller.require("delete")
         engine.delete(memory_id, tenant=caller.tenant)
         return {"deleted": memory_id}
+
+    @app.delete("/v1/sessions/{session}")
+    def delete_session(session: str, caller: Caller) -> dict[str, Any]:
+        """Erase a session: its memories, the summaries built from them, its inclusion log."""
+        caller.require("delete")
+        return {"session": session, "deleted": engine.delete_session(session, tenant=caller.tenant)}
+
+    @app.delete("/v1/tenant")
+    def delete_tenant(caller: Caller) -> dict[str, Any]:
+        """Erase every memory of the caller's tenant (its API keys stay until revoked)."""
+        caller.require("delete")
+        return {"tenant": caller.tenant, "deleted": engine.delete_tenant(tenant=caller.tenant)}
 
     @app.get("/v1/stats")
     def stats(caller: Caller) -> dict[str, Any]:

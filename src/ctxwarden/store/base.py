@@ -231,8 +231,19 @@ class Writer(Protocol):
         """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``."""
 
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        """Delete the memory ``id`` lives in (row, aliases, FTS entry, token counts) and leave a
-        content-free tombstone; False if there is none in ``tenant``."""
+        """Delete the memory ``id`` lives in (row, aliases, FTS entry, token counts, vectors) and
+        every summary whose ``source_ids`` name it (transitively), each leaving a content-free
+        tombstone; False if there is none in ``tenant``."""
+
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """:meth:`delete` every memory of ``session`` (and the summaries built from them), and
+        the session's inclusion log; the rowids removed."""
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        """:meth:`delete` every memory of ``tenant`` and its inclusion log; the rowids removed.
+        Tombstones remain; API keys are left to revoke."""
 
 
 @runtime_checkable
@@ -288,3 +299,7 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections. Idempotent."""
+
+    def scrub(self) -> None:
+        """After deletes: make the deleted text unrecoverable from the backend's files where the
+        backend can (SQLite: merge the FTS index, checkpoint and truncate the WAL)."""

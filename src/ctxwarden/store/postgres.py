@@ -319,22 +319,89 @@ class _PostgresWriter:
         rowid = self._rowid(tenant, id)
         if rowid is None:
             return False
-        row = self._one(
-            "SELECT id, content_hash, time_start, time_end FROM memories "
-            "WHERE rowid = %s AND tenant = %s",
-            (rowid, tenant),
-        )
-        assert row is not None
+        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+        return True
+
+    # -- erasure ------------------------------------------------------------------------------
+
+    def erase(
+        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Delete these memories and every summary built from them (transitively), each leaving
+        a content-free tombstone; the rowids removed."""
+        doomed = set(rowids)
+        frontier = list(doomed)
+        summaries: set[int] = set()
+        while frontier:
+            ids = [
+                r[0]
+                for r in self._conn.execute(
+                    "SELECT id FROM memories WHERE tenant = %s AND rowid = ANY(%s) UNION ALL "
+                    "SELECT id FROM aliases WHERE tenant = %s AND memory_rowid = ANY(%s)",
+                    (tenant, frontier, tenant, frontier),
+                )
+            ]
+            found = [
+                int(r[0])
+                for r in self._conn.execute(
+                    "SELECT rowid FROM memories WHERE tenant = %s AND kind = 'summary' "
+                    "AND source_ids IS NOT NULL AND source_ids::jsonb ?| %s::text[]",
+                    (tenant, ids),
+                )
+                if int(r[0]) not in doomed
+            ]
+            doomed.update(found)
+            summaries.update(found)
+            frontier = found
+        ordered = sorted(doomed)
+        if not ordered:
+            return []
         self._conn.execute(
             "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) VALUES (%s, %s, %s, NULL, %s, %s, %s, %s) "
+            "time_start, time_end, reason) SELECT tenant, id, %s, NULL, content_hash, "
+            "time_start, time_end, CASE WHEN rowid = ANY(%s) THEN %s ELSE %s END "
+            "FROM memories WHERE tenant = %s AND rowid = ANY(%s) "
             "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
             "reason = excluded.reason",
-            (tenant, row[0], deleted_at, row[1], row[2], row[3], reason),
+            (
+                deleted_at,
+                sorted(summaries),
+                f"{reason} (summary of erased memories)",
+                reason,
+                tenant,
+                ordered,
+            ),
         )
-        # aliases and token counts go by ON DELETE CASCADE; the tsvector lives in the row
-        self._conn.execute("DELETE FROM memories WHERE rowid = %s AND tenant = %s", (rowid, tenant))
-        return True
+        # aliases, token counts, vectors and exact heads go by ON DELETE CASCADE; the tsvector
+        # lives in the row
+        self._conn.execute(
+            "DELETE FROM memories WHERE tenant = %s AND rowid = ANY(%s)", (tenant, ordered)
+        )
+        return ordered
+
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        rowids = [
+            int(r[0])
+            for r in self._conn.execute(
+                "SELECT rowid FROM memories WHERE tenant = %s AND session = %s", (tenant, session)
+            )
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._conn.execute(
+            "DELETE FROM contexts WHERE tenant = %s AND session = %s", (tenant, session)
+        )
+        return erased
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        rowids = [
+            int(r[0])
+            for r in self._conn.execute("SELECT rowid FROM memories WHERE tenant = %s", (tenant,))
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._conn.execute("DELETE FROM contexts WHERE tenant = %s", (tenant,))
+        return erased
 
 
 class PostgresStore:
@@ -623,3 +690,9 @@ class PostgresStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("the store is closed; open a new one")
+
+    def scrub(self) -> None:
+        """Nothing to do per delete: deleted rows are gone from every query at commit, and
+        (auto)vacuum reclaims their space. For a byte-level guarantee on disk run
+        ``VACUUM FULL`` in a maintenance window (it rewrites the tables)."""
+        self._check_open()

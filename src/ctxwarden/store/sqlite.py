@@ -305,23 +305,104 @@ class _SQLiteWriter:
         return True
 
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        self.flush()  # the FTS delete trigger needs the row indexed first
         rowid = self._rowid(tenant, id)
         if rowid is None:
             return False
-        row = self._conn.execute(
-            "SELECT id, content_hash, time_start, time_end FROM memories "
-            "WHERE rowid = ? AND tenant = ?",
-            (rowid, tenant),
-        ).fetchone()
-        self._conn.execute(
-            "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
-            (tenant, row[0], deleted_at, row[1], row[2], row[3], reason),
-        )
-        # aliases and token counts go by ON DELETE CASCADE, the FTS entry by its trigger
-        self._conn.execute("DELETE FROM memories WHERE rowid = ? AND tenant = ?", (rowid, tenant))
+        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
         return True
+
+    # -- erasure ------------------------------------------------------------------------------
+
+    def erase(
+        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Delete these memories and every summary built from them (transitively), each leaving
+        a content-free tombstone; the rowids removed (for vector indexes)."""
+        self.flush()  # the FTS delete trigger needs the rows indexed first
+        doomed = set(rowids)
+        frontier = list(doomed)
+        summaries: set[int] = set()
+        while frontier:
+            ids = self._ids_of(tenant, frontier)
+            found = [
+                r
+                for (r,) in self._conn.execute(
+                    "SELECT rowid FROM memories WHERE tenant = ? AND kind = 'summary' "
+                    "AND source_ids IS NOT NULL AND EXISTS (SELECT 1 FROM "
+                    "json_each(memories.source_ids) s WHERE s.value IN "
+                    "(SELECT value FROM json_each(?)))",
+                    (tenant, json.dumps(ids)),
+                )
+                if r not in doomed
+            ]
+            doomed.update(found)
+            summaries.update(found)
+            frontier = found
+        ordered = sorted(doomed)
+        for start in range(0, len(ordered), _CHUNK):
+            chunk = ordered[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                "SELECT rowid, id, content_hash, time_start, time_end FROM memories "
+                f"WHERE tenant = ? AND rowid IN ({marks})",
+                [tenant, *chunk],
+            ).fetchall()
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
+                "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+                [
+                    (
+                        tenant, id_, deleted_at, content_hash, start_at, end_at,
+                        f"{reason} (summary of erased memories)" if r in summaries else reason,
+                    )
+                    for r, id_, content_hash, start_at, end_at in rows
+                ],
+            )  # fmt: skip
+            # aliases and token counts go by ON DELETE CASCADE, the FTS entries by the trigger
+            self._conn.execute(
+                f"DELETE FROM memories WHERE tenant = ? AND rowid IN ({marks})", [tenant, *chunk]
+            )
+        return ordered
+
+    def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
+        """Every id that lives in these rows: their own and their aliases."""
+        out: list[str] = []
+        for start in range(0, len(rowids), _CHUNK):
+            chunk = list(rowids[start : start + _CHUNK])
+            marks = ",".join("?" * len(chunk))
+            out.extend(
+                r[0]
+                for r in self._conn.execute(
+                    f"SELECT id FROM memories WHERE tenant = ? AND rowid IN ({marks}) UNION ALL "
+                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid IN ({marks})",
+                    [tenant, *chunk, tenant, *chunk],
+                )
+            )
+        return out
+
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        rowids = [
+            r
+            for (r,) in self._conn.execute(
+                "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
+            )
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._conn.execute(
+            "DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session)
+        )
+        return erased
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        rowids = [
+            r
+            for (r,) in self._conn.execute("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._conn.execute("DELETE FROM contexts WHERE tenant = ?", (tenant,))
+        return erased
 
 
 class SQLiteStore:
@@ -344,6 +425,8 @@ class SQLiteStore:
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA foreign_keys = ON")
+            # Deleted rows are zeroed on their pages, not left in free space (erasure).
+            self._conn.execute("PRAGMA secure_delete = ON")
             self._conn.execute("PRAGMA busy_timeout = 30000")
             migrations.apply(self._conn)
         except sqlite3.DatabaseError as exc:
@@ -681,3 +764,18 @@ class SQLiteStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("the store is closed; open a new one")
+
+    # -- erasure --------------------------------------------------------------------------------
+
+    def scrub(self) -> None:
+        """Make deleted text unrecoverable from the files: merge the full-text index (FTS5 on
+        SQLite < 3.42 keeps a deleted row's terms in old segments until a merge), then
+        checkpoint the WAL and truncate it (its frames hold old page images). With
+        ``secure_delete`` on, freed pages are zeroed. Costs a pass over the FTS index."""
+        with self._lock:
+            self._check_open()
+            try:
+                self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"scrub failed: {exc}") from exc

@@ -1,0 +1,183 @@
+"""Erasure: after deleting a memory, a session or a tenant (and the store's scrub), the text is
+gone from the SQLite file and its WAL, byte for byte, and from every query."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ctxwarden.engine import Engine
+from ctxwarden.errors import NotFound
+from ctxwarden.server.auth import KeyAuth, issue_key
+from ctxwarden.server.http import ServerConfig, create_app
+from ctxwarden.store.base import NewMemory
+from ctxwarden.store.sqlite import SQLiteStore
+
+
+def _canary() -> str:
+    # 'zzq' keeps it one FTS term; the FTS index stores terms prefix-compressed, so the files
+    # are searched for the random middle, which no neighbouring term can share.
+    return "zzq" + secrets.token_hex(12)
+
+
+def _needle(canary: str) -> bytes:
+    return canary[4:-2].encode()
+
+
+def _file_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        data += wal.read_bytes()
+    return data
+
+
+def _filler(tenant: str, session: str, n: int = 60) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"{tenant}-{session}-f{i}",
+            "session": session,
+            "author": "ana",
+            "content": f"note {i} of {session} about the deploy window and release {i * 7}",
+            "created_at": 1_700_000_000 + i,
+        }
+        for i in range(n)
+    ]
+
+
+def _summary(store: SQLiteStore, tenant: str, id: str, sources: list[str], text: str) -> None:
+    with store.write() as writer:
+        writer.insert(
+            NewMemory(
+                id=id, tenant=tenant, session="s1", channel=None, author=None,
+                author_kind="agent", role="assistant", content=text, created_at=1_700_000_500.0,
+                thread_id=None, reply_to=None, kind="summary", pinned=False, name=None,
+                tool_calls=(), tool_call_id=None, attachments=(), metadata={},
+                content_hash=f"summary-{id}", source_ids=sources,
+                time_range=(1_700_000_000.0, 1_700_000_100.0),
+            )
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", ["memory", "session", "tenant"])
+def test_deleted_canary_leaves_no_bytes_in_the_files(tmp_path: Path, scope: str) -> None:
+    path = tmp_path / "erase.db"
+    canary = _canary()
+    engine = Engine.open(path)
+    try:
+        engine.ingest(_filler("acme", "s1") + _filler("acme", "s2"), tenant="acme")
+        engine.ingest(_filler("other", "s1"), tenant="other")
+        engine.ingest(
+            [
+                {
+                    "id": "secret",
+                    "session": "s1",
+                    "author": "ana",
+                    "content": f"my door code is {canary} remember it",
+                    "created_at": 1_700_000_100,
+                },
+                # a verbatim repeat folds into it as an alias
+                {
+                    "id": "secret-again",
+                    "session": "s1",
+                    "author": "ana",
+                    "content": f"my door code is {canary} remember it",
+                    "created_at": 1_700_000_101,
+                },
+            ],
+            tenant="acme",
+        )
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        # a summary built from it (citing the folded alias), and a summary of that summary
+        _summary(store, "acme", "sum1", ["acme-s1-f1", "secret-again"], f"ana's code: {canary}")
+        _summary(store, "acme", "sum2", ["sum1"], f"summary of summaries mentions {canary}")
+        engine.assemble(session="s1", query=f"door code {canary}", tenant="acme")
+        assert [m.id for m, _ in engine.search(canary, tenant="acme")]
+        store.scrub()
+        assert _needle(canary) in _file_bytes(path), "the test must be able to see the canary"
+
+        if scope == "memory":
+            engine.delete("secret-again", tenant="acme")  # by an alias id: the memory goes
+        elif scope == "session":
+            assert engine.delete_session("s1", tenant="acme") >= 63
+        else:
+            engine.delete_tenant(tenant="acme")
+
+        assert engine.search(canary, tenant="acme") == []
+        for id_ in ("secret", "secret-again", "sum1", "sum2"):
+            with pytest.raises(NotFound):
+                engine.get(id_, tenant="acme")
+        tombstones = store._query(
+            "SELECT id, reason, content_hash FROM tombstones WHERE tenant = 'acme' "
+            "AND id IN ('secret', 'sum1', 'sum2') ORDER BY id",
+            (),
+        )
+        assert [t[0] for t in tombstones] == ["secret", "sum1", "sum2"]
+        if scope == "memory":
+            assert tombstones[0][1] == "deleted"
+            assert "summary of erased memories" in tombstones[1][1]
+        # the other tenant is untouched
+        assert engine.get("other-s1-f3", tenant="other").content.startswith("note 3 of s1")
+        if scope == "memory":
+            assert engine.get("acme-s1-f1", tenant="acme")  # sources other than it survive
+        if scope == "session":
+            assert engine.get("acme-s2-f1", tenant="acme")
+        assert store.integrity_check() == "ok"
+    finally:
+        engine.close()
+    assert _needle(canary) not in _file_bytes(path)
+    assert canary.encode() not in _file_bytes(path)
+
+
+def test_fts_merge_is_what_removes_the_terms(tmp_path: Path) -> None:
+    """Without scrub's FTS merge, SQLite 3.40 keeps a deleted row's terms in the index pages:
+    the scrub step is load-bearing, not decoration."""
+    path = tmp_path / "fts.db"
+    canary = _canary()
+    with Engine.open(path) as engine:
+        engine.ingest([*_filler("t", "s"), {"id": "x", "session": "s", "content": canary}])
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        with store.write() as writer:
+            writer.delete("default", "x", deleted_at=1.0, reason="test")
+        store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        leftover = _needle(canary) in _file_bytes(path)
+        store.scrub()
+        assert _needle(canary) not in _file_bytes(path)
+    if not leftover:
+        pytest.skip("this SQLite removes FTS terms on delete already (secure-delete FTS5)")
+
+
+def test_http_erasure_endpoints_need_the_delete_scope(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "http.db") as engine:
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        writer_key = issue_key(store, tenant="acme", scopes={"read", "write"})
+        deleter_key = issue_key(store, tenant="acme", scopes={"read", "write", "delete"})
+        other_key = issue_key(store, tenant="other", scopes={"read", "write", "delete"})
+        client = TestClient(create_app(engine, ServerConfig(authenticate=KeyAuth(store))))
+
+        def call(method: str, url: str, key: str, **kw: Any) -> Any:
+            return client.request(method, url, headers={"Authorization": f"Bearer {key}"}, **kw)
+
+        body = {"records": _filler("acme", "s1", 3) + _filler("acme", "s2", 3)}
+        assert call("POST", "/v1/ingest", writer_key, json=body).status_code == 200
+        assert call("POST", "/v1/ingest", other_key, json=body).status_code == 200
+        assert call("DELETE", "/v1/sessions/s1", writer_key).status_code == 403
+        response = call("DELETE", "/v1/sessions/s1", deleter_key)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"session": "s1", "deleted": 3}
+        assert call("GET", "/v1/memories/acme-s1-f0", deleter_key).status_code == 404
+        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 200
+        assert call("DELETE", "/v1/tenant", writer_key).status_code == 403
+        response = call("DELETE", "/v1/tenant", deleter_key)
+        assert response.json() == {"tenant": "acme", "deleted": 3}
+        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 404
+        # the other tenant's copies (same ids) are untouched
+        assert call("GET", "/v1/memories/acme-s1-f0", other_key).status_code == 200
+        assert call("GET", "/v1/stats", other_key).json()["memories"] == 6
