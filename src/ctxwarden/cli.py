@@ -231,7 +231,7 @@ def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> A
             raise ConfigError(f"--no-auth: only on a loopback host, not {host!r}; issue API keys")
         return ServerConfig(**limits)
     if not isinstance(engine.store, KeyStore):
-        raise ConfigError("this store keeps no API keys: use SQLite or pass --no-auth")
+        raise ConfigError("this store keeps no API keys: use SQLite, PostgreSQL or --no-auth")
     return ServerConfig(authenticate=KeyAuth(engine.store), **limits)
 
 

@@ -406,3 +406,28 @@ def test_delete_session_and_tenant(store: Store) -> None:
     assert store.search("t", ["number"]) == []
     assert len(_tombstones(store)) == 11
     assert [m.id for m in store.iter_memories("u")] == ["keep"]
+
+
+def test_key_store(store: Store) -> None:
+    from ctxwarden.errors import ConflictError
+    from ctxwarden.server.auth import KeyAuth, issue_key
+    from ctxwarden.store.base import ApiKey, KeyStore
+
+    assert isinstance(store, KeyStore)
+    key = ApiKey(
+        key_id="k1", tenant="acme", scopes=frozenset({"read", "write"}), secret_hash="h",
+        name="bot", created_at=5.0,
+    )  # fmt: skip
+    store.put_api_key(key)
+    with pytest.raises(ConflictError):
+        store.put_api_key(key)
+    assert store.api_key("k1") == key
+    assert store.api_key("nope") is None
+    issued = issue_key(store, tenant="beta", scopes={"read"}, now=6.0)
+    assert [k.tenant for k in store.api_keys()] == ["acme", "beta"]  # oldest first
+    assert [k.tenant for k in store.api_keys("beta")] == ["beta"]
+    assert KeyAuth(store)(issued).tenant == "beta"
+    assert store.revoke_api_key("k1", 9.0)
+    assert store.revoke_api_key("k1", 10.0)  # idempotent: the first time is kept
+    assert store.api_key("k1").revoked_at == 9.0  # type: ignore[union-attr]
+    assert not store.revoke_api_key("nope", 9.0)

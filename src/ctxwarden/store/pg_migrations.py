@@ -200,6 +200,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE exact_heads RENAME COLUMN channel TO scope",
         ),
     ),
+    Migration(
+        version=4,
+        name="pg_api_keys",
+        statements=(
+            """
+            CREATE TABLE api_keys (
+                key_id TEXT PRIMARY KEY,
+                tenant TEXT NOT NULL,
+                scopes TEXT NOT NULL,
+                secret_hash TEXT NOT NULL,
+                name TEXT,
+                created_at DOUBLE PRECISION NOT NULL,
+                revoked_at DOUBLE PRECISION
+            )
+            """,
+            "CREATE INDEX api_keys_tenant ON api_keys (tenant)",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

@@ -33,12 +33,19 @@ from ctxwarden.store import pg_migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
     Alias,
+    ApiKey,
     ContextLog,
     FoldTarget,
     NewMemory,
     TokenCount,
 )
-from ctxwarden.store.sqlite import _TARGET_COLUMNS, ACCESS_TAU_SECONDS, _memory, _target
+from ctxwarden.store.sqlite import (
+    _TARGET_COLUMNS,
+    ACCESS_TAU_SECONDS,
+    _api_key,
+    _memory,
+    _target,
+)
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
@@ -696,3 +703,53 @@ class PostgresStore:
         (auto)vacuum reclaims their space. For a byte-level guarantee on disk run
         ``VACUUM FULL`` in a maintenance window (it rewrites the tables)."""
         self._check_open()
+
+    # -- API keys (the KeyStore seam) ---------------------------------------------------------
+
+    def put_api_key(self, key: ApiKey) -> None:
+        """Insert an API key (its secret's hash only)."""
+        try:
+            with self.write() as writer:
+                writer._conn.execute(
+                    "INSERT INTO api_keys (key_id, tenant, scopes, secret_hash, name, created_at, "
+                    "revoked_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        key.key_id,
+                        key.tenant,
+                        " ".join(sorted(key.scopes)),
+                        key.secret_hash,
+                        key.name,
+                        key.created_at,
+                        key.revoked_at,
+                    ),
+                )
+        except psycopg.errors.UniqueViolation as exc:
+            raise ConflictError(f"api key {key.key_id!r} exists: issue a new one") from exc
+
+    def api_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id, or None."""
+        rows = self._query(
+            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
+            "FROM api_keys WHERE key_id = %s",
+            (key_id,),
+        )
+        return _api_key(rows[0]) if rows else None
+
+    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Keys of ``tenant`` (all when None), oldest first."""
+        where, params = ("WHERE tenant = %s", (tenant,)) if tenant is not None else ("", ())
+        rows = self._query(
+            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
+            f"FROM api_keys {where} ORDER BY created_at, key_id",
+            params,
+        )
+        return [_api_key(r) for r in rows]
+
+    def revoke_api_key(self, key_id: str, at: float) -> bool:
+        """Revoke a key; False if unknown."""
+        with self.write() as writer:
+            cursor = writer._conn.execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, %s) WHERE key_id = %s",
+                (at, key_id),
+            )
+            return cursor.rowcount > 0
