@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from ctxwarden import Engine
-from ctxwarden.server.mcp import create_mcp_server
+from ctxwarden.server.auth import KeyAuth, issue_key
+from ctxwarden.server.mcp import create_mcp_http_app, create_mcp_server
+from ctxwarden.store.sqlite import SQLiteStore
 from serving import serve
 
 TEXT = """We decided to move the release to Friday 10:30 because QA found 3 blockers.
@@ -87,16 +94,62 @@ def test_in_process() -> None:
     anyio.run(main)
 
 
-def test_streamable_http() -> None:
-    with Engine.open(":memory:") as engine:
-        app = create_mcp_server(engine).streamable_http_app()
+@asynccontextmanager
+async def _keyed_client(url: str, key: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    # the SDK leaves a client it was given open: close it here
+    async with create_mcp_http_client(headers=headers) as http:
+        transport = streamable_http_client(url + "/mcp", http_client=http)
+        async with Client(transport) as client:
+            yield client
+
+
+def test_streamable_http_needs_an_api_key(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "mcp.db") as engine:
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        acme = issue_key(store, tenant="acme", scopes={"read", "write", "delete"})
+        beta = issue_key(store, tenant="beta", scopes={"read", "write"})
+        reader = issue_key(store, tenant="acme", scopes={"read"})
+        app = create_mcp_http_app(engine, KeyAuth(store))
         with serve(app, lifespan="on") as url:
 
             async def main() -> None:
-                async with Client(url + "/mcp") as client:
+                async with _keyed_client(url, acme) as client:
                     await exercise(client)
+                    kept = result_json(
+                        await client.call_tool("remember", {"content": "acme canary zz41"})
+                    )
+                async with _keyed_client(url, beta) as client:
+                    found = result_json(await client.call_tool("recall", {"query": "canary zz41"}))
+                    assert found["memories"] == []  # acme's note is not beta's
+                    refused = await client.call_tool("forget", {"id": kept["id"]})
+                    assert refused.is_error
+                    assert "'delete' scope" in refused.content[0].text
+                async with _keyed_client(url, reader) as client:
+                    found = result_json(await client.call_tool("recall", {"query": "canary zz41"}))
+                    assert [m["id"] for m in found["memories"]] == [kept["id"]]
+                    refused = await client.call_tool("remember", {"content": "nope"})
+                    assert refused.is_error
+                    assert "'write' scope" in refused.content[0].text
+                for key in (None, "cw_0000_not-a-key", acme + "x"):
+                    # the SDK's client reports the refusal as an error response
+                    with pytest.raises(Exception, match="unhandled errors"):
+                        async with _keyed_client(url, key) as client:
+                            await client.list_tools()
+                    headers = {"Authorization": f"Bearer {key}"} if key else {}
+                    raw = httpx.post(url + "/mcp", json={}, headers=headers)
+                    assert raw.status_code == 401
+                    assert raw.headers["www-authenticate"] == "Bearer"
 
             anyio.run(main)
+        assert engine.get(kept_id(engine), tenant="acme")
+
+
+def kept_id(engine: Engine) -> str:
+    hits = engine.search("canary zz41", tenant="acme")
+    assert len(hits) == 1
+    return hits[0][0].id
 
 
 @pytest.mark.slow

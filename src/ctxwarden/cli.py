@@ -349,24 +349,30 @@ def mcp(
     transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP).")] = "stdio",
     host: Annotated[str, typer.Option(help="Address for http.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
+    no_auth: NoAuth = False,
 ) -> None:
-    """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context)."""
-    from ctxwarden.server.mcp import create_mcp_server
+    """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context).
+
+    Over http every request needs an API key (``ctxwarden keys create``), whose tenant the tools
+    work in, unless --no-auth on a loopback host.
+    """
+    from ctxwarden.server.mcp import create_mcp_http_app, create_mcp_server
 
     if transport not in ("stdio", "http"):
         raise ConfigError(f"transport: {transport!r} is not stdio or http")
-    if transport == "http" and host not in _LOOPBACK:
-        # the MCP door has no API keys yet: it serves one tenant to whoever can connect
-        raise ConfigError(f"host: MCP over HTTP serves loopback only, not {host!r}")
     with _engine() as engine:
-        server = create_mcp_server(engine)
         if transport == "stdio":
-            server.run("stdio")
-        else:
-            import uvicorn
+            create_mcp_server(engine).run("stdio")
+            return
+        import uvicorn
 
-            uvicorn.run(server.streamable_http_app(host=host), host=host, port=port,
-                        log_level="warning")  # fmt: skip
+        from ctxwarden.server.http import SCOPES, Principal
+
+        config = _server_config(engine, host, no_auth)
+        local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
+        authenticate = config.authenticate or (lambda _token: local)
+        app_ = create_mcp_http_app(engine, authenticate, host=host)
+        uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 def show_context(console: Console, context: Context) -> None:

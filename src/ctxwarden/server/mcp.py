@@ -5,6 +5,12 @@ Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` 
 ``assemble_context`` (a whole context for a session). Every tool works in the server's one
 tenant. Errors reach the client as tool errors carrying the ctxwarden message.
 
+Over streamable HTTP (:func:`create_mcp_http_app`) every request needs an API key, as on the HTTP
+API: the key's tenant is the tenant the tools read and write, and its scopes gate them
+(``remember`` needs write, ``forget`` delete, the others read). A missing or unknown key gets 401
+before the MCP session sees the request. Over stdio and in process the caller is the local user:
+the server's tenant, every scope.
+
 >>> from ctxwarden import Engine
 >>> server = create_mcp_server(Engine.open(":memory:"))
 >>> server.name
@@ -13,22 +19,28 @@ tenant. Errors reach the client as tool errors carrying the ctxwarden message.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxwarden import tokens
 from ctxwarden.engine import Engine
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
 from ctxwarden.render import line_text
+from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
 
-__all__ = ["create_mcp_server"]
+__all__ = ["MCPAuthMiddleware", "create_mcp_http_app", "create_mcp_server"]
+
+#: Where the auth middleware leaves the caller for the tools (the ASGI scope's state).
+_PRINCIPAL = "ctxwarden_principal"
 
 
 @contextmanager
@@ -58,14 +70,27 @@ def create_mcp_server(
     )
     summarizer = ExtractiveSummarizer(cite_sources=False)
 
+    def caller(ctx: Context | None, scope: str) -> str:
+        """The tenant this tool call works in, once the caller's key holds ``scope``."""
+        request = ctx.request_context.request if ctx is not None else None
+        if request is None:
+            return tenant  # stdio or in process: the local user
+        state = getattr(request, "scope", {}).get("state") or {}
+        principal = state.get(_PRINCIPAL)
+        if principal is None:
+            raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+        principal.require(scope)
+        return str(principal.tenant)
+
     def tokenizer() -> tokens.Tokenizer:
         spec = engine.registry.resolve(engine.config.default_model)
         return tokens.get_tokenizer(spec.tokenizer)
 
     @server.tool()
-    def summarize_text(text: str, max_tokens: int = 128) -> str:
+    def summarize_text(text: str, max_tokens: int = 128, ctx: Context | None = None) -> str:
         """Summarise ``text`` extractively (offline); the summary counts at most max_tokens."""
         with _tool_errors():
+            caller(ctx, "read")
             if not text.strip():
                 raise InputError("is empty: pass the text to summarise", field="text")
             if max_tokens < 16:
@@ -77,10 +102,15 @@ def create_mcp_server(
 
     @server.tool()
     def remember(
-        content: str, session: str | None = None, pinned: bool = False, kind: str = "fact"
+        content: str,
+        session: str | None = None,
+        pinned: bool = False,
+        kind: str = "fact",
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store a note (``kind`` fact or message); returns its id and what happened to it."""
         with _tool_errors():
+            where = caller(ctx, "write")
             if kind not in ("fact", "message"):
                 raise InputError(f"{kind!r} is not fact or message", field="kind")
             record = {
@@ -92,18 +122,21 @@ def create_mcp_server(
                 "pinned": pinned,
                 "created_at": time.time(),
             }
-            result = engine.ingest([record], tenant=tenant, session=session or notes_session)
+            result = engine.ingest([record], tenant=where, session=session or notes_session)
             outcome = result.outcomes[0]
             return {"id": outcome.duplicate_of or outcome.id, "status": outcome.status}
 
     @server.tool()
-    def recall(query: str, max_tokens: int = 512, limit: int = 50) -> dict[str, Any]:
+    def recall(
+        query: str, max_tokens: int = 512, limit: int = 50, ctx: Context | None = None
+    ) -> dict[str, Any]:
         """Memories matching ``query``, best first, as many as fit in max_tokens."""
         with _tool_errors():
+            where = caller(ctx, "read")
             if max_tokens < 1:
                 raise InputError(f"{max_tokens} must be at least 1", field="max_tokens")
             tok = tokenizer()
-            hits = engine.search(query, tenant=tenant, limit=limit)
+            hits = engine.search(query, tenant=where, limit=limit)
             chosen: list[dict[str, Any]] = []
             used = 0
             for memory, score in hits:
@@ -118,10 +151,11 @@ def create_mcp_server(
             return {"memories": chosen, "tokens": used, "max_tokens": max_tokens}
 
     @server.tool()
-    def forget(id: str) -> dict[str, Any]:
+    def forget(id: str, ctx: Context | None = None) -> dict[str, Any]:
         """Delete the memory ``id`` (a content-free tombstone remains)."""
         with _tool_errors():
-            engine.delete(id, tenant=tenant, reason="forgotten over MCP")
+            where = caller(ctx, "delete")
+            engine.delete(id, tenant=where, reason="forgotten over MCP")
             return {"deleted": id}
 
     @server.tool()
@@ -131,16 +165,18 @@ def create_mcp_server(
         model: str | None = None,
         budget: int | None = None,
         system: str | None = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """The messages to send a model for this session's next turn, within its window."""
         with _tool_errors():
+            where = caller(ctx, "read")
             context = engine.assemble(
                 session=session,
                 query=query,
                 model=model,
                 budget=budget,
                 system=system,
-                tenant=tenant,
+                tenant=where,
             )
             return {
                 "messages": list(context.messages),
@@ -150,3 +186,50 @@ def create_mcp_server(
             }
 
     return server
+
+
+class MCPAuthMiddleware:
+    """Every HTTP request needs an API key: ``authenticate`` maps the bearer token to a
+    :class:`~ctxwarden.server.http.Principal` (or raises :class:`AuthError`), which the tools
+    find in the request's state. Refusals are 401 (no or unknown key) and 403 (no read scope)."""
+
+    def __init__(self, app: ASGIApp, authenticate: Callable[[str | None], Principal]) -> None:
+        self.app = app
+        self.authenticate = authenticate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                kind, _, rest = value.decode("latin-1").partition(" ")
+                token = rest.strip() if kind.lower() == "bearer" and rest.strip() else ""
+        try:
+            principal = self.authenticate(token or None)
+            principal.require("read")
+        except CtxwardenError as exc:
+            status = 403 if isinstance(exc, ScopeError) else 401
+            body = json.dumps({"error": {"type": type(exc).__name__, "message": str(exc)}})
+            headers = [(b"content-type", b"application/json")]
+            if status == 401:
+                headers.append((b"www-authenticate", b"Bearer"))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        scope.setdefault("state", {})[_PRINCIPAL] = principal
+        await self.app(scope, receive, send)
+
+
+def create_mcp_http_app(
+    engine: Engine,
+    authenticate: Callable[[str | None], Principal],
+    *,
+    host: str = "127.0.0.1",
+    session: str = "mcp",
+) -> ASGIApp:
+    """The MCP server over streamable HTTP (``/mcp``), every request authenticated by API key;
+    each key works in its own tenant. Run it with uvicorn (lifespan on)."""
+    server = create_mcp_server(engine, session=session)
+    return MCPAuthMiddleware(server.streamable_http_app(host=host), authenticate)
