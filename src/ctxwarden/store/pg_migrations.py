@@ -19,6 +19,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   the indexes of :mod:`ctxwarden.store.migrations`' migration 3.
 - ``memory_vectors``: a ``vector(384)`` per memory and embedding model, with an HNSW index
   (cosine), ready for the embedder.
+- ``api_keys`` (migration ``pg_api_keys``): the servers' API keys, as on SQLite (tenant, scopes,
+  a SHA-256 of the secret only), so ``ctxwarden serve --db postgresql://...`` checks keys.
 """
 
 from __future__ import annotations
