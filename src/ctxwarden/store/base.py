@@ -23,6 +23,7 @@ __all__ = [
     "NewMemory",
     "Store",
     "TokenCount",
+    "Tombstone",
     "Writer",
 ]
 
@@ -92,6 +93,19 @@ class ContextLog:
     inclusions: Sequence[Inclusion] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tombstone:
+    """What is left of a deleted memory: no content, never retrieved (compaction adds these)."""
+
+    tenant: str
+    id: str
+    deleted_at: float
+    summary_id: str | None
+    content_hash: str
+    time_range: tuple[float, float] | None
+    reason: str
+
+
 @runtime_checkable
 class Writer(Protocol):
     """A unit of work: every call runs in one transaction that commits at the end."""
@@ -112,6 +126,25 @@ class Writer(Protocol):
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
+
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction).
+
+        For each id that is a memory of its own: its aliases and the id itself become aliases
+        of the summary (so lookups by any old id find the summary), tombstones that named it
+        as their summary now name the summary (summaries of summaries), one content-free
+        :class:`Tombstone` is written (``time_range`` = created_at .. last_seen_at, or the
+        memory's own time_range) and the row is deleted from every table and index.
+        Returns how many were retired; ids that are not memories are left alone.
+        """
 
 
 @runtime_checkable
@@ -160,6 +193,15 @@ class Store(Protocol):
 
     def stats(self, tenant: str) -> dict[str, Any]:
         """Counts for ``ctxwarden stats``: memories, folded duplicates, per channel."""
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned ``message`` memories created and last seen before ``created_before``, with
+        the time their ``access_score`` was last updated (None if never), for compaction."""
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of a tenant (those pointing at ``summary_id`` when given), by id."""
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of a tenant, oldest first (exports, maintenance)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from ctxwarden.errors import NotFound, StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import ContextLog, NewMemory, TokenCount
+from ctxwarden.store.base import ContextLog, NewMemory, TokenCount, Tombstone
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -160,6 +160,61 @@ class _SQLiteWriter:
             "VALUES (?, ?, ?, ?)",
             [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
         )
+
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        summary_id = self._conn.execute(
+            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
+        ).fetchone()
+        if summary_id is None:
+            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
+        retired = 0
+        for id_ in ids:
+            row = self._conn.execute(
+                "SELECT rowid, content_hash, created_at, last_seen_at, time_start, time_end "
+                "FROM memories WHERE tenant = ? AND id = ?",
+                (tenant, id_),
+            ).fetchone()
+            if row is None or row[0] == summary_rowid:
+                continue
+            rowid, content_hash, created, last_seen, start, end = row
+            # Aliases first: deleting the row would cascade them away.
+            self._conn.execute(
+                "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?", (summary_rowid, rowid)
+            )
+            self._conn.execute(
+                "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (tenant, id_, summary_rowid, reason, deleted_at),
+            )
+            self._conn.execute(
+                "UPDATE tombstones SET summary_id = ? WHERE tenant = ? AND summary_id = ?",
+                (summary_id[0], tenant, id_),
+            )
+            self._conn.execute(
+                "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
+                "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    tenant,
+                    id_,
+                    deleted_at,
+                    summary_id[0],
+                    content_hash,
+                    start if start is not None else created,
+                    end if end is not None else last_seen,
+                    reason,
+                ),
+            )
+            self._conn.execute("DELETE FROM memories WHERE rowid = ?", (rowid,))
+            retired += 1
+        return retired
 
 
 class SQLiteStore:
@@ -410,6 +465,55 @@ class SQLiteStore:
             "channels": channels,
             "top_families": top,
         }
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned messages created and last seen before ``created_before``, oldest first."""
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
+            "AND kind = 'message' AND pinned = 0 AND created_at < ? AND last_seen_at < ? "
+            "ORDER BY created_at, rowid",
+            (tenant, created_before, created_before),
+        )
+        return [(_memory(r[:-1]), r[-1]) for r in rows]
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if summary_id is not None:
+            extra = " AND summary_id = ?"
+            params.append(summary_id)
+        rows = self._query(
+            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
+            f"reason FROM tombstones WHERE tenant = ?{extra} ORDER BY id",
+            params,
+        )
+        return [
+            Tombstone(
+                tenant=r[0],
+                id=r[1],
+                deleted_at=r[2],
+                summary_id=r[3],
+                content_hash=r[4],
+                time_range=(r[5], r[6]) if r[5] is not None else None,
+                reason=r[7],
+            )
+            for r in rows
+        ]
+
+    def vacuum(self) -> None:
+        """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
+        merges FTS5 segments so deleted rows' tokens leave the index, then VACUUMs."""
+        with self._lock:
+            self._check_open()
+            try:
+                self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+                self._conn.execute("VACUUM")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"vacuum failed: {exc}") from exc
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""
