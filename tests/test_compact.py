@@ -283,3 +283,34 @@ def test_integrity_on_file(tmp_path: Any, clock: Clock) -> None:
     ).fetchone()[0]
     assert orphans == 0
     conn.close()
+
+
+def test_cli_compact_plan_then_apply(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app, parse_duration
+
+    assert parse_duration("14d") == 14 * DAY
+    assert parse_duration("90m") == 5400
+    data = tmp_path / "m.jsonl"
+    data.write_text(
+        "\n".join(json.dumps(r) for r in _messages(1_700_000_000.0, days=2, per_day=6)),
+        encoding="utf-8",
+    )
+    db = str(tmp_path / "c.db")
+    runner = CliRunner()
+    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
+    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--older-than", "1d"])
+    assert shown.exit_code == 0, shown.output
+    plan = json.loads(shown.output)
+    assert plan["memories"] == 12
+    assert len(plan["clusters"]) == 2
+    done = runner.invoke(app, ["--db", db, "compact", "--apply", "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output.strip().splitlines()[-1])
+    assert result["compacted"] == 12
+    assert len(result["summaries"]) == 2
+    again = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    assert json.loads(again.output)["clusters"] == []
