@@ -248,7 +248,7 @@ def test_summaries_of_summaries_when_they_pile_up(clock: Clock) -> None:
             written += engine.summarize_session("team", capacity=600)
         windows = engine.store.summaries("default", session="team")
         assert len(windows) <= 4
-        merged = [s for s in windows if any(i.startswith("sum-") for i in s.source_ids)]
+        merged = [s for s in windows if any(i.startswith("s-") for i in s.source_ids)]
         assert merged
         for s in merged:
             for old in s.source_ids:

@@ -15,10 +15,11 @@ transaction: re-checks that every original is still there (else the cluster is s
 stale), inserts the summary memory (kind ``summary``, content ``Summary.render()``, with
 ``source_ids`` and ``time_range``, FTS-indexed by trigger, token counts cached), and retires the
 originals (:meth:`ctxwarden.store.base.Writer.retire`): their rows go (FTS by trigger, token
-counts by cascade), their aliases and their own ids now point at the summary, and each gets a
-content-free tombstone. A crash at any point leaves either the whole cluster done or none of it;
-running :func:`apply` again (with a fresh plan) finishes the job. Summary ids are derived from
-the tenant and the source ids, so a retried cluster gets the same id.
+counts by cascade), their aliases now point at the summary, and each gets a content-free
+tombstone, through which its own id resolves to the summary. A crash at any point leaves
+either the whole cluster done or none of it; running :func:`apply` again (with a fresh plan)
+finishes the job. Summary ids are derived from the tenant and the source ids, so a retried
+cluster gets the same id.
 
 How ids stay accounted for: ``engine.get(old_id)`` returns the summary that absorbed ``old_id``,
 and when a summary is in a context, ``Context.included`` lists the summary's id, whose
@@ -237,8 +238,8 @@ def decayed_score(score: float, score_at: float | None, now: float, tau: float) 
 
 def summary_id(tenant: str, ids: Sequence[str]) -> str:
     """The deterministic id of a summary of ``ids`` (a retried cluster gets the same id)."""
-    digest = xxhash.xxh3_128_hexdigest("\x00".join([tenant, *ids]).encode("utf-8", "surrogatepass"))
-    return f"sum-{digest[:24]}"
+    digest = xxhash.xxh3_64_hexdigest("\x00".join([tenant, *ids]).encode("utf-8", "surrogatepass"))
+    return f"s-{digest}"
 
 
 def plan(

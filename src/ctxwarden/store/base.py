@@ -111,7 +111,8 @@ class Writer(Protocol):
     """A unit of work: every call runs in one transaction that commits at the end."""
 
     def resolve(self, tenant: str, id: str) -> str | None:
-        """The id of the memory that ``id`` lives in now (itself, its aggregate), or None."""
+        """The id of the memory that ``id`` lives in now (itself, its aggregate, the summary
+        that absorbed it), or None."""
 
     def find_exact(
         self, tenant: str, channel: str | None, content_hash: str, since: float
@@ -138,9 +139,10 @@ class Writer(Protocol):
     ) -> int:
         """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction).
 
-        For each id that is a memory of its own: its aliases and the id itself become aliases
-        of the summary (so lookups by any old id find the summary), tombstones that named it
-        as their summary now name the summary (summaries of summaries), one content-free
+        For each id that is a memory of its own: its aliases are re-pointed to the summary and
+        the id itself resolves through its tombstone (``get`` and ``resolve`` follow
+        ``tombstone.summary_id``), so lookups by any old id find the summary; tombstones that
+        named it as their summary now name the summary (summaries of summaries); one content-free
         :class:`Tombstone` is written (``time_range`` = created_at .. last_seen_at, or the
         memory's own time_range) and the row is deleted from every table and index.
         Returns how many were retired; ids that are not memories are left alone.
@@ -155,7 +157,8 @@ class Store(Protocol):
         """A transaction for writes; rolls back if the block raises."""
 
     def get(self, tenant: str, id: str) -> Memory:
-        """The memory with caller id ``id`` (or the aggregate it was folded into); NotFound."""
+        """The memory with caller id ``id`` (or the aggregate it was folded into, or the summary
+        its tombstone names); NotFound."""
 
     def recent(
         self,

@@ -89,6 +89,13 @@ class _SQLiteWriter:
             "WHERE a.tenant = ? AND a.id = ?",
             (tenant, id),
         ).fetchone()
+        if row:
+            return str(row[0])
+        row = self._conn.execute(
+            "SELECT m.id FROM tombstones t JOIN memories m "
+            "ON m.tenant = t.tenant AND m.id = t.summary_id WHERE t.tenant = ? AND t.id = ?",
+            (tenant, id),
+        ).fetchone()
         return str(row[0]) if row else None
 
     def find_exact(
@@ -189,11 +196,7 @@ class _SQLiteWriter:
             self._conn.execute(
                 "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?", (summary_rowid, rowid)
             )
-            self._conn.execute(
-                "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (tenant, id_, summary_rowid, reason, deleted_at),
-            )
+            # The id itself resolves through its tombstone (no alias row: that would repeat it).
             self._conn.execute(
                 "UPDATE tombstones SET summary_id = ? WHERE tenant = ? AND summary_id = ?",
                 (summary_id[0], tenant, id_),
@@ -323,7 +326,8 @@ class SQLiteStore:
                 raise StoreError(f"query failed: {exc}") from exc
 
     def get(self, tenant: str, id: str) -> Memory:
-        """The memory with this id, or the aggregate/summary it now lives in."""
+        """The memory with this id, or the aggregate it was folded into (alias), or the summary
+        that absorbed it (tombstone)."""
         rows = self._query(
             f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = ?", (tenant, id)
         )
@@ -332,6 +336,12 @@ class SQLiteStore:
                 f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
                 "(SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)",
                 (tenant, id),
+            )
+        if not rows:
+            rows = self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = "
+                "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
+                (tenant, tenant, id),
             )
         if not rows:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
