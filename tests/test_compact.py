@@ -314,3 +314,21 @@ def test_cli_compact_plan_then_apply(tmp_path: Any) -> None:
     assert len(result["summaries"]) == 2
     again = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
     assert json.loads(again.output)["clusters"] == []
+
+
+def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) -> None:
+    with Engine.open(":memory:", clock=clock) as engine:
+        records = _messages(clock.now - 2 * DAY, days=1, per_day=60)
+        fact = "the standup is now at 10:30 in room Kepler 7"
+        records[3] = {**records[3], "content": fact}
+        engine.ingest(records)
+        engine.ingest([{"id": "f1", "session": "team", "kind": "fact", "content": fact}])
+        written = engine.summarize_session("team", capacity=1000)
+        assert written
+        summary = engine.get(written[0])
+        assert f"[dev-3] {records[3]['author']}: {fact}" in summary.content
+        context = engine.assemble(session="team", model="gpt-4o", budget=3000)
+        assert written[0] in context.included
+        system = context.messages[0]["content"]
+        assert system.count(fact) == 1  # in persistent, dropped from the summary
+        assert any("already in persistent dropped" in n for n in context.report.notes)
