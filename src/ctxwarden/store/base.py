@@ -6,6 +6,17 @@ only keeps and finds rows, transactionally. Writes go through a :class:`Writer` 
 batch leaves the store as it was.
 
 Every read takes a ``tenant`` and filters by it in the query itself (rule 6).
+
+Compaction (``ctxwarden.compact``) added three methods; a backend implements them so that a
+cluster's summary, deletions and tombstones commit together:
+
+- ``Writer.retire(tenant, ids, summary_rowid=, deleted_at=, reason=)``: delete memories from
+  every table and index, re-point their aliases and old tombstones to the summary, write one
+  content-free :class:`Tombstone` each; ``get``/``resolve`` of a retired id then follow its
+  tombstone to the summary.
+- ``Store.compaction_candidates(tenant, created_before=)``: old unpinned messages with the time
+  of their access score (the score itself decays from then; the planner brings it to now).
+- ``Store.tombstones(tenant, summary_id=None)``: read tombstones back.
 """
 
 from __future__ import annotations
