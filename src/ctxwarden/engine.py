@@ -441,7 +441,8 @@ class Engine:
     ) -> str:
         ids = [m.id for m in sources]
         summary_id = compaction.summary_id(tenant, ids)
-        target = max(64, min(1024, cost // 4))
+        # Messages shrink to a quarter; summaries, already dense, to a half.
+        target = max(64, min(1024, cost // 2 if retire else cost // 4))
         summary = summarizer.summarize(
             [SummaryItem.of(m) for m in sources], max_tokens=target, tokenizer=tok
         )
