@@ -45,7 +45,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     folder = tmp_path_factory.mktemp("gguf")
     model = _gguf(folder)
     port = _free_port()
@@ -71,7 +73,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if time.monotonic() > deadline:
                 pytest.fail("llama.cpp server did not come up within 180 s")
             time.sleep(0.5)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:
@@ -94,15 +96,20 @@ ITEMS = [
 ]  # fmt: skip
 
 
-def test_llm_summarizer_on_a_real_server(server: str) -> None:
+def test_llm_summarizer_on_a_real_server(server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, process = server
     tokenizer = get_tokenizer("o200k_base")
-    client = LLMClient(server, model="gemma", timeout=300.0, max_retries=1)
+    client = LLMClient(url, model="gemma", timeout=300.0, max_retries=1)
     summarizer = LLMSummarizer(client, "gemma")
     try:
         outcome = summarizer.summarize_detailed(ITEMS, max_tokens=200, tokenizer=tokenizer)
     except SummarizeError as exc:
-        # A clear error: says what went wrong, never a placeholder summary.
+        # A SummarizeError only counts when the model answered: a crashed server proves nothing
+        # about handling real model output.
         message = str(exc)
+        alive = process.poll() is None
+        assert alive, f"the llama.cpp server died during the request: {message}"
+        # A clear error: says what went wrong, never a placeholder summary.
         assert len(message) > 20
         return
     summary = outcome.summary
