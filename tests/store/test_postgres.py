@@ -38,11 +38,16 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
     from ctxwarden.store.postgres import PostgresStore
 
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
-        assert [m.name for m in pg_migrations.plan(conn)] == ["initial", "vectors", "dedupe"]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3]
+        assert [m.name for m in pg_migrations.plan(conn)] == [
+            "initial",
+            "vectors",
+            "dedupe",
+            "compaction",
+        ]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4]
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 3
+        assert pg_migrations.current_version(conn) == 4
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "

@@ -19,6 +19,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   the indexes of :mod:`ctxwarden.store.migrations`' migration 3.
 - ``memory_vectors``: a ``vector(384)`` per memory and embedding model, with an HNSW index
   (cosine), ready for the embedder.
+- Migration 4 (``compaction``) drops ``tombstones_summary``, as SQLite's migration 4 does (the
+  same lookups, the same trade: summaries of summaries scan the tenant's tombstones).
 """
 
 from __future__ import annotations
@@ -199,6 +201,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DELETE FROM exact_heads",
             "ALTER TABLE exact_heads RENAME COLUMN channel TO scope",
         ),
+    ),
+    Migration(
+        version=4,
+        name="compaction",
+        statements=("DROP INDEX tombstones_summary",),
     ),
 )
 

@@ -372,25 +372,27 @@ class _PostgresWriter:
         unique = list(dict.fromkeys(ids))
         # Lock the rows in rowid order (as log_context does), so writers never deadlock here.
         rows = self._conn.execute(
-            "SELECT rowid, id, content_hash, created_at, last_seen_at, time_start, time_end "
-            "FROM memories WHERE tenant = %s AND id = ANY(%s) AND rowid <> %s "
+            "SELECT rowid, id, content_hash, created_at, last_seen_at, time_start, time_end, "
+            "kind FROM memories WHERE tenant = %s AND id = ANY(%s) AND rowid <> %s "
             "ORDER BY rowid FOR UPDATE",
             (tenant, unique, summary_rowid),
         ).fetchall()
         if not rows:
             return 0
         rowids = [r[0] for r in rows]
-        retired_ids = [r[1] for r in rows]
+        summaries = [r[1] for r in rows if r[7] == "summary"]
         # Aliases first: deleting the rows would cascade them away.
         self._conn.execute(
             "UPDATE aliases SET memory_rowid = %s WHERE memory_rowid = ANY(%s)",
             (summary_rowid, rowids),
         )
-        # Summaries of summaries: tombstones that named a retired summary now name this one.
-        self._conn.execute(
-            "UPDATE tombstones SET summary_id = %s WHERE tenant = %s AND summary_id = ANY(%s)",
-            (summary_id, tenant, retired_ids),
-        )
+        if summaries:
+            # Summaries of summaries: tombstones that named a retired summary now name this one
+            # (a scan of the tenant's tombstones: migration 4 dropped the summary_id index).
+            self._conn.execute(
+                "UPDATE tombstones SET summary_id = %s WHERE tenant = %s AND summary_id = ANY(%s)",
+                (summary_id, tenant, summaries),
+            )
         with self._conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
@@ -410,7 +412,7 @@ class _PostgresWriter:
                         end if end is not None else last_seen,
                         reason,
                     )
-                    for _, id_, content_hash, created, last_seen, start, end in rows
+                    for _, id_, content_hash, created, last_seen, start, end, _ in rows
                 ],
             )
         self._conn.execute("DELETE FROM memories WHERE rowid = ANY(%s)", (rowids,))
