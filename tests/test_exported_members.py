@@ -8,7 +8,9 @@ import ctxwarden
 def test_all_is_pinned() -> None:
     assert sorted(ctxwarden.__all__) == sorted(
         [
-            "AuthError", "Block", "BudgetError", "BudgetPolicy", "ConfigError", "ConflictError",
+            "AuthError", "Block", "BudgetError", "BudgetPolicy", "CompactionPlan",
+            "CompactionPolicy",
+            "ConfigError", "ConflictError",
             "Context", "CtxwardenError", "DedupeConfig", "EmbedError", "Engine", "EngineConfig",
             "IngestOutcome",
             "IngestResult", "InputError", "Memory", "ModelRegistry", "ModelSpec", "NotFound",

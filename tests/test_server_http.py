@@ -225,3 +225,52 @@ def test_metrics_expose_latency_budget_use_and_dedupe(url: str) -> None:
     assert 'ctxwarden_block_tokens_used_total{block="recent"}' in text
     assert 'route="/v1/memories/{memory_id}",status="404"' in text
     assert "nope" not in text
+
+
+def test_compact_plan_apply_and_metrics() -> None:
+    from ctxwarden.server.http import Principal
+
+    now = 1_800_000_000.0
+    old = now - 30 * 86400.0
+    keys = {
+        "reader": Principal(tenant="default", scopes=frozenset({"read"})),
+        "owner": Principal(tenant="default", scopes=frozenset({"read", "write", "delete"})),
+    }
+
+    def authenticate(token: str | None) -> Principal:
+        if token not in keys:
+            raise AuthError("unknown key")
+        return keys[token]
+
+    config = ServerConfig(authenticate=authenticate)
+    records = [
+        {"id": f"o{i}", "role": "user", "author": "ana", "created_at": old + i,
+         "content": f"decision {i}: move the kafka upgrade to week {i}"}
+        for i in range(5)
+    ] + [{"id": "fresh", "role": "user", "content": "today", "created_at": now - 60}]  # fmt: skip
+    with (
+        Engine.open(":memory:", clock=lambda: now) as engine,
+        serve(create_app(engine, config)) as url,
+        httpx.Client(base_url=url, headers={"Authorization": "Bearer owner"}) as client,
+    ):
+        assert client.post("/v1/ingest", json={"records": records, "session": "s"}).is_success
+        r = client.post("/v1/compact/plan", json={}, headers={"Authorization": "Bearer reader"})
+        assert r.status_code == 200, r.text
+        plan = r.json()
+        assert plan["memories"] == 5
+        assert sorted(plan["clusters"][0]["ids"]) == [f"o{i}" for i in range(5)]
+        assert engine.stats()["memories"] == 6  # planning wrote nothing
+        r = client.post("/v1/compact/apply", json={}, headers={"Authorization": "Bearer reader"})
+        assert r.status_code == 403
+        r = client.post("/v1/compact/apply", json={"older_than": -1})
+        assert r.status_code == 422
+        r = client.post("/v1/compact/apply", json={})
+        assert r.status_code == 200, r.text
+        done = r.json()
+        assert done["compacted"] == 5
+        assert done["summaries"] == [plan["clusters"][0]["summary_id"]]
+        assert client.get("/v1/memories/o3").json()["id"] == done["summaries"][0]
+        assert client.post("/v1/compact/apply", json={}).json()["compacted"] == 0
+        text = client.get("/metrics").text
+        assert "ctxwarden_compacted_memories_total 5.0" in text
+        assert "ctxwarden_compaction_summaries_total 1.0" in text

@@ -11,6 +11,7 @@ ingest; retrieval of the related past; an inclusion log that explains every cont
 """
 
 from ctxwarden.budget import Block, BudgetPolicy, chat_policy, research_policy
+from ctxwarden.compact import CompactionPlan, CompactionPolicy
 from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import (
@@ -38,6 +39,8 @@ __all__ = [
     "Block",
     "BudgetError",
     "BudgetPolicy",
+    "CompactionPlan",
+    "CompactionPolicy",
     "ConfigError",
     "ConflictError",
     "Context",

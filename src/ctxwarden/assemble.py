@@ -55,6 +55,26 @@ _STOPWORDS = frozenset(
 _WORD = re.compile(r"[\w][\w'.-]*[\w]|\w", re.UNICODE)
 
 
+_CITED = re.compile(r"^\s*[-*•]?\s*\[[^\[\]\s]+(?:,\s*[^\[\]\s,]+)*\]\s*")
+
+
+def _summary_line_keys(line: str) -> set[str]:
+    """Keys under which a summary line may repeat a persistent memory: the line itself, and
+    its text without the ``- [id]`` citation and without the ``author: `` prefix.
+
+    >>> sorted(_summary_line_keys("- [m1] ana: standup is at 10:30"))
+    ['[m1] ana: standup is at 10:30', 'ana: standup is at 10:30', 'standup is at 10:30']
+    """
+    keys = {line_key(line)}
+    body = _CITED.sub("", line, count=1)
+    if body != line:
+        keys.add(line_key(body))
+        head, sep, rest = body.partition(": ")
+        if sep and head and " " not in head.strip():
+            keys.add(line_key(rest))
+    return keys
+
+
 def query_terms(query: str, *, limit: int = 12) -> list[str]:
     """The search terms of a query: words without stopwords, de-duplicated, in order.
 
@@ -186,7 +206,7 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         kept = []
         for cand in material.summaries:
             lines = [ln for ln in cand.text.splitlines() if ln.strip()]
-            remaining = [ln for ln in lines if line_key(ln) not in persistent_keys]
+            remaining = [ln for ln in lines if not _summary_line_keys(ln) & persistent_keys]
             if len(remaining) == len(lines):
                 kept.append(cand)
                 continue

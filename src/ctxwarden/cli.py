@@ -185,6 +185,129 @@ def stats(
         console.print(top)
 
 
+def parse_duration(text: str) -> float:
+    """Seconds in ``"14d"``, ``"36h"``, ``"90m"``, ``"30s"`` or a bare number of seconds.
+
+    >>> parse_duration("14d")
+    1209600.0
+    """
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:])
+    number = raw[:-1] if scale is not None else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise InputError(
+            f"{text!r} is not a duration: write e.g. 14d, 36h or 90m", field="older_than"
+        ) from None
+    if value < 0:
+        raise InputError(f"{text!r} is negative", field="older_than")
+    return value
+
+
+@app.command()
+def compact(
+    plan_only: Annotated[
+        bool, typer.Option("--plan", help="Show what would be compacted (writes nothing).")
+    ] = False,
+    apply_it: Annotated[bool, typer.Option("--apply", help="Compact now.")] = False,
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
+    ] = "14d",
+    summarizer: Annotated[
+        str, typer.Option(help="extractive (offline, default) or llm.")
+    ] = "extractive",
+    llm_url: Annotated[
+        str | None,
+        typer.Option("--llm-url", help="OpenAI-compatible base URL (with --summarizer llm)."),
+    ] = None,
+    llm_model: Annotated[
+        str | None, typer.Option("--llm-model", help="Model name for llm.")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan/result as JSON.")] = False,
+) -> None:
+    """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ctxwarden.compact import CompactionPolicy
+    from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
+
+    if plan_only == apply_it:
+        raise InputError("pass exactly one of --plan or --apply", field="compact")
+    policy = CompactionPolicy(older_than=parse_duration(older_than))
+    chosen: Summarizer
+    if summarizer == "extractive":
+        chosen = ExtractiveSummarizer()
+    elif summarizer == "llm":
+        if not llm_url:
+            raise InputError(
+                "--summarizer llm needs --llm-url (and usually --llm-model)", field="llm_url"
+            )
+        from ctxwarden.llm import LLMClient
+
+        chosen = LLMSummarizer(LLMClient(llm_url, model=llm_model), llm_model)
+    else:
+        raise InputError(f"{summarizer!r} is not extractive or llm", field="summarizer")
+    console = Console(stderr=as_json)
+    with _engine() as engine:
+        plan = engine.compact_plan(policy=policy, tenant=tenant)
+        if plan_only:
+            if as_json:
+                typer.echo(json.dumps(plan.to_dict(), indent=2))
+                return
+            table = Table(
+                title=f"compaction plan: {plan.memories} memories in {len(plan.clusters)} "
+                f"clusters, {plan.tokens} tokens, about {plan.tokens_saved} saved "
+                f"({plan.tokenizer})"
+            )
+            for column in (
+                "summary",
+                "session",
+                "channel",
+                "from",
+                "to",
+                "size",
+                "tokens",
+                "saved",
+            ):
+                table.add_column(
+                    column, justify="right" if column in {"size", "tokens", "saved"} else "left"
+                )
+            from ctxwarden.types import format_time
+
+            for c in plan.clusters:
+                table.add_row(
+                    c.summary_id, c.session, c.channel or "-", format_time(c.time_range[0]),
+                    format_time(c.time_range[1]), str(c.size), str(c.tokens), str(c.tokens_saved),
+                )  # fmt: skip
+            console.print(table)
+            skipped = ", ".join(f"{k} {v}" for k, v in plan.skipped.items() if v)
+            console.print(f"considered {plan.considered}; left alone: {skipped or 'none'}")
+            return
+        with Progress(
+            TextColumn("compacting"), BarColumn(), MofNCompleteColumn(), console=console
+        ) as progress:
+            task = progress.add_task("clusters", total=len(plan.clusters))
+            result = engine.compact(
+                plan, summarizer=chosen, progress=lambda _c, _o: progress.advance(task)
+            )
+    if as_json:
+        data = {
+            "summaries": list(result.summaries),
+            "compacted": result.compacted,
+            "already_done": result.already_done,
+            "stale": result.stale,
+        }
+        typer.echo(json.dumps(data))
+    else:
+        console.print(
+            f"{result.compacted} memories compacted into {len(result.summaries)} summaries"
+            + (f"; {result.stale} stale cluster(s) skipped (run again)" if result.stale else "")
+        )
+
+
 @app.command()
 def demo(
     query: Annotated[

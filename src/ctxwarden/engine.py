@@ -22,6 +22,7 @@ from typing import Any
 
 import xxhash
 
+from ctxwarden import compact as compaction
 from ctxwarden import render, tokens
 from ctxwarden.assemble import (
     Candidate,
@@ -34,7 +35,7 @@ from ctxwarden.assemble import (
     recent_messages,
     system_message_text,
 )
-from ctxwarden.budget import BudgetPolicy, chat_policy
+from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
 from ctxwarden.errors import ConfigError, ConflictError, CtxwardenError, InputError, NotFound
 from ctxwarden.fold import Aggregate, Analysed, FoldIndex
@@ -58,6 +59,7 @@ from ctxwarden.store.base import (
     Writer,
 )
 from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import (
     Context,
     IngestOutcome,
@@ -104,6 +106,9 @@ class EngineConfig:
     related_candidates: int = 100
     recent_page: int = 32
     verifier: Verifier | None = field(default=None, repr=False, compare=False)
+    auto_summarize: bool = False
+    window_threshold: float = 0.9
+    max_window_summaries: int = 8
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -112,6 +117,14 @@ class EngineConfig:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
         if self.recent_page < 1:
             raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
+        if not 0 < self.window_threshold <= 1:
+            raise ConfigError(
+                f"window_threshold: {self.window_threshold} must be in (0, 1], e.g. 0.9"
+            )
+        if self.max_window_summaries < 2:
+            raise ConfigError(
+                f"max_window_summaries: {self.max_window_summaries} must be at least 2"
+            )
 
 
 @dataclass(slots=True)
@@ -308,7 +321,16 @@ class Engine:
             cache.move_to_end(rowid)
         while len(cache) > CANDIDATE_CACHE_SIZE:
             cache.popitem(last=False)
-        return IngestResult(outcomes=tuple(outcomes))
+        result = IngestResult(outcomes=tuple(outcomes))
+        if self.config.auto_summarize:
+            touched = {
+                (item.record.tenant, item.record.session)
+                for item, outcome in zip(prepared, outcomes, strict=True)
+                if outcome.status == "stored"
+            }
+            for tenant_name, session_name in sorted(touched):
+                self.summarize_session(session_name, tenant=tenant_name)
+        return result
 
     def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
         """Decide and write one validated batch in one transaction; the outcomes, and the fold
@@ -562,6 +584,197 @@ class Engine:
         self._analysed.clear()
         self.store.scrub()
         return len(erased)
+
+    # -- compaction and sliding-window summaries -------------------------------------------
+
+    def compact_plan(
+        self,
+        *,
+        policy: compaction.CompactionPolicy | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
+        embeddings: Mapping[str, Sequence[float]] | None = None,
+    ) -> compaction.CompactionPlan:
+        """What :meth:`compact` would do now (reads only). See :mod:`ctxwarden.compact`.
+
+        Token sizes are counted with ``model``'s tokenizer (default model by default);
+        ``embeddings`` (memory id to vector) enable topic clustering.
+        """
+        tenant = tenant or self.config.tenant
+        policy = policy or compaction.CompactionPolicy()
+        tok = tokens.get_tokenizer(
+            self.registry.resolve(model or self.config.default_model).tokenizer
+        )
+        now = self.clock()
+        rows = self.store.compaction_candidates(tenant, created_before=now - policy.older_than)
+        memories = [m for m, _ in rows]
+        counts = self._counts(memories, tok)
+        referenced = {sid for s in self.store.summaries(tenant) for sid in s.source_ids}
+        return compaction.plan(
+            memories,
+            now=now,
+            policy=policy,
+            tokens={rowid: c.line for rowid, c in counts.items()},
+            score_times={m.rowid: at for m, at in rows},
+            referenced=referenced,
+            embeddings=embeddings,
+            tokenizer=tok.name,
+        )
+
+    def compact(
+        self,
+        plan: compaction.CompactionPlan | None = None,
+        *,
+        summarizer: Summarizer | None = None,
+        policy: compaction.CompactionPolicy | None = None,
+        tenant: str | None = None,
+        progress: Callable[[compaction.Cluster, str], None] | None = None,
+    ) -> compaction.CompactionResult:
+        """Compact old, unused memories into summaries (one transaction per cluster).
+
+        Without ``plan``, plans first with ``policy``. The default summariser is the offline
+        :class:`~ctxwarden.summarize.ExtractiveSummarizer`. Re-running is safe.
+        """
+        plan = plan or self.compact_plan(policy=policy, tenant=tenant)
+        tok = (
+            tokens.get_tokenizer(plan.tokenizer) if plan.tokenizer else self._ingest_tokenizers()[0]
+        )
+        return compaction.apply(
+            plan,
+            summarizer or ExtractiveSummarizer(),
+            store=self.store,
+            tokenizer=tok,
+            tokenizers=self._summary_tokenizers(tok),
+            now=self.clock(),
+            progress=progress,
+        )
+
+    def _summary_tokenizers(self, tok: tokens.Tokenizer) -> tuple[tokens.Tokenizer, ...]:
+        out = {t.name: t for t in self._ingest_tokenizers()}
+        out.setdefault(tok.name, tok)
+        return tuple(out.values())
+
+    def recent_capacity(self, *, model: str | None = None) -> int:
+        """Tokens the recent block gets for ``model`` when every block is full of material."""
+        spec = self.registry.resolve(model or self.config.default_model)
+        policy = self.config.policy
+        limits = policy.limits(window=spec.window, max_output=spec.max_output)
+        demand = {b.name: limits.cap for b in policy.blocks}
+        alloc = allocate(policy, available=limits.cap, demand=demand)
+        return sum(alloc[b.name] for b in policy.blocks if b.source == "recent")
+
+    def summarize_session(
+        self,
+        session: str,
+        *,
+        summarizer: Summarizer | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        threshold: float | None = None,
+        capacity: int | None = None,
+    ) -> list[str]:
+        """Sliding window: summarise the oldest unsummarised history of ``session`` when it
+        passes ``threshold`` (default ``config.window_threshold``, 90 %) of the recent block's
+        capacity (``capacity``, default :meth:`recent_capacity` for ``model``).
+
+        The oldest messages are summarised until the unsummarised rest is at most half the
+        capacity; they stay stored (retrieval still finds them) while the summary shows in the
+        summaries block. When a session has more than ``config.max_window_summaries`` window
+        summaries, the oldest half are summarised into one (summary of summaries) and retired
+        with tombstones. Returns the ids of summaries written (none when under the threshold).
+        """
+        tenant = tenant or self.config.tenant
+        summarizer = summarizer or ExtractiveSummarizer()
+        spec = self.registry.resolve(model or self.config.default_model)
+        tok = tokens.get_tokenizer(spec.tokenizer)
+        fmt = tokens.get_chat_format(spec.chat_format, tok)
+        capacity = capacity if capacity is not None else self.recent_capacity(model=spec.name)
+        limit = (threshold if threshold is not None else self.config.window_threshold) * capacity
+        windows = [
+            s
+            for s in self.store.summaries(tenant, session=session)
+            if s.metadata.get("reason") == "window"
+        ]
+        covered_until = max((s.time_range[1] for s in windows if s.time_range), default=None)
+        pending: list[Memory] = []
+        before: tuple[float, int] | None = None
+        page = self.config.recent_page
+        while True:
+            batch = self.store.recent(tenant, session, before=before, limit=page)
+            fresh = [m for m in batch if covered_until is None or m.created_at > covered_until]
+            pending.extend(fresh)
+            if len(batch) < page or len(fresh) < len(batch):
+                break
+            before = (batch[-1].created_at, batch[-1].rowid)
+        pending.reverse()  # oldest first
+        counts = self._counts(pending, tok)
+        costs = [
+            counts[m.rowid].message + fmt.message_overhead(m.role, name=m.name) for m in pending
+        ]
+        written: list[str] = []
+        total = sum(costs)
+        if pending and total > limit:
+            keep = capacity / 2
+            cut = 0
+            while cut < len(pending) - 1 and total > keep:
+                total -= costs[cut]
+                cut += 1
+            # Never split a tool call from its results.
+            while cut < len(pending) and pending[cut].role == "tool":
+                cut += 1
+            sources = pending[:cut]
+            if sources:
+                written.append(
+                    self._write_window_summary(
+                        tenant, session, sources, summarizer, tok, sum(costs[:cut]), retire=False
+                    )
+                )
+                windows.append(self.store.get(tenant, written[-1]))
+        if len(windows) > self.config.max_window_summaries:
+            oldest = sorted(windows, key=lambda s: (s.created_at, s.rowid))
+            merge = oldest[: len(oldest) // 2 + 1]
+            cost = sum(self._counts(merge, tok)[m.rowid].line for m in merge)
+            written.append(
+                self._write_window_summary(
+                    tenant, session, merge, summarizer, tok, cost, retire=True
+                )
+            )
+        return written
+
+    def _write_window_summary(
+        self,
+        tenant: str,
+        session: str,
+        sources: Sequence[Memory],
+        summarizer: Summarizer,
+        tok: tokens.Tokenizer,
+        cost: int,
+        *,
+        retire: bool,
+    ) -> str:
+        ids = [m.id for m in sources]
+        summary_id = compaction.summary_id(tenant, ids)
+        # Messages shrink to a quarter; summaries, already dense, to a half.
+        target = max(64, min(1024, cost // 2 if retire else cost // 4))
+        summary = summarizer.summarize(
+            [SummaryItem.of(m) for m in sources], max_tokens=target, tokenizer=tok
+        )
+        channels = {m.channel for m in sources}
+        compaction.write_summary(
+            self.store,
+            tenant=tenant,
+            session=session,
+            channel=channels.pop() if len(channels) == 1 else None,
+            thread_id=None,
+            sources=sources,
+            content=summary.render(),
+            id=summary_id,
+            tokenizers=self._summary_tokenizers(tok),
+            reason="window",
+            now=self.clock(),
+            retire=retire,
+        )
+        return summary_id
 
     # -- assemble ----------------------------------------------------------------------------
 

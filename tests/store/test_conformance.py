@@ -431,3 +431,127 @@ def test_key_store(store: Store) -> None:
     assert store.revoke_api_key("k1", 10.0)  # idempotent: the first time is kept
     assert store.api_key("k1").revoked_at == 9.0  # type: ignore[union-attr]
     assert not store.revoke_api_key("nope", 9.0)
+
+
+# -- compaction: Writer.retire, Store.compaction_candidates / tombstones / vacuum ---------------
+
+
+def _summary(id: str, sources: list[str], *, at: float = 500.0) -> NewMemory:
+    base = _memory(id, kind="summary", at=at, content=f"summary {id} of kafka outage")
+    return NewMemory(**{**{f: getattr(base, f) for f in base.__slots__},  # type: ignore[attr-defined]
+                        "source_ids": tuple(sources), "time_range": (100.0, 200.0)})  # fmt: skip
+
+
+def test_compaction_candidates_filter_and_order(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("old2", at=20.0, content="b"))
+        w.insert(_memory("old1", at=10.0, content="a"))
+        w.insert(_memory("pinned", at=5.0, content="p", pinned=True))
+        w.insert(_memory("fact", at=5.0, content="f", kind="fact"))
+        w.insert(_memory("young", at=90.0, content="y"))
+        w.insert(_memory("other", at=1.0, content="o", tenant="u"))
+        seen = w.insert(_memory("seen", at=5.0, content="s"))
+        w.update_aggregates(
+            [AggregateUpdate(rowid=seen, folded=1, last_seen_at=95.0, latest_content=None)]
+        )
+    rows = store.compaction_candidates("t", created_before=50.0)
+    assert [m.id for m, _ in rows] == ["old1", "old2"]  # oldest first; last seen counts too
+    assert [at for _, at in rows] == [None, None]
+    store.log_context(
+        ContextLog(
+            id="ctx", tenant="t", session="s", created_at=30.0, model="m", tokenizer="k",
+            exact=True, cap=10, tokens=3, blocks={},
+            inclusions=(Inclusion(id="old1", rowid=store.get("t", "old1").rowid, block="b",
+                                  tokens=3),),
+        )
+    )  # fmt: skip
+    rows = store.compaction_candidates("t", created_before=50.0)
+    assert rows[0][0].access_score == pytest.approx(1.0)
+    assert rows[0][1] == pytest.approx(30.0)
+    assert store.compaction_candidates("nobody", created_before=1e12) == []
+
+
+def test_retire_replaces_memories_by_their_summary(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", at=100.0, content="kafka broker down"))
+        w.insert(_memory("b", at=150.0, content="kafka restarted"))
+        w.insert(_memory("keep", at=160.0, content="kafka is fine now"))
+        w.add_aliases([Alias(tenant="t", id="a-dup", rowid=a, status="duplicate", created_at=1.0)])
+        w.put_token_counts([TokenCount(rowid=a, tokenizer="k", message=5, line=4)])
+    with store.write() as w:
+        rowid = w.insert(_summary("S1", ["a", "b"]))
+        assert w.retire("t", ["a", "b", "missing"], summary_rowid=rowid, deleted_at=600.0,
+                        reason="compacted") == 2  # fmt: skip
+        assert w.resolve("t", "a") == "S1"
+        assert w.resolve_many("t", ["a", "a-dup", "b", "keep", "missing"]) == {
+            "a": "S1", "a-dup": "S1", "b": "S1", "keep": "keep"}  # fmt: skip
+    for old in ("a", "a-dup", "b"):
+        assert store.get("t", old).id == "S1"
+    with pytest.raises(NotFound):
+        store.get("u", "a")  # tombstones are per tenant
+    assert store.token_counts([a], "k") == {}
+    assert [m.id for m, _ in store.search("t", ["broker"])] == []  # gone from the index
+    assert {m.id for m, _ in store.search("t", ["kafka"])} == {"keep", "S1"}
+    stones = store.tombstones("t")
+    assert [t.id for t in stones] == ["a", "b"]
+    assert stones[0].summary_id == "S1"
+    assert stones[0].reason == "compacted"
+    assert stones[0].content_hash == "h-kafka broker down"
+    assert stones[0].time_range == (100.0, 100.0)
+    assert stones[0].deleted_at == 600.0
+    assert store.tombstones("t", summary_id="nope") == []
+    assert store.tombstones("u") == []
+    assert {m.id for m in store.iter_memories("t")} == {"keep", "S1"}
+    # A summary of summaries takes over the older summary's tombstones.
+    with store.write() as w:
+        top = w.insert(_summary("S2", ["S1", "keep"], at=700.0))
+        assert w.retire("t", ["S1", "keep"], summary_rowid=top, deleted_at=800.0,
+                        reason="compacted") == 2  # fmt: skip
+    assert {t.id for t in store.tombstones("t", summary_id="S2")} == {"a", "b", "S1", "keep"}
+    s1 = next(t for t in store.tombstones("t") if t.id == "S1")
+    assert s1.time_range == (100.0, 200.0)  # a summary keeps its own time range
+    for old in ("a", "a-dup", "b", "S1", "keep"):
+        assert store.get("t", old).id == "S2"
+    store.vacuum()
+    assert store.get("t", "a").id == "S2"
+
+
+def test_retire_rolls_back_with_its_transaction(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("a", content="x"))
+    with pytest.raises(RuntimeError), store.write() as w:
+        rowid = w.insert(_summary("S", ["a"]))
+        w.retire("t", ["a"], summary_rowid=rowid, deleted_at=1.0, reason="compacted")
+        raise RuntimeError("crash before commit")
+    assert store.get("t", "a").id == "a"
+    assert store.tombstones("t") == []
+    with pytest.raises(StoreError), store.write() as w:
+        w.retire("t", ["a"], summary_rowid=999_999, deleted_at=1.0, reason="compacted")
+    assert store.get("t", "a").id == "a"
+
+
+def test_engine_compacts_on_the_store(store: Store) -> None:
+    from ctxwarden.compact import CompactionPolicy
+
+    day = 86400.0
+    now = 100 * day
+    engine = Engine(store, clock=lambda: now)
+    engine.ingest(
+        [{"id": f"m{i}", "session": "s", "channel": "c", "author": "ana",
+          "content": f"decision {i}: ship release {i} on friday", "created_at": 10 * day + i}
+         for i in range(6)]
+        + [{"id": "new", "session": "s", "channel": "c", "author": "ana",
+            "content": "fresh message", "created_at": now - 60}]
+    )  # fmt: skip
+    plan = engine.compact_plan(policy=CompactionPolicy())
+    assert plan.memories == 6
+    result = engine.compact(plan)
+    assert result.compacted == 6
+    assert len(result.summaries) == 1
+    summary = engine.get("m0")
+    assert summary.kind == "summary"
+    assert set(summary.source_ids) == {f"m{i}" for i in range(6)}
+    assert {t.summary_id for t in store.tombstones("default")} == {summary.id}
+    assert engine.compact_plan().memories == 0  # nothing left to do
+    again = engine.ingest([{"id": "m3", "session": "s", "content": "late re-send"}])
+    assert again.outcomes[0].status == "known"

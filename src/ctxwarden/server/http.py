@@ -13,6 +13,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats                    counts
+    POST   /v1/compact/plan             {"older_than"?, "access_threshold"?} -> plan (reads only)
+    POST   /v1/compact/apply            same body -> summaries written, memories compacted
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
 
 Errors from the error tree map to status codes in :data:`STATUS_BY_ERROR` (one table), bodies
@@ -41,6 +43,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxwarden.compact import DAY, CompactionPolicy
 from ctxwarden.engine import Engine
 from ctxwarden.errors import (
     AuthError,
@@ -288,6 +291,18 @@ class SearchBody(BaseModel):
     limit: int = Field(default=20, ge=1, le=200)
 
 
+class CompactBody(BaseModel):
+    """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
+    with a decayed access score below ``access_threshold``."""
+
+    older_than: float = Field(default=14 * DAY, ge=0)
+    access_threshold: float = Field(default=0.5, ge=0)
+
+    def policy(self) -> CompactionPolicy:
+        """The :class:`CompactionPolicy` this body asks for."""
+        return CompactionPolicy(older_than=self.older_than, access_threshold=self.access_threshold)
+
+
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
     body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, InputError) and exc.field is not None:
@@ -447,6 +462,28 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         """Counts of the caller's tenant."""
         caller.require("read")
         return engine.stats(tenant=caller.tenant)
+
+    @app.post("/v1/compact/plan")
+    def compact_plan(body: CompactBody, caller: Caller) -> dict[str, Any]:
+        """What compaction would do now in the caller's tenant (reads only)."""
+        caller.require("read")
+        return engine.compact_plan(policy=body.policy(), tenant=caller.tenant).to_dict()
+
+    @app.post("/v1/compact/apply")
+    def compact_apply(body: CompactBody, caller: Caller) -> dict[str, Any]:
+        """Compact the caller's old, unused memories into summaries (extractive, offline),
+        one transaction per cluster; originals leave tombstones. Needs the delete scope."""
+        caller.require("delete")
+        plan = engine.compact_plan(policy=body.policy(), tenant=caller.tenant)
+        result = engine.compact(plan)
+        metrics.observe_compaction(len(result.summaries), result.compacted)
+        return {
+            "summaries": list(result.summaries),
+            "compacted": result.compacted,
+            "already_done": result.already_done,
+            "stale": result.stale,
+            "tokens_saved": plan.tokens_saved,
+        }
 
     @app.get("/metrics", include_in_schema=False)
     def metrics_endpoint() -> Response:

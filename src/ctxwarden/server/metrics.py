@@ -1,4 +1,5 @@
-"""Prometheus metrics of a server: requests, assembly latency, budget use per block, de-dup.
+"""Prometheus metrics of a server: requests, assembly latency, budget use per block, de-dup,
+compaction.
 
 Each app owns its :class:`Metrics` (its own registry, nothing global), exposed at ``/metrics``
 in the Prometheus text format. Paths are labelled by route template (``/v1/memories/{memory_id}``),
@@ -56,6 +57,14 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self.compaction_summaries = Counter(
+            "ctxwarden_compaction_summaries", "Summaries written by compaction.", registry=r
+        )
+        self.compacted = Counter(
+            "ctxwarden_compacted_memories",
+            "Memories replaced by summaries (each left a tombstone).",
+            registry=r,
+        )
         self.rejected = Counter(
             "ctxwarden_http_rejected", "Requests refused by a limit.", ["reason"], registry=r
         )
@@ -78,6 +87,11 @@ class Metrics:
         for status, count in counts.items():
             if count:
                 self.ingest.labels(status=status).inc(count)
+
+    def observe_compaction(self, summaries: int, compacted: int) -> None:
+        """Count one compaction run: summaries written, memories compacted."""
+        self.compaction_summaries.inc(summaries)
+        self.compacted.inc(compacted)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -6,6 +6,18 @@ only keeps and finds rows, transactionally. Writes go through a :class:`Writer` 
 batch leaves the store as it was.
 
 Every read takes a ``tenant`` and filters by it in the query itself (rule 6).
+
+Compaction (``ctxwarden.compact``) added four methods; a backend implements them so that a
+cluster's summary, deletions and tombstones commit together:
+
+- ``Writer.retire(tenant, ids, summary_rowid=, deleted_at=, reason=)``: delete memories from
+  every table and index, re-point their aliases and old tombstones to the summary, write one
+  content-free :class:`Tombstone` each; ``get``/``resolve`` of a retired id then follow its
+  tombstone to the summary.
+- ``Store.compaction_candidates(tenant, created_before=)``: old unpinned messages with the time
+  of their access score (the score itself decays from then; the planner brings it to now).
+- ``Store.tombstones(tenant, summary_id=None)``: read tombstones back.
+- ``Store.vacuum()``: reclaim the space of what compaction deleted.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ __all__ = [
     "NewMemory",
     "Store",
     "TokenCount",
+    "Tombstone",
     "Writer",
 ]
 
@@ -175,12 +188,26 @@ class KeyStore(Protocol):
         """Mark a key revoked; False if there is no such key."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tombstone:
+    """What is left of a deleted memory: no content, never retrieved (compaction adds these)."""
+
+    tenant: str
+    id: str
+    deleted_at: float
+    summary_id: str | None
+    content_hash: str
+    time_range: tuple[float, float] | None
+    reason: str
+
+
 @runtime_checkable
 class Writer(Protocol):
     """A unit of work: every call runs in one transaction that commits at the end."""
 
     def resolve(self, tenant: str, id: str) -> str | None:
-        """The id of the memory that ``id`` lives in now (itself, its aggregate), or None."""
+        """The id of the memory that ``id`` lives in now (itself, its aggregate, the summary
+        that absorbed it), or None."""
 
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
         """:meth:`resolve` for many ids at once; unknown ids are left out."""
@@ -245,6 +272,26 @@ class Writer(Protocol):
         """:meth:`delete` every memory of ``tenant`` and its inclusion log; the rowids removed.
         Tombstones remain; API keys are left to revoke."""
 
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction).
+
+        For each id that is a memory of its own: its aliases are re-pointed to the summary and
+        the id itself resolves through its tombstone (``get`` and ``resolve`` follow
+        ``tombstone.summary_id``), so lookups by any old id find the summary; tombstones that
+        named it as their summary now name the summary (summaries of summaries); one content-free
+        :class:`Tombstone` is written (``time_range`` = created_at .. last_seen_at, or the
+        memory's own time_range) and the row is deleted from every table and index.
+        Returns how many were retired; ids that are not memories are left alone.
+        """
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -254,7 +301,8 @@ class Store(Protocol):
         """A transaction for writes; rolls back if the block raises."""
 
     def get(self, tenant: str, id: str) -> Memory:
-        """The memory with caller id ``id`` (or the aggregate it was folded into); NotFound."""
+        """The memory with caller id ``id`` (or the aggregate it was folded into, or the summary
+        its tombstone names); NotFound."""
 
     def recent(
         self,
@@ -293,6 +341,19 @@ class Store(Protocol):
     def stats(self, tenant: str) -> dict[str, Any]:
         """Counts for ``ctxwarden stats``: per channel ``seen``, ``memories``, ``folded``,
         ``exact`` and ``near`` (folds by layer); totals; ``top_families``."""
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned ``message`` memories created and last seen before ``created_before``, with
+        the time their ``access_score`` was last updated (None if never), for compaction."""
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of a tenant (those pointing at ``summary_id`` when given), by id."""
+
+    def vacuum(self) -> None:
+        """Reclaim the space of deleted rows (after compaction): SQLite merges FTS segments
+        and VACUUMs (the file shrinks); PostgreSQL runs ``VACUUM (ANALYZE)`` (space reusable)."""
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of a tenant, oldest first (exports, maintenance)."""

@@ -24,6 +24,11 @@ last_seen_at) and ``memories_exact_session`` on (tenant, session, content_hash, 
 ``exact_scope = "session"``, and drops the row-level ``memories_fts_insert`` trigger: the
 SQLite writer indexes the rows it inserted in one statement when its transaction commits (the
 update and delete triggers stay).
+
+Migration 4 (``compaction``) drops ``tombstones_summary``: compaction leaves one tombstone per
+original, and that index was ~40 % of their bytes. The lookup it served (tombstones naming a
+given summary) is needed only when summaries are themselves summarised (sliding-window merges),
+which then scan the tenant's tombstones once per merge.
 """
 
 from __future__ import annotations
@@ -209,6 +214,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             # commit), not row by row: a row-level trigger costs ~2.5x the CPU at ingest.
             "DROP TRIGGER memories_fts_insert",
         ),
+    ),
+    Migration(
+        version=4,
+        name="compaction",
+        statements=("DROP INDEX tombstones_summary",),
     ),
 )
 

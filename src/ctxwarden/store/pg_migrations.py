@@ -19,6 +19,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   the indexes of :mod:`ctxwarden.store.migrations`' migration 3.
 - ``memory_vectors``: a ``vector(384)`` per memory and embedding model, with an HNSW index
   (cosine), ready for the embedder.
+- Migration 4 (``compaction``) drops ``tombstones_summary``, as SQLite's migration 4 does (the
+  same lookups, the same trade: summaries of summaries scan the tenant's tombstones).
 - ``api_keys`` (migration ``pg_api_keys``): the servers' API keys, as on SQLite (tenant, scopes,
   a SHA-256 of the secret only), so ``ctxwarden serve --db postgresql://...`` checks keys.
 """
@@ -204,6 +206,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         version=4,
+        name="compaction",
+        statements=("DROP INDEX tombstones_summary",),
+    ),
+    Migration(
+        version=5,
         name="pg_api_keys",
         statements=(
             """

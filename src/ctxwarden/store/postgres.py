@@ -38,6 +38,7 @@ from ctxwarden.store.base import (
     FoldTarget,
     NewMemory,
     TokenCount,
+    Tombstone,
 )
 from ctxwarden.store.sqlite import (
     _TARGET_COLUMNS,
@@ -115,6 +116,13 @@ class _PostgresWriter:
             "WHERE a.tenant = %s AND a.id = %s",
             (tenant, id),
         )
+        if row:
+            return str(row[0])
+        row = self._one(
+            "SELECT m.id FROM tombstones t JOIN memories m "
+            "ON m.tenant = t.tenant AND m.id = t.summary_id WHERE t.tenant = %s AND t.id = %s",
+            (tenant, id),
+        )
         return str(row[0]) if row else None
 
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
@@ -130,6 +138,14 @@ class _PostgresWriter:
             (tenant, unique),
         ):
             out.setdefault(alias, id_)
+        # Compacted ids resolve to their summary (re-ingesting one is ``known``, not new).
+        for gone, id_ in self._conn.execute(
+            "SELECT t.id, m.id FROM tombstones t JOIN memories m "
+            "ON m.tenant = t.tenant AND m.id = t.summary_id "
+            "WHERE t.tenant = %s AND t.id = ANY(%s)",
+            (tenant, unique),
+        ):
+            out.setdefault(gone, id_)
         return out
 
     def find_targets(
@@ -410,6 +426,72 @@ class _PostgresWriter:
         self._conn.execute("DELETE FROM contexts WHERE tenant = %s", (tenant,))
         return erased
 
+    # -- compaction (ctxwarden.compact) ---------------------------------------------------------
+
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        found = self._one(
+            "SELECT id FROM memories WHERE rowid = %s AND tenant = %s", (summary_rowid, tenant)
+        )
+        if found is None:
+            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
+        summary_id = str(found[0])
+        unique = list(dict.fromkeys(ids))
+        # Lock the rows in rowid order (as log_context does), so writers never deadlock here.
+        rows = self._conn.execute(
+            "SELECT rowid, id, content_hash, created_at, last_seen_at, time_start, time_end, "
+            "kind FROM memories WHERE tenant = %s AND id = ANY(%s) AND rowid <> %s "
+            "ORDER BY rowid FOR UPDATE",
+            (tenant, unique, summary_rowid),
+        ).fetchall()
+        if not rows:
+            return 0
+        rowids = [r[0] for r in rows]
+        summaries = [r[1] for r in rows if r[7] == "summary"]
+        # Aliases first: deleting the rows would cascade them away.
+        self._conn.execute(
+            "UPDATE aliases SET memory_rowid = %s WHERE memory_rowid = ANY(%s)",
+            (summary_rowid, rowids),
+        )
+        if summaries:
+            # Summaries of summaries: tombstones that named a retired summary now name this one
+            # (a scan of the tenant's tombstones: migration 4 dropped the summary_id index).
+            self._conn.execute(
+                "UPDATE tombstones SET summary_id = %s WHERE tenant = %s AND summary_id = ANY(%s)",
+                (summary_id, tenant, summaries),
+            )
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+                "time_start, time_end, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+                "summary_id = excluded.summary_id, content_hash = excluded.content_hash, "
+                "time_start = excluded.time_start, time_end = excluded.time_end, "
+                "reason = excluded.reason",
+                [
+                    (
+                        tenant,
+                        id_,
+                        deleted_at,
+                        summary_id,
+                        content_hash,
+                        start if start is not None else created,
+                        end if end is not None else last_seen,
+                        reason,
+                    )
+                    for _, id_, content_hash, created, last_seen, start, end, _ in rows
+                ],
+            )
+        self._conn.execute("DELETE FROM memories WHERE rowid = ANY(%s)", (rowids,))
+        return len(rows)
+
 
 class PostgresStore:
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
@@ -514,6 +596,12 @@ class PostgresStore:
                 f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
                 "(SELECT memory_rowid FROM aliases WHERE tenant = %s AND id = %s)",
                 (tenant, id),
+            )
+        if not rows:
+            rows = self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND id = "
+                "(SELECT summary_id FROM tombstones WHERE tenant = %s AND id = %s)",
+                (tenant, tenant, id),
             )
         if not rows:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
@@ -682,6 +770,56 @@ class PostgresStore:
             for row in rows:
                 yield _memory(row)
             last = (rows[-1][9], rows[-1][0])
+
+    # -- compaction (ctxwarden.compact) ---------------------------------------------------------
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned messages created and last seen before ``created_before``, oldest first."""
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = %s "
+            "AND kind = 'message' AND NOT pinned AND created_at < %s AND last_seen_at < %s "
+            "ORDER BY created_at, rowid",
+            (tenant, created_before, created_before),
+        )
+        return [(_memory(r[:-1]), r[-1]) for r in rows]
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if summary_id is not None:
+            extra = " AND summary_id = %s"
+            params.append(summary_id)
+        rows = self._query(
+            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
+            f'reason FROM tombstones WHERE tenant = %s{extra} ORDER BY id COLLATE "C"',
+            params,
+        )
+        return [
+            Tombstone(
+                tenant=r[0],
+                id=r[1],
+                deleted_at=r[2],
+                summary_id=r[3],
+                content_hash=r[4],
+                time_range=(r[5], r[6]) if r[5] is not None else None,
+                reason=r[7],
+            )
+            for r in rows
+        ]
+
+    def vacuum(self) -> None:
+        """Reclaim space after compaction: ``VACUUM (ANALYZE)`` of the tables compaction
+        rewrites (outside a transaction; space becomes reusable, the files do not shrink)."""
+        self._check_open()
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for table in ("memories", "aliases", "token_counts", "tombstones"):
+                    conn.execute(f"VACUUM (ANALYZE) {table}")  # fixed names, no user input
+        except psycopg.Error as exc:
+            raise StoreError(f"vacuum failed: {exc}") from exc
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Run one maintenance statement in its own transaction (tests, admin tasks)."""

@@ -28,6 +28,7 @@ from ctxwarden.store.base import (
     FoldTarget,
     NewMemory,
     TokenCount,
+    Tombstone,
 )
 from ctxwarden.types import Memory
 
@@ -139,6 +140,13 @@ class _SQLiteWriter:
             "WHERE a.tenant = ? AND a.id = ?",
             (tenant, id),
         ).fetchone()
+        if row:
+            return str(row[0])
+        row = self._conn.execute(
+            "SELECT m.id FROM tombstones t JOIN memories m "
+            "ON m.tenant = t.tenant AND m.id = t.summary_id WHERE t.tenant = ? AND t.id = ?",
+            (tenant, id),
+        ).fetchone()
         return str(row[0]) if row else None
 
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
@@ -157,6 +165,14 @@ class _SQLiteWriter:
                 [tenant, *chunk],
             ):
                 out.setdefault(alias, id_)
+            # Compacted ids resolve to their summary (re-ingesting one is ``known``, not new).
+            for gone, id_ in self._conn.execute(
+                "SELECT t.id, m.id FROM tombstones t JOIN memories m "
+                "ON m.tenant = t.tenant AND m.id = t.summary_id "
+                f"WHERE t.tenant = ? AND t.id IN ({marks})",
+                [tenant, *chunk],
+            ):
+                out.setdefault(gone, id_)
         return out
 
     def find_targets(
@@ -404,6 +420,67 @@ class _SQLiteWriter:
         self._conn.execute("DELETE FROM contexts WHERE tenant = ?", (tenant,))
         return erased
 
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        self.flush()  # the FTS delete trigger needs every row indexed first
+        summary_id = self._conn.execute(
+            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
+        ).fetchone()
+        if summary_id is None:
+            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
+        retired = 0
+        summaries: list[str] = []
+        for id_ in ids:
+            row = self._conn.execute(
+                "SELECT rowid, content_hash, created_at, last_seen_at, time_start, time_end, kind "
+                "FROM memories WHERE tenant = ? AND id = ?",
+                (tenant, id_),
+            ).fetchone()
+            if row is None or row[0] == summary_rowid:
+                continue
+            rowid, content_hash, created, last_seen, start, end, kind = row
+            if kind == "summary":
+                summaries.append(id_)
+            # Aliases first: deleting the row would cascade them away.
+            self._conn.execute(
+                "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?", (summary_rowid, rowid)
+            )
+            # The id itself resolves through its tombstone (no alias row: that would repeat it).
+            self._conn.execute(
+                "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
+                "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    tenant,
+                    id_,
+                    deleted_at,
+                    summary_id[0],
+                    content_hash,
+                    start if start is not None else created,
+                    end if end is not None else last_seen,
+                    reason,
+                ),
+            )
+            self._conn.execute("DELETE FROM memories WHERE rowid = ?", (rowid,))
+            retired += 1
+        for start in range(0, len(summaries), _CHUNK):
+            chunk = summaries[start : start + _CHUNK]
+            # Summaries of summaries: one pass over the tenant's tombstones (migration 4 dropped
+            # the summary_id index, ~40 % of the tombstones' bytes; only summaries are retired
+            # into summaries, and rarely, so ordinary compaction never scans).
+            self._conn.execute(
+                "UPDATE tombstones SET summary_id = ? WHERE tenant = ? "
+                f"AND summary_id IN ({','.join('?' * len(chunk))})",
+                (summary_id[0], tenant, *chunk),
+            )
+        return retired
+
 
 class SQLiteStore:
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
@@ -519,7 +596,8 @@ class SQLiteStore:
                 raise StoreError(f"query failed: {exc}") from exc
 
     def get(self, tenant: str, id: str) -> Memory:
-        """The memory with this id, or the aggregate/summary it now lives in."""
+        """The memory with this id, or the aggregate it was folded into (alias), or the summary
+        that absorbed it (tombstone)."""
         rows = self._query(
             f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = ?", (tenant, id)
         )
@@ -528,6 +606,12 @@ class SQLiteStore:
                 f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
                 "(SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)",
                 (tenant, id),
+            )
+        if not rows:
+            rows = self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = "
+                "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
+                (tenant, tenant, id),
             )
         if not rows:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
@@ -684,6 +768,55 @@ class SQLiteStore:
             "channels": channels,
             "top_families": top,
         }
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned messages created and last seen before ``created_before``, oldest first."""
+        rows = self._query(
+            f"SELECT {_MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
+            "AND kind = 'message' AND pinned = 0 AND created_at < ? AND last_seen_at < ? "
+            "ORDER BY created_at, rowid",
+            (tenant, created_before, created_before),
+        )
+        return [(_memory(r[:-1]), r[-1]) for r in rows]
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if summary_id is not None:
+            extra = " AND summary_id = ?"
+            params.append(summary_id)
+        rows = self._query(
+            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
+            f"reason FROM tombstones WHERE tenant = ?{extra} ORDER BY id",
+            params,
+        )
+        return [
+            Tombstone(
+                tenant=r[0],
+                id=r[1],
+                deleted_at=r[2],
+                summary_id=r[3],
+                content_hash=r[4],
+                time_range=(r[5], r[6]) if r[5] is not None else None,
+                reason=r[7],
+            )
+            for r in rows
+        ]
+
+    def vacuum(self) -> None:
+        """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
+        merges FTS5 segments so deleted rows' tokens leave the index, then VACUUMs."""
+        with self._lock:
+            self._check_open()
+            try:
+                self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
+                self._conn.execute("VACUUM")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"vacuum failed: {exc}") from exc
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""

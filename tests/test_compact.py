@@ -1,0 +1,334 @@
+"""Compaction: policy validation, planning (pure), apply (summary, deletion, tombstones, aliases),
+sliding-window summaries and summaries of summaries."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+
+from conftest import Clock
+from ctxwarden import ConfigError, Engine, NotFound
+from ctxwarden.compact import CompactionPolicy, decayed_score, plan, summary_id
+from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.summarize import ExtractiveSummarizer
+
+DAY = 86400.0
+WORDS = [
+    "deploy",
+    "release",
+    "budget",
+    "laptop",
+    "standup",
+    "kafka",
+    "redis",
+    "invoice",
+    "roadmap",
+    "review",
+]
+
+
+def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> list[dict[str, Any]]:
+    out = []
+    for d in range(days):
+        for i in range(per_day):
+            n = d * per_day + i
+            out.append(
+                {
+                    "id": f"{channel}-{n}",
+                    "session": "team",
+                    "channel": channel,
+                    "author": ["ana", "bo", "cy"][n % 3],
+                    "content": f"we moved the {WORDS[n % 10]} to version {n} after the "
+                    f"{WORDS[(n * 3) % 10]} meeting with {['Omar', 'Ines'][n % 2]}",
+                    "created_at": start + d * DAY + i * 600,
+                }
+            )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("older_than", -1),
+        ("tau", 0),
+        ("time_window", -5),
+        ("max_cluster_tokens", 0),
+        ("summary_ratio", 1.5),
+        ("access_threshold", float("nan")),
+        ("min_cluster_size", 0),
+    ],
+)
+def test_policy_errors_name_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"compact.{field}"):
+        CompactionPolicy(**{field: value})
+
+
+def test_decayed_score() -> None:
+    assert decayed_score(0.0, None, 10.0, 1.0) == 0.0
+    assert decayed_score(2.0, 0.0, 0.0, 5.0) == 2.0
+    assert decayed_score(1.0, 0.0, 7 * DAY, 7 * DAY) == pytest.approx(0.36788, rel=1e-4)
+
+
+def test_plan_selects_old_unused_unpinned_and_clusters_by_channel_and_day(
+    engine: Engine, clock: Clock
+) -> None:
+    start = clock.now - 30 * DAY
+    engine.ingest(
+        _messages(start, days=20, per_day=6) + _messages(start, days=3, per_day=4, channel="ops")
+    )
+    engine.ingest([{"id": "pin", "session": "team", "content": "keep me", "pinned": True,
+                    "created_at": start}])  # fmt: skip
+    before = engine.stats()["memories"]
+    p = engine.compact_plan()
+    assert engine.stats()["memories"] == before  # read-only
+    # 16 days (30 - 14) of dev at 6 a day and 3 days of ops at 4 a day are old enough.
+    assert p.memories == 16 * 6 + 3 * 4
+    assert len(p.clusters) == 16 + 3
+    for cluster in p.clusters:
+        assert len({int(t // DAY) for t in cluster.time_range}) == 1
+        assert cluster.tokens > cluster.target_tokens
+        assert cluster.tokens_saved == cluster.tokens - cluster.target_tokens
+    assert all("pin" not in c.ids for c in p.clusters)
+    cutoff = clock.now - 14 * DAY
+    assert all(c.time_range[1] < cutoff for c in p.clusters)
+
+
+def test_recently_accessed_memories_stay(engine: Engine, clock: Clock) -> None:
+    start = clock.now - 20 * DAY
+    engine.ingest(_messages(start, days=1, per_day=6))
+    clock.now -= 1 * DAY
+    context = engine.assemble(session="team", query="kafka redis", model="gpt-4o", budget=3000)
+    clock.now += 1 * DAY
+    used = set(context.included)
+    assert used
+    p = engine.compact_plan()
+    planned = {i for c in p.clusters for i in c.ids}
+    assert not planned & used
+    # A day-old single use decays to exp(-1/7) = 0.87 (over 0.5); with tau = 0.1 day it is gone.
+    loose = engine.compact_plan(policy=CompactionPolicy(tau=0.1 * DAY))
+    assert {i for c in loose.clusters for i in c.ids} >= used
+
+
+def test_plan_is_pure_and_uses_topics_when_embeddings_exist(engine: Engine, clock: Clock) -> None:
+    start = clock.now - 20 * DAY
+    engine.ingest(_messages(start, days=1, per_day=8))
+    rows = engine.store.compaction_candidates("default", created_before=clock.now)
+    memories = [m for m, _ in rows]
+    tokens = {m.rowid: 40 for m in memories}
+    policy = CompactionPolicy()
+    plain = plan(memories, now=clock.now, policy=policy, tokens=tokens)
+    assert len(plain.clusters) == 1
+    vectors = {m.id: [1.0, 0.0] if i % 2 else [0.0, 1.0] for i, m in enumerate(memories)}
+    topical = plan(memories, now=clock.now, policy=policy, tokens=tokens, embeddings=vectors)
+    assert len(topical.clusters) == 2
+    assert {len(c.ids) for c in topical.clusters} == {4}
+    assert plan(memories, now=clock.now, policy=policy, tokens=tokens) == plain
+    # Referenced by a summary: never a candidate.
+    cited = plan(memories, now=clock.now, policy=policy, tokens=tokens,
+                 referenced={m.id for m in memories})  # fmt: skip
+    assert cited.clusters == ()
+    assert cited.skipped["summarised"] == len(memories)
+
+
+def _tables(store: SQLiteStore) -> dict[str, int]:
+    conn = store._conn
+    return {
+        "memories": conn.execute("SELECT count(*) FROM memories").fetchone()[0],
+        "token_counts": conn.execute("SELECT count(*) FROM token_counts").fetchone()[0],
+        "tombstones": conn.execute("SELECT count(*) FROM tombstones").fetchone()[0],
+    }
+
+
+def test_apply_writes_summaries_deletes_originals_and_leaves_tombstones(
+    engine: Engine, clock: Clock
+) -> None:
+    start = clock.now - 20 * DAY
+    records = _messages(start, days=3, per_day=6)
+    # A verbatim repeat folds into its first copy: its alias must follow it into the summary.
+    records.append({**records[0], "id": "repeat-of-0", "created_at": start + 60})
+    engine.ingest(records)
+    store = engine.store
+    assert isinstance(store, SQLiteStore)
+    p = engine.compact_plan()
+    assert len(p.clusters) == 3
+    seen: list[str] = []
+    result = engine.compact(p, progress=lambda c, outcome: seen.append(outcome))
+    assert seen == ["compacted"] * 3
+    assert result.compacted == 18
+    counts = _tables(store)
+    assert counts["memories"] == 3
+    assert counts["tombstones"] == 18
+    assert counts["token_counts"] == 3  # the summaries' counts; the originals' cascaded away
+    for cluster in p.clusters:
+        summary = engine.get(cluster.summary_id)
+        assert summary.kind == "summary"
+        assert summary.source_ids == cluster.ids
+        assert summary.time_range == cluster.time_range
+        assert summary.content.startswith("Summary of 6 messages")
+        for id_ in cluster.ids:
+            assert engine.get(id_).id == cluster.summary_id
+        stones = store.tombstones("default", summary_id=cluster.summary_id)
+        assert [t.id for t in stones] == sorted(cluster.ids)
+        assert all(t.reason == "compacted" and t.time_range for t in stones)
+    assert engine.get("repeat-of-0").id == p.clusters[0].summary_id
+    # Tombstones hold no content; the originals' text is gone from the FTS index.
+    columns = [r[1] for r in store._conn.execute("PRAGMA table_info(tombstones)")]
+    assert "content" not in columns
+    original = records[1]["content"]
+    assert not store._conn.execute(
+        "SELECT 1 FROM memories m JOIN memories_fts f ON f.rowid = m.rowid "
+        "WHERE memories_fts MATCH ? AND m.kind = 'message'",
+        ('"' + original.split()[3] + '"',),
+    ).fetchall()
+    # The summary is searchable and shows up for a query, standing in for its sources.
+    context = engine.assemble(session="team", query="release version Omar", budget=2000)
+    summaries = {c.summary_id for c in p.clusters}
+    assert summaries & set(context.included)
+    # Re-ingesting a compacted id is a no-op, not a resurrection.
+    outcome = engine.ingest([records[1]]).outcomes[0]
+    assert outcome.status == "known"
+    # Running again finds nothing to do; a stale plan is recognised.
+    assert engine.compact_plan().clusters == ()
+    again = engine.compact(p)
+    assert again.compacted == 0
+    assert again.already_done == 3
+    assert store.integrity_check() == "ok"
+
+
+def test_apply_skips_a_cluster_whose_originals_changed(engine: Engine, clock: Clock) -> None:
+    start = clock.now - 20 * DAY
+    engine.ingest(_messages(start, days=1, per_day=6))
+    p = engine.compact_plan()
+    store = engine.store
+    assert isinstance(store, SQLiteStore)
+    store._conn.execute("DELETE FROM memories WHERE id = 'dev-3'")
+    result = engine.compact(p)
+    assert result.stale == 1
+    assert result.compacted == 0
+    with pytest.raises(NotFound):
+        engine.get(p.clusters[0].summary_id)
+
+
+def test_summary_id_is_deterministic() -> None:
+    assert summary_id("t", ["a", "b"]) == summary_id("t", ["a", "b"])
+    assert summary_id("t", ["a", "b"]) != summary_id("u", ["a", "b"])
+
+
+def test_sliding_window_summarises_before_overflow(clock: Clock) -> None:
+    with Engine.open(":memory:", clock=clock) as engine:
+        records = _messages(clock.now - 2 * DAY, days=1, per_day=60)
+        engine.ingest(records[:10])
+        assert engine.summarize_session("team", capacity=1000) == []
+        engine.ingest(records[10:])
+        written = engine.summarize_session("team", capacity=1000)
+        assert len(written) == 1
+        summary = engine.get(written[0])
+        assert summary.source_ids[0] == "dev-0"
+        # Originals stay (retrieval still finds them); the summary is in the summaries block.
+        assert engine.get("dev-0").id == "dev-0"
+        context = engine.assemble(session="team", model="gpt-4o", budget=1500)
+        assert written[0] in context.included
+        system = context.messages[0]["content"]
+        assert "Summaries of earlier conversation" in system
+        # Nothing new: no new summary.
+        assert engine.summarize_session("team", capacity=1000) == []
+
+
+def test_summaries_of_summaries_when_they_pile_up(clock: Clock) -> None:
+    from ctxwarden.engine import EngineConfig
+
+    config = EngineConfig(max_window_summaries=3)
+    with Engine.open(":memory:", clock=clock, config=config) as engine:
+        records = _messages(clock.now - 2 * DAY, days=1, per_day=120)
+        written: list[str] = []
+        for start in range(0, 120, 20):
+            engine.ingest(records[start : start + 20])
+            written += engine.summarize_session("team", capacity=600)
+        windows = engine.store.summaries("default", session="team")
+        assert len(windows) <= 4
+        merged = [s for s in windows if any(i.startswith("s-") for i in s.source_ids)]
+        assert merged
+        for s in merged:
+            for old in s.source_ids:
+                assert engine.get(old).id in {w.id for w in windows}
+        # Every tombstone points at a summary that exists.
+        for t in engine.store.tombstones("default"):
+            assert t.summary_id is not None
+            assert engine.get(t.summary_id).kind == "summary"
+
+
+def test_auto_summarize_after_ingest(clock: Clock) -> None:
+    from ctxwarden.engine import EngineConfig
+
+    config = EngineConfig(auto_summarize=True, default_model="gpt-4")  # 8k window
+    with Engine.open(":memory:", clock=clock, config=config) as engine:
+        capacity = engine.recent_capacity()
+        assert 0 < capacity < 8192
+        engine.ingest(_messages(clock.now - DAY, days=1, per_day=140))
+        assert engine.store.summaries("default", session="team")
+
+
+def test_integrity_on_file(tmp_path: Any, clock: Clock) -> None:
+    path = tmp_path / "c.db"
+    with Engine.open(path, clock=clock) as engine:
+        engine.ingest(_messages(clock.now - 20 * DAY, days=2, per_day=5))
+        engine.compact(summarizer=ExtractiveSummarizer())
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    orphans = conn.execute(
+        "SELECT count(*) FROM tombstones t LEFT JOIN memories m ON m.id = t.summary_id "
+        "WHERE m.rowid IS NULL"
+    ).fetchone()[0]
+    assert orphans == 0
+    conn.close()
+
+
+def test_cli_compact_plan_then_apply(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app, parse_duration
+
+    assert parse_duration("14d") == 14 * DAY
+    assert parse_duration("90m") == 5400
+    data = tmp_path / "m.jsonl"
+    data.write_text(
+        "\n".join(json.dumps(r) for r in _messages(1_700_000_000.0, days=2, per_day=6)),
+        encoding="utf-8",
+    )
+    db = str(tmp_path / "c.db")
+    runner = CliRunner()
+    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
+    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--older-than", "1d"])
+    assert shown.exit_code == 0, shown.output
+    plan = json.loads(shown.output)
+    assert plan["memories"] == 12
+    assert len(plan["clusters"]) == 2
+    done = runner.invoke(app, ["--db", db, "compact", "--apply", "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output.strip().splitlines()[-1])
+    assert result["compacted"] == 12
+    assert len(result["summaries"]) == 2
+    again = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    assert json.loads(again.output)["clusters"] == []
+
+
+def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) -> None:
+    with Engine.open(":memory:", clock=clock) as engine:
+        records = _messages(clock.now - 2 * DAY, days=1, per_day=60)
+        fact = "the standup is now at 10:30 in room Kepler 7"
+        records[3] = {**records[3], "content": fact}
+        engine.ingest(records)
+        engine.ingest([{"id": "f1", "session": "team", "kind": "fact", "content": fact}])
+        written = engine.summarize_session("team", capacity=1000)
+        assert written
+        summary = engine.get(written[0])
+        assert f"[dev-3] {records[3]['author']}: {fact}" in summary.content
+        context = engine.assemble(session="team", model="gpt-4o", budget=3000)
+        assert written[0] in context.included
+        system = context.messages[0]["content"]
+        assert system.count(fact) == 1  # in persistent, dropped from the summary
+        assert any("already in persistent dropped" in n for n in context.report.notes)
