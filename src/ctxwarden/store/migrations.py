@@ -16,6 +16,13 @@ records the version in ``PRAGMA user_version``. The tables (the DESIGN.md data m
 - ``tombstones``: content-free records of deleted memories.
 - ``api_keys`` (migration ``serve_api_keys``): API keys of the servers, each with a tenant and
   scopes; only a SHA-256 of the secret is kept.
+- ``memory_vectors`` (migration ``vectors``): one embedding per memory and embedding model
+  (float16 little-endian bytes, its length in ``dim``), removed with its memory by cascade; the
+  model's name is kept so vectors of different models are never mixed.
+- ``vector_changes`` (migration ``vectors``): an append-only log of which memory's vector of which
+  model changed (filled by triggers, cascades included). The in-memory HNSW index replays it from
+  the sequence number it last saw, so it stays consistent through deletes and through writes by
+  other processes.
 """
 
 from __future__ import annotations
@@ -188,6 +195,49 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID
             """,
             "CREATE INDEX api_keys_tenant ON api_keys (tenant)",
+        ),
+    ),
+    # Added on branch ``retrieve``: renumber if another migration 3 landed first.
+    Migration(
+        version=3,
+        name="vectors",
+        statements=(
+            """
+            CREATE TABLE memory_vectors (
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                model TEXT NOT NULL,
+                dim INTEGER NOT NULL,
+                embedding BLOB NOT NULL,
+                PRIMARY KEY (memory_rowid, model)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX memory_vectors_model ON memory_vectors (model, memory_rowid)",
+            """
+            CREATE TABLE vector_changes (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                model TEXT NOT NULL,
+                memory_rowid INTEGER NOT NULL
+            )
+            """,
+            "CREATE INDEX vector_changes_model ON vector_changes (model, seq)",
+            """
+            CREATE TRIGGER memory_vectors_insert AFTER INSERT ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (new.model, new.memory_rowid);
+            END
+            """,
+            """
+            CREATE TRIGGER memory_vectors_update AFTER UPDATE ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (new.model, new.memory_rowid);
+            END
+            """,
+            """
+            CREATE TRIGGER memory_vectors_delete AFTER DELETE ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (old.model, old.memory_rowid);
+            END
+            """,
         ),
     ),
 )

@@ -18,9 +18,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ctxwarden.errors import ConflictError, NotFound, StoreError
+import numpy as np
+import numpy.typing as npt
+
+from ctxwarden.errors import ConflictError, InputError, NotFound, StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import ApiKey, ContextLog, NewMemory, TokenCount
+from ctxwarden.store.sqlite_vectors import VectorCache, encode
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -236,6 +240,7 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
+        self._vectors = VectorCache(self.path, self._query)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -536,12 +541,133 @@ class SQLiteStore:
         return str(self._query("PRAGMA integrity_check", ())[0][0])
 
     def close(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close the connection (saving changed vector indexes first). Idempotent."""
         with self._lock:
             if not self._closed:
+                self._vectors.save()
                 self._closed = True
                 self._conn.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("the store is closed; open a new one")
+
+    # -- vectors (added on branch ``retrieve``) ----------------------------------------------
+
+    def put_vectors(
+        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+    ) -> int:
+        """Store one vector per rowid under ``model`` (replacing any); returns how many were kept.
+
+        Rows deleted meanwhile are skipped. :class:`InputError` if the shape is wrong or the
+        length differs from the vectors already stored for ``model``.
+        """
+        matrix = np.asarray(vectors, dtype=np.float32)
+        if matrix.ndim != 2 or matrix.shape[0] != len(rowids):
+            raise InputError(
+                f"{len(rowids)} rowids but vectors of shape {matrix.shape}: pass one row each",
+                field="vectors",
+            )
+        if not rowids:
+            return 0
+        dim = int(matrix.shape[1])
+        known = self._query("SELECT dim FROM memory_vectors WHERE model = ? LIMIT 1", (model,))
+        if known and int(known[0][0]) != dim:
+            raise InputError(
+                f"model {model!r} has {known[0][0]}-d vectors in the store, these are {dim}-d: "
+                "one model name must always give vectors of one length",
+                field="vectors",
+            )
+        with self.write():
+            live: set[int] = set()
+            ids = [int(r) for r in rowids]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                live.update(
+                    int(r[0])
+                    for r in self._conn.execute(
+                        f"SELECT rowid FROM memories WHERE rowid IN ({marks})", chunk
+                    )
+                )
+            rows = [
+                (r, model, dim, encode(v)) for r, v in zip(ids, matrix, strict=True) if r in live
+            ]
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO memory_vectors (memory_rowid, model, dim, embedding) "
+                "VALUES (?, ?, ?, ?)",
+                rows,
+            )
+        return len(rows)
+
+    def pending_embeddings(
+        self, model: str, *, after: int = 0, limit: int = 256
+    ) -> list[tuple[int, str]]:
+        """Memories with text and no ``model`` vector, as ``(rowid, content)``, rowid > ``after``.
+
+        Tool results are left out (retrieval never offers them). Every tenant: embedding is
+        maintenance, not a read on a tenant's behalf.
+        """
+        rows = self._query(
+            "SELECT m.rowid, m.content FROM memories m WHERE m.rowid > ? AND m.content != '' "
+            "AND m.role != 'tool' AND NOT EXISTS (SELECT 1 FROM memory_vectors v "
+            "WHERE v.memory_rowid = m.rowid AND v.model = ?) ORDER BY m.rowid LIMIT ?",
+            (after, model, limit),
+        )
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def vector_models(self) -> dict[str, int]:
+        """How many vectors each embedding model has in the store."""
+        rows = self._query(
+            "SELECT model, count(*) FROM memory_vectors GROUP BY model ORDER BY model", ()
+        )
+        return {str(m): int(n) for m, n in rows}
+
+    def drop_vectors(self, model: str) -> int:
+        """Delete every vector of ``model`` (before re-embedding); returns how many."""
+        with self.write():
+            cursor = self._conn.execute("DELETE FROM memory_vectors WHERE model = ?", (model,))
+            self._conn.execute("DELETE FROM vector_changes WHERE model = ?", (model,))
+            count = cursor.rowcount
+        self._vectors.forget(model)
+        return count
+
+    def vector_search(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        session: str | None = None,
+    ) -> list[tuple[Memory, float]]:
+        """The ``k`` memories of ``tenant`` (and ``session``) nearest ``vector``, best first.
+
+        The index holds every tenant's vectors; the tenant filter runs in the query that reads
+        the rows, widening the search until ``k`` are found or the index is exhausted.
+        """
+        if k < 1:
+            return []
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        want = k
+        where = "tenant = ?" + (" AND session = ?" if session is not None else "")
+        scope: list[Any] = [tenant] + ([session] if session is not None else [])
+        while True:
+            hits = self._vectors.search(model, query, want)
+            if not hits:
+                return []
+            score = dict(hits)
+            found: list[tuple[Memory, float]] = []
+            ids = list(score)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for row in self._query(
+                    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND {where}",
+                    [*chunk, *scope],
+                ):
+                    found.append((_memory(row), score[int(row[0])]))
+            if len(found) >= k or len(hits) < want or want >= 100_000:
+                found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+                return found[:k]
+            want *= 8
