@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,8 +36,10 @@ from ctxwarden.assemble import (
 )
 from ctxwarden.budget import BudgetPolicy, chat_policy
 from ctxwarden.dedupe import exact_key
-from ctxwarden.errors import ConfigError, CtxwardenError, InputError, NotFound
+from ctxwarden.embed import Embedder, get_embedder
+from ctxwarden.errors import ConfigError, CtxwardenError, EmbedError, InputError, NotFound
 from ctxwarden.models import ModelSpec, default_registry
+from ctxwarden.retrieve import RetrievalWeights, retrieve
 from ctxwarden.store.base import ContextLog, Inclusion, NewMemory, Store, TokenCount
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.types import (
@@ -70,8 +73,21 @@ class EngineConfig:
     models: tuple[ModelSpec, ...] = ()
     related_candidates: int = 100
     recent_page: int = 32
+    #: When memories are embedded: ``"off"`` (only by :meth:`Engine.embed_pending` or
+    #: ``ctxwarden embed``), ``"sync"`` (right after each ingest commits), ``"background"`` (a
+    #: thread embeds batches after ingest; ingest never waits). Retrieval uses whatever vectors
+    #: of ``embedder`` the store holds, whichever way they were made.
+    embed: str = "off"
+    #: The embedder's name for :func:`ctxwarden.embed.get_embedder` (``"minilm"``, offline).
+    embedder: str = "minilm"
+    embed_batch: int = 32
+    retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
 
     def __post_init__(self) -> None:
+        if self.embed not in ("off", "sync", "background"):
+            raise ConfigError(f"embed: {self.embed!r} must be 'off', 'sync' or 'background'")
+        if self.embed_batch < 1:
+            raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
         if self.exact_ttl_seconds < 0:
             raise ConfigError(f"exact_ttl_seconds: {self.exact_ttl_seconds} is negative")
         if self.related_candidates < 0:
@@ -111,6 +127,7 @@ class Engine:
         *,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.time,
+        embedder: Embedder | None = None,
     ) -> None:
         self.store = store
         self.config = config or EngineConfig()
@@ -118,6 +135,13 @@ class Engine:
         self.registry = default_registry()
         for spec in self.config.models:
             self.registry.register(spec)
+        self._embedder = embedder
+        self._vector_state: tuple[bool, tuple[str, ...]] | None = None
+        self._vector_state_at = 0.0
+        self._embed_lock = threading.Lock()
+        self._embed_wake = threading.Event()
+        self._embed_stop = threading.Event()
+        self._embed_thread: threading.Thread | None = None
 
     @classmethod
     def open(
@@ -126,15 +150,17 @@ class Engine:
         *,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.time,
+        embedder: Embedder | None = None,
     ) -> Engine:
         """Open (creating if needed) the store at ``path``.
 
         A file path, ``":memory:"``, or a ``postgresql://`` URL (needs ``ctxwarden[postgres]``).
+        ``embedder`` overrides ``config.embedder`` (e.g. a fake in tests).
         """
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
-            return cls(_postgres_store(text), config=config, clock=clock)
-        return cls(SQLiteStore(text), config=config, clock=clock)
+            return cls(_postgres_store(text), config=config, clock=clock, embedder=embedder)
+        return cls(SQLiteStore(text), config=config, clock=clock, embedder=embedder)
 
     def __enter__(self) -> Engine:
         return self
@@ -143,7 +169,13 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        """Close the store."""
+        """Stop background embedding (finishing its batch) and close the store."""
+        thread = self._embed_thread
+        if thread is not None:
+            self._embed_stop.set()
+            self._embed_wake.set()
+            thread.join()
+            self._embed_thread = None
         self.store.close()
 
     # -- ingest ------------------------------------------------------------------------------
@@ -256,7 +288,106 @@ class Engine:
                     ]
                 )
                 outcomes.append(IngestOutcome(id=item.id, status="stored"))
-        return IngestResult(outcomes=tuple(outcomes))
+        result = IngestResult(outcomes=tuple(outcomes))
+        if self.config.embed != "off" and any(o.status == "stored" for o in outcomes):
+            self._after_ingest()
+        return result
+
+    # -- embeddings --------------------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder (built from ``config.embedder`` on first use)."""
+        if self._embedder is None:
+            self._embedder = get_embedder(self.config.embedder)
+        return self._embedder
+
+    def embed_pending(
+        self,
+        batch_size: int | None = None,
+        *,
+        reembed: bool = False,
+        limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Embed memories that have no vector of this engine's embedder yet; returns how many.
+
+        Works in batches of ``batch_size`` (default ``config.embed_batch``), each stored in its
+        own transaction, so it can be interrupted and resumed. If the store holds vectors of
+        another embedding model, :class:`EmbedError` says so (vectors of two models are never
+        mixed) unless ``reembed`` is true, which deletes them first. ``progress`` is called with
+        the running count after each batch.
+        """
+        size = batch_size or self.config.embed_batch
+        if size < 1:
+            raise InputError(f"{size} must be at least 1", field="batch_size")
+        embedder = self.embedder
+        model = embedder.name
+        with self._embed_lock:
+            others = sorted(m for m in self.store.vector_models() if m != model)
+            if others and not reembed:
+                raise EmbedError(
+                    f"the store holds vectors of {', '.join(map(repr, others))} but this engine "
+                    f"embeds with {model!r}: run `ctxwarden embed --reembed` to replace them, or "
+                    "configure the embedder they were made with"
+                )
+            for other in others:
+                self.store.drop_vectors(other)
+            done = 0
+            after = 0
+            while limit is None or done < limit:
+                want = size if limit is None else min(size, limit - done)
+                pending = self.store.pending_embeddings(model, after=after, limit=want)
+                if not pending:
+                    break
+                vectors = embedder.embed([text[:4000] for _, text in pending])
+                done += self.store.put_vectors(model, [r for r, _ in pending], vectors)
+                after = pending[-1][0]
+                if progress is not None:
+                    progress(done)
+                if self._embed_stop.is_set():
+                    break
+            self._vector_state = None
+            return done
+
+    def _after_ingest(self) -> None:
+        if self.config.embed == "sync":
+            try:
+                self.embed_pending()
+            except EmbedError as exc:
+                log.warning("embedding skipped: %s", exc)
+            return
+        if self._embed_thread is None:
+            self._embed_thread = threading.Thread(
+                target=self._embed_loop, name="ctxwarden-embed", daemon=True
+            )
+            self._embed_thread.start()
+        self._embed_wake.set()
+
+    def _embed_loop(self) -> None:
+        while not self._embed_stop.is_set():
+            self._embed_wake.wait()
+            self._embed_wake.clear()
+            if self._embed_stop.is_set():
+                return
+            try:
+                self.embed_pending()
+            except CtxwardenError as exc:
+                log.warning("background embedding stopped: %s", exc)
+                return
+
+    def _vectors_usable(self) -> tuple[bool, tuple[str, ...]]:
+        """(the store has vectors of this engine's embedder, the other models it has)."""
+        if self._vector_state is None or time.monotonic() - self._vector_state_at > 30.0:
+            self._vector_state_at = time.monotonic()
+            models = self.store.vector_models()
+            if not models:
+                self._vector_state = (False, ())
+            else:
+                name = self.embedder.name
+                others = tuple(sorted(m for m in models if m != name))
+                self._vector_state = (name in models, others)
+        return self._vector_state
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -363,7 +494,7 @@ class Engine:
         material = Material(count=tok.count)
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
-            material.related = self._related(tenant, query_text, tok)
+            material.related = self._related(tenant, query_text, tok, notes)
         pinned = self.store.pinned(tenant)
         material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
@@ -494,25 +625,49 @@ class Engine:
             out.append(Candidate(memories=(memory,), tokens=cost, text=text))
         return out
 
-    def _related(self, tenant: str, query: str, tok: tokens.Tokenizer) -> list[Candidate]:
-        terms = query_terms(query)
-        hits = self.store.search(tenant, terms, limit=self.config.related_candidates)
-        hits = [(m, s) for m, s in hits if m.role != "tool" and not m.tool_calls]
-        counts = self._counts([m for m, _ in hits], tok)
-        top = max((s for _, s in hits), default=1.0) or 1.0
-        out = []
-        for memory, score in hits:
-            text, cost = _line(memory, counts[memory.rowid].line, tok)
-            out.append(
-                Candidate(
-                    memories=(memory,),
-                    tokens=cost,
-                    score=score / top,
-                    components={"bm25": score},
-                    text=text,
-                )
+    def _related(
+        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str]
+    ) -> list[Candidate]:
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates."""
+        weights = dataclasses.replace(
+            self.config.retrieval, candidates=self.config.related_candidates
+        )
+        usable, others = self._vectors_usable()
+        if others and not usable:
+            notes.append(
+                f"vectors of {', '.join(others)} ignored (this engine embeds with "
+                f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
             )
-        return out
+        query_vector = self.embedder.embed([query])[0] if usable else None
+        lines: dict[int, tuple[str, int]] = {}
+
+        def cost(memories: Sequence[Memory]) -> dict[int, int]:
+            counts = self._counts(memories, tok)
+            for memory in memories:
+                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok)
+            return {rowid: line[1] for rowid, line in lines.items()}
+
+        hits = retrieve(
+            self.store,
+            tenant=tenant,
+            query=query,
+            now=self.clock(),
+            cost=cost,
+            query_vector=query_vector,
+            model=self.embedder.name if usable else None,
+            weights=weights,
+            keep=lambda m: m.role != "tool" and not m.tool_calls,
+        )
+        return [
+            Candidate(
+                memories=(hit.memory,),
+                tokens=lines[hit.memory.rowid][1],
+                score=hit.score,
+                components=hit.components,
+                text=lines[hit.memory.rowid][0],
+            )
+            for hit in hits
+        ]
 
 
 def _costs(plan: Plan) -> dict[int, int]:
