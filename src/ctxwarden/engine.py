@@ -138,6 +138,7 @@ class Engine:
         self._embedder = embedder
         self._vector_state: tuple[bool, tuple[str, ...]] | None = None
         self._vector_state_at = 0.0
+        self._author_cache: dict[str, tuple[float, list[str]]] = {}
         self._embed_lock = threading.Lock()
         self._embed_wake = threading.Event()
         self._embed_stop = threading.Event()
@@ -289,6 +290,10 @@ class Engine:
                 )
                 outcomes.append(IngestOutcome(id=item.id, status="stored"))
         result = IngestResult(outcomes=tuple(outcomes))
+        for item in prepared:  # keep the author cache of retrieval current
+            cached = self._author_cache.get(item.record.tenant)
+            if cached is not None and item.record.author and item.record.author not in cached[1]:
+                cached[1].append(item.record.author)
         if self.config.embed != "off" and any(o.status == "stored" for o in outcomes):
             self._after_ingest()
         return result
@@ -375,6 +380,14 @@ class Engine:
             except CtxwardenError as exc:
                 log.warning("background embedding stopped: %s", exc)
                 return
+
+    def _authors(self, tenant: str) -> list[str]:
+        """The tenant's authors, read from the store at most once a minute."""
+        cached = self._author_cache.get(tenant)
+        if cached is None or time.monotonic() - cached[0] > 60.0:
+            cached = (time.monotonic(), self.store.authors(tenant))
+            self._author_cache[tenant] = cached
+        return cached[1]
 
     def _vectors_usable(self) -> tuple[bool, tuple[str, ...]]:
         """(the store has vectors of this engine's embedder, the other models it has)."""
@@ -657,6 +670,7 @@ class Engine:
             model=self.embedder.name if usable else None,
             weights=weights,
             keep=lambda m: m.role != "tool" and not m.tool_calls,
+            authors=self._authors(tenant) if usable else (),
         )
         return [
             Candidate(

@@ -66,6 +66,8 @@ class RetrievalWeights:
 
     lexical: float = 1.0
     vector: float = 1.0
+    author_vector: float = 1.0
+    author_candidates: int = 20
     rrf_k: float = 20.0
     candidates: int = 100
     recency: float = 0.15
@@ -127,12 +129,14 @@ def retrieve(
     model: str | None = None,
     weights: RetrievalWeights | None = None,
     keep: Callable[[Memory], bool] | None = None,
+    authors: Sequence[str] = (),
 ) -> list[Hit]:
     """Related memories for ``query``, best value per token first (see the module docstring).
 
     ``cost`` gives each memory's token cost as a related-block line (by rowid). ``query_vector``
     and ``model`` (the embedding model's name) enable vector candidates. ``keep`` filters
-    candidates (e.g. tool results out). Reads only.
+    candidates (e.g. tool results out). ``authors`` (the tenant's authors): those the query
+    names get their own vector candidates, searched among their messages only. Reads only.
     """
     w = weights or RetrievalWeights()
     ranks: dict[int, dict[str, float]] = {}
@@ -152,16 +156,24 @@ def retrieve(
     terms = query_terms(query)
     if terms and w.lexical > 0:
         add("bm25", store.search(tenant, terms, limit=w.candidates))
-    if query_vector is not None and model is not None and w.vector > 0:
-        add("vector", store.vector_search(tenant, model, query_vector, k=w.candidates))
+    query_words = _words(query)
+    if query_vector is not None and model is not None:
+        if w.vector > 0:
+            add("vector", store.vector_search(tenant, model, query_vector, k=w.candidates))
+        named = [a for a in authors if _named(a, query_words)][:3]
+        for name in named if w.author_vector > 0 else []:
+            found = store.vector_search(
+                tenant, model, query_vector, k=w.author_candidates, author=name
+            )
+            add("author_vector", found)
     if not memories:
         return []
 
-    query_words = _words(query)
+    sources = (("bm25", w.lexical), ("vector", w.vector), ("author_vector", w.author_vector))
     fused = {
         rowid: sum(
             weight / (w.rrf_k + entry[f"{source}_rank"])
-            for source, weight in (("bm25", w.lexical), ("vector", w.vector))
+            for source, weight in sources
             if f"{source}_rank" in entry
         )
         for rowid, entry in ranks.items()

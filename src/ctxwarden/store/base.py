@@ -249,7 +249,12 @@ class Store(Protocol):
         *,
         k: int = 100,
         session: str | None = None,
+        author: str | None = None,
     ) -> list[tuple[Memory, float]]:
-        """The ``k`` memories of ``tenant`` (and ``session``) whose ``model`` vectors are nearest
-        ``vector``: ``(memory, cosine)``, best first, ties by rowid. Only ``model``'s vectors are
-        searched, never another model's. Tenant-filtered in the query (rule 6)."""
+        """The ``k`` memories of ``tenant`` (and ``session``, and ``author``) whose ``model``
+        vectors are nearest ``vector``: ``(memory, cosine)``, best first, ties by rowid. Only
+        ``model``'s vectors are searched, never another model's. Tenant-filtered in the query
+        (rule 6)."""
+
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""

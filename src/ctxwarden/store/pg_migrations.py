@@ -183,6 +183,12 @@ MIGRATIONS: tuple[Migration, ...] = (
                USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)""",
         ),
     ),
+    # Added on branch ``retrieve``: renumber if another migration 3 landed first.
+    Migration(
+        version=3,
+        name="retrieve_author_index",
+        statements=("CREATE INDEX memories_author ON memories (tenant, author)",),
+    ),
 )
 
 _VERSION_TABLE = """

@@ -592,8 +592,9 @@ class PostgresStore:
         *,
         k: int = 100,
         session: str | None = None,
+        author: str | None = None,
     ) -> list[tuple[Memory, float]]:
-        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (and session)."""
+        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (session, author)."""
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if k < 1:
             return []
@@ -608,6 +609,9 @@ class PostgresStore:
         params: list[Any] = [literal, model, tenant]
         if session is not None:
             params.append(session)
+        if author is not None:
+            extra += " AND m.author = %s"
+            params.append(author)
         params.extend([literal, k])
         cols = ", ".join("m." + c.strip() for c in _MEMORY_COLUMNS.split(","))
         self._check_open()
@@ -628,6 +632,15 @@ class PostgresStore:
         found = [(_memory(r[:-1]), float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found
+
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted."""
+        rows = self._query(
+            "SELECT DISTINCT author FROM memories WHERE tenant = %s AND author IS NOT NULL "
+            "ORDER BY author",
+            (tenant,),
+        )
+        return [str(r[0]) for r in rows]
 
 
 #: Length of ``memory_vectors.embedding`` in the PostgreSQL schema (migration ``vectors``).

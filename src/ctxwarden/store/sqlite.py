@@ -640,8 +640,11 @@ class SQLiteStore:
         *,
         k: int = 100,
         session: str | None = None,
+        author: str | None = None,
     ) -> list[tuple[Memory, float]]:
-        """The ``k`` memories of ``tenant`` (and ``session``) nearest ``vector``, best first.
+        """The ``k`` memories of ``tenant`` (and ``session``, ``author``) nearest ``vector``.
+
+        An ``author`` scope is searched exactly over that author's rows.
 
         The index holds every tenant's vectors; the tenant filter runs in the query that reads
         the rows, widening the search until ``k`` are found or the index is exhausted.
@@ -652,8 +655,18 @@ class SQLiteStore:
         want = k
         where = "tenant = ?" + (" AND session = ?" if session is not None else "")
         scope: list[Any] = [tenant] + ([session] if session is not None else [])
+        allowed: set[int] | None = None
+        if author is not None:
+            allowed = {
+                int(r[0])
+                for r in self._query(
+                    f"SELECT rowid FROM memories WHERE {where} AND author = ?", [*scope, author]
+                )
+            }
+            if not allowed:
+                return []
         while True:
-            hits = self._vectors.search(model, query, want)
+            hits = self._vectors.search(model, query, want, allowed=allowed)
             if not hits:
                 return []
             score = dict(hits)
@@ -671,3 +684,12 @@ class SQLiteStore:
                 found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
                 return found[:k]
             want *= 8
+
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted."""
+        rows = self._query(
+            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL "
+            "ORDER BY author",
+            (tenant,),
+        )
+        return [str(r[0]) for r in rows]

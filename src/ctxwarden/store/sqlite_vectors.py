@@ -159,7 +159,12 @@ class VectorCache:
         entry.seq = last
 
     def search(
-        self, model: str, vector: npt.NDArray[np.float32], k: int
+        self,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        k: int,
+        *,
+        allowed: set[int] | None = None,
     ) -> list[tuple[int, float]]:
         """The ``k`` nearest rowids of ``model``'s vectors (every tenant), best first."""
         entry = self._entry(model)
@@ -171,7 +176,7 @@ class VectorCache:
                 f"{entry.index.dim}: embed the query with the same embedder",
                 field="vector",
             )
-        return entry.index.search(vector, k)
+        return entry.index.search(vector, k, allowed=allowed)
 
     def forget(self, model: str) -> None:
         """Drop the cached index of ``model`` and its file (after its vectors were dropped)."""
