@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     upstream_api_key: str | None = Field(default=None, repr=False)
     #: Tool-name patterns the proxy holds for approval (``delete_*``, ``post_*``).
     destructive_tools: list[str] = Field(default_factory=list)
+    #: When memories are embedded (``off``, ``sync``, ``background``) and with which embedder.
+    embed: str = "off"
+    embedder: str = "minilm"
 
     _file_data: dict[str, Any] = {}
 
@@ -109,6 +112,8 @@ class Settings(BaseSettings):
             exact_ttl_seconds=self.exact_ttl_seconds,
             tenant=self.tenant,
             models=models,
+            embed=self.embed,
+            embedder=self.embedder,
         )
 
 

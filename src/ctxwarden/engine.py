@@ -507,7 +507,7 @@ class Engine:
         material = Material(count=tok.count)
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
-            material.related = self._related(tenant, query_text, tok, notes)
+            material.related = self._related(tenant, query_text, tok, notes, available)
         pinned = self.store.pinned(tenant)
         material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
@@ -639,12 +639,15 @@ class Engine:
         return out
 
     def _related(
-        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str]
+        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str], available: int
     ) -> list[Candidate]:
-        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates."""
-        weights = dataclasses.replace(
-            self.config.retrieval, candidates=self.config.related_candidates
-        )
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates.
+
+        A larger budget asks for more candidates (about one per 16 tokens available, at most
+        1,000), so a big related block is filled with the next-best hits rather than left empty.
+        """
+        wanted = max(self.config.related_candidates, min(1000, available // 16))
+        weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
         usable, others = self._vectors_usable()
         if others and not usable:
             notes.append(
