@@ -193,24 +193,29 @@ def run(
     model: str,
     embedder: str,
     limit: int | None,
+    db: str = ":memory:",
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
-    """Recall per method, budget and category (a list of per-question recalls)."""
+    """Recall per method, budget and category (a list of per-question recalls).
+
+    Each conversation is its own tenant. ``db``: a file keeps the store (and its vectors) for
+    the next run; records already there are known and not embedded again.
+    """
     results: dict[str, dict[int, dict[str, list[float]]]] = {
         m: {b: defaultdict(list) for b in budgets} for m in ("ctxwarden", "recency", "bm25")
     }
     config = EngineConfig(
         default_model=model, embedder=embedder if embedder != "none" else "minilm"
     )
-    for conversation in conversations:
-        clock_now = [0.0]
+    clock_now = [0.0]
 
-        def clock(now: list[float] = clock_now) -> float:
-            return now[0]
+    def clock() -> float:
+        return clock_now[0]
 
-        with Engine.open(":memory:", config=config, clock=clock) as engine:
-            tenant = engine.config.tenant
+    with Engine.open(db, config=config, clock=clock) as engine:
+        for conversation in conversations:
+            tenant = conversation.name
             started = time.perf_counter()
-            engine.ingest(conversation.records)
+            engine.ingest(conversation.records, tenant=tenant)
             ingest_s = time.perf_counter() - started
             embedded = 0
             started = time.perf_counter()
@@ -232,15 +237,20 @@ def run(
                 wanted = set()
                 for evidence in question.evidence:
                     try:
-                        wanted.add(engine.get(evidence).id)
+                        wanted.add(engine.get(evidence, tenant=tenant).id)
                     except NotFound:
                         wanted.add(evidence)
                 visible = [m for m in history if m.created_at <= question.asked_at]
                 hits = engine.store.search(tenant, query_terms(question.question), limit=400)
                 for budget in budgets:
-                    context = engine.assemble(session=conversation.session, query=question.question,
-                                              model=model, budget=budget,
-                                              log_inclusions=False)  # fmt: skip
+                    context = engine.assemble(
+                        tenant=tenant,
+                        session=conversation.session,
+                        query=question.question,
+                        model=model,
+                        budget=budget,
+                        log_inclusions=False,
+                    )
                     got = {
                         "ctxwarden": set(context.included),
                         "recency": _packed(
@@ -277,11 +287,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="gpt-4")
     parser.add_argument("--embedder", default="minilm", help="minilm, minilm-static or none")
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    parser.add_argument("--db", default=":memory:", help="keep the store (and vectors) here")
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
     conversations = read(args.data)
-    results = run(conversations, budgets=budgets, model=args.model, embedder=args.embedder,
-                  limit=args.limit)  # fmt: skip
+    results = run(
+        conversations,
+        budgets=budgets,
+        model=args.model,
+        embedder=args.embedder,
+        limit=args.limit,
+        db=args.db,
+    )
     print(f"evidence recall (%), {args.data}, model {args.model}, embedder {args.embedder}")
     show(results, budgets)
 

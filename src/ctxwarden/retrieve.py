@@ -7,6 +7,8 @@ them):
    PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of the query's
    embedding, when the store holds vectors of the engine's embedding model. Either list may be
    empty: without vectors retrieval is BM25 plus recency, so an engine with embedding off works.
+   Bridge: the best ``bridge_hits`` hits' own words that the query lacks are searched once more
+   with the query's (a second hop for questions that need two messages).
 2. **Fusion.** Reciprocal rank fusion, ``rrf = sum_i w_i / (k + rank_i)`` (rank from 1), with
    ``lexical`` and ``vector`` weights and ``rrf_k``; divided by the best candidate's value, so the
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
@@ -68,6 +70,8 @@ class RetrievalWeights:
     vector: float = 1.0
     author_vector: float = 1.0
     author_candidates: int = 20
+    bridge: float = 0.5
+    bridge_hits: int = 2
     rrf_k: float = 20.0
     candidates: int = 100
     recency: float = 0.15
@@ -150,8 +154,9 @@ def retrieve(
             rank += 1
             memories.setdefault(memory.rowid, memory)
             entry = ranks.setdefault(memory.rowid, {})
-            entry[source] = raw
-            entry[f"{source}_rank"] = float(rank)
+            if entry.get(f"{source}_rank", math.inf) > rank:  # a list searched twice: best rank
+                entry[source] = raw
+                entry[f"{source}_rank"] = float(rank)
 
     terms = query_terms(query)
     if terms and w.lexical > 0:
@@ -169,7 +174,27 @@ def retrieve(
     if not memories:
         return []
 
-    sources = (("bm25", w.lexical), ("vector", w.vector), ("author_vector", w.author_vector))
+    # Bridge (a second hop): a question that needs two messages ("the flag of the feature that
+    # lena works on") names the first; the second shares words with the first, not with the
+    # question. The best hits' own words that the query lacks are searched once more.
+    if w.bridge > 0 and w.bridge_hits > 0:
+        first = sorted(
+            ranks,
+            key=lambda r: (-sum(1.0 / (w.rrf_k + v) for k, v in ranks[r].items()
+                                if k.endswith("_rank")), r),
+        )[: w.bridge_hits]  # fmt: skip
+        asked = set(terms)
+        for rowid in first:
+            extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:6]
+            if extra_terms:
+                add("bridge", store.search(tenant, [*extra_terms, *terms], limit=20))
+
+    sources = (
+        ("bm25", w.lexical),
+        ("vector", w.vector),
+        ("author_vector", w.author_vector),
+        ("bridge", w.bridge),
+    )
     fused = {
         rowid: sum(
             weight / (w.rrf_k + entry[f"{source}_rank"])
