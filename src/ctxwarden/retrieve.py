@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,7 @@ class RetrievalWeights:
     access: float = 0.05
     author: float = 0.3
     mmr_lambda: float = 0.7
+    mmr_top: int = 200
     expand: int = 8
     neighbours: float = 0.5
     density: float = 0.5
@@ -109,10 +111,20 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(w for w in _WORDS.findall(text.casefold()) if len(w) > 2)
 
 
-def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    if not a or not b:
-        return 0.0
-    return len(a & b) / len(a | b)
+def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
+    """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 buckets)."""
+    matrix = np.zeros((len(texts), 1024), dtype=np.float32)
+    for row, text in enumerate(texts):
+        for word in _words(text):
+            matrix[row, zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023] = 1.0
+    inter = (matrix @ matrix.T).astype(np.float64)
+    sizes = matrix.sum(axis=1).astype(np.float64)
+    union = sizes[:, None] + sizes[None, :] - inter
+    similarity: npt.NDArray[np.float64] = np.divide(
+        inter, union, out=np.zeros_like(inter), where=union > 0
+    )
+    np.fill_diagonal(similarity, 0.0)
+    return similarity
 
 
 def _named(author: str | None, words: frozenset[str]) -> bool:
@@ -219,25 +231,28 @@ def retrieve(
         )
         scored[rowid] = components
 
-    # MMR over word sets, greedy: the order of direct hits.
-    words = {rowid: _words(memories[rowid].content) for rowid in scored}
-    remaining = sorted(scored, key=lambda r: (-scored[r]["value"], r))
+    # MMR over word sets, greedy, among the best `mmr_top` (the rest keep their value order).
+    order = sorted(scored, key=lambda r: (-scored[r]["value"], r))
+    head, tail = order[: w.mmr_top], order[w.mmr_top :]
+    similarity = _similarities([memories[r].content for r in head])
+    values = np.array([scored[r]["value"] for r in head], dtype=np.float64)
+    nearest = np.zeros(len(head))
+    open_ = np.ones(len(head), dtype=bool)
     picked: list[int] = []
-    while remaining:
-        best_rowid, best_value, best_penalty = remaining[0], -math.inf, 0.0
-        for rowid in remaining:
-            value = scored[rowid]["value"]
-            if value * w.mmr_lambda <= best_value:
-                break  # sorted by value: nothing later can win
-            similar = max((_jaccard(words[rowid], words[p]) for p in picked[-50:]), default=0.0)
-            penalty = (1.0 - w.mmr_lambda) * similar
-            adjusted = w.mmr_lambda * value - penalty
-            if adjusted > best_value:
-                best_rowid, best_value, best_penalty = rowid, adjusted, penalty
-        picked.append(best_rowid)
-        remaining.remove(best_rowid)
-        scored[best_rowid]["mmr_penalty"] = best_penalty
-        scored[best_rowid]["score"] = scored[best_rowid]["value"] - best_penalty
+    for _ in range(len(head)):
+        adjusted = np.where(open_, w.mmr_lambda * values - (1.0 - w.mmr_lambda) * nearest, -np.inf)
+        index = int(np.argmax(adjusted))  # ties: the first, i.e. higher value, lower rowid
+        open_[index] = False
+        rowid = head[index]
+        penalty = (1.0 - w.mmr_lambda) * float(nearest[index])
+        scored[rowid]["mmr_penalty"] = penalty
+        scored[rowid]["score"] = scored[rowid]["value"] - penalty
+        picked.append(rowid)
+        nearest = np.maximum(nearest, similarity[index])
+    for rowid in tail:
+        scored[rowid]["mmr_penalty"] = 0.0
+        scored[rowid]["score"] = scored[rowid]["value"]
+        picked.append(rowid)
 
     # Neighbours of the best hits: the turn before in the channel, the message replied to.
     extra: dict[int, tuple[Memory, dict[str, float]]] = {}
