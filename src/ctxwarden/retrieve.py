@@ -114,9 +114,13 @@ def _words(text: str) -> frozenset[str]:
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 buckets)."""
     matrix = np.zeros((len(texts), 1024), dtype=np.float32)
+    rows: list[int] = []
+    columns: list[int] = []
     for row, text in enumerate(texts):
         for word in _words(text):
-            matrix[row, zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023] = 1.0
+            rows.append(row)
+            columns.append(zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
+    matrix[rows, columns] = 1.0
     inter = (matrix @ matrix.T).astype(np.float64)
     sizes = matrix.sum(axis=1).astype(np.float64)
     union = sizes[:, None] + sizes[None, :] - inter

@@ -38,11 +38,15 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
     from ctxwarden.store.postgres import PostgresStore
 
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
-        assert [m.name for m in pg_migrations.plan(conn)] == ["initial", "vectors"]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2]
+        assert [m.name for m in pg_migrations.plan(conn)] == [
+            "initial",
+            "vectors",
+            "retrieve_author_index",
+        ]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3]
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 2
+        assert pg_migrations.current_version(conn) == 3
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "

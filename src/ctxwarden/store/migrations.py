@@ -221,7 +221,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
             "CREATE INDEX vector_changes_model ON vector_changes (model, seq)",
             # Retrieval scopes vector search to an author named in the query.
-            "CREATE INDEX memories_author ON memories (tenant, author)",
+            # (author, tenant): led by author so that no "tenant = ?" query picks it by mistake.
+            "CREATE INDEX memories_author ON memories (author, tenant)",
             """
             CREATE TRIGGER memory_vectors_insert AFTER INSERT ON memory_vectors BEGIN
                 INSERT INTO vector_changes (model, memory_rowid)

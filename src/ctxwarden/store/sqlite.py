@@ -12,6 +12,7 @@ import json
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,11 @@ from ctxwarden.types import Memory
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+#: A search term in at least this many rows is too common to search for (see ``search``).
+COMMON_TERM_ROWS = 2000
+#: At most this many (the rarest) terms are OR-ed in one full-text search.
+MAX_SEARCH_TERMS = 6
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
@@ -241,6 +247,7 @@ class SQLiteStore:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
         self._vectors = VectorCache(self.path, self._query)
+        self._term_cache: dict[str, tuple[int, float]] = {}
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -399,18 +406,71 @@ class SQLiteStore:
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
     ) -> list[tuple[Memory, float]]:
-        """FTS5 BM25 over content; any term may match. Scores are positive, higher is better."""
+        """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
+
+        With more than two terms, a term found in :data:`COMMON_TERM_ROWS` rows or more is left
+        out (the two rarest are always kept, at most :data:`MAX_SEARCH_TERMS` are searched): an
+        OR of common terms makes FTS5 rank every row holding any of them (~0.8 s for twelve
+        terms at 100k rows), while such terms add little to BM25 anyway.
+        """
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        rows = self._query(
-            f"SELECT {', '.join('m.' + c.strip() for c in _MEMORY_COLUMNS.split(','))}, "
-            "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
-            "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND m.tenant = ? "
-            "ORDER BY rank, m.rowid LIMIT ?",
-            (match, tenant, limit),
+        quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms)]
+        if len(quoted) > 2:
+            frequency = {q: self._term_rows(q) for q in quoted}
+            ranked = sorted(quoted, key=lambda q: (frequency[q], quoted.index(q)))
+            kept = [q for q in ranked if frequency[q] < COMMON_TERM_ROWS]
+            if len(kept) < 2:
+                kept = ranked[:2]
+            quoted = [q for q in quoted if q in kept[:MAX_SEARCH_TERMS]]
+        match = " OR ".join(quoted)
+        # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
+        # filtered by tenant; the joined query only when other tenants crowd the page.
+        page = limit * 2
+        ranked_rows = self._query(
+            "SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?",
+            (match, page),
         )
-        return [(_memory(r[:-1]), -float(r[-1])) for r in rows]
+        rank = {int(r[0]): float(r[1]) for r in ranked_rows}
+        found: list[tuple[Memory, float]] = []
+        ids = list(rank)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
+                [*chunk, tenant],
+            ):
+                found.append((_memory(row), -rank[int(row[0])]))
+        if len(found) < limit and len(ranked_rows) == page:
+            rows = self._query(
+                f"SELECT {', '.join('m.' + c.strip() for c in _MEMORY_COLUMNS.split(','))}, "
+                "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
+                "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND m.tenant = ? "
+                "ORDER BY rank, m.rowid LIMIT ?",
+                (match, tenant, limit),
+            )
+            return [(_memory(r[:-1]), -float(r[-1])) for r in rows]
+        found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+        return found[:limit]
+
+    def _term_rows(self, quoted: str) -> int:
+        """Rows holding the (quoted) term, counted up to COMMON_TERM_ROWS; cached 10 minutes."""
+        now = time.monotonic()
+        cached = self._term_cache.get(quoted)
+        if cached is not None and now - cached[1] < 600.0:
+            return cached[0]
+        count = int(
+            self._query(
+                "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts "
+                "MATCH ? LIMIT ?)",
+                (quoted, COMMON_TERM_ROWS),
+            )[0][0]
+        )
+        if len(self._term_cache) > 50_000:
+            self._term_cache.clear()
+        self._term_cache[quoted] = (count, now)
+        return count
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``."""
@@ -675,8 +735,10 @@ class SQLiteStore:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
+                # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
                 for row in self._query(
-                    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND {where}",
+                    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) "
+                    f"AND {where.replace('tenant', '+tenant').replace('session', '+session')}",
                     [*chunk, *scope],
                 ):
                     found.append((_memory(row), score[int(row[0])]))
