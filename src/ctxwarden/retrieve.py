@@ -7,8 +7,9 @@ them):
    PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of the query's
    embedding, when the store holds vectors of the engine's embedding model. Either list may be
    empty: without vectors retrieval is BM25 plus recency, so an engine with embedding off works.
-   Bridge: the best ``bridge_hits`` hits' own words that the query lacks are searched once more
-   with the query's (a second hop for questions that need two messages).
+   Bridge: up to four words of each of the best ``bridge_hits`` hits that the query lacks are
+   searched once more with the query's terms (a second hop for questions that need two
+   messages).
 2. **Fusion.** Reciprocal rank fusion, ``rrf = sum_i w_i / (k + rank_i)`` (rank from 1), with
    ``lexical`` and ``vector`` weights and ``rrf_k``; divided by the best candidate's value, so the
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
@@ -80,7 +81,7 @@ class RetrievalWeights:
     access: float = 0.05
     author: float = 0.3
     mmr_lambda: float = 0.7
-    mmr_top: int = 200
+    mmr_top: int = 100
     expand: int = 8
     neighbours: float = 0.5
     density: float = 0.5
@@ -201,7 +202,7 @@ def retrieve(
         )[: w.bridge_hits]  # fmt: skip
         asked = set(terms)
         for rowid in first:
-            extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:6]
+            extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:4]
             if extra_terms:
                 add("bridge", store.search(tenant, [*extra_terms, *terms], limit=20))
 
