@@ -34,9 +34,6 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
-#: At most this many (the rarest) terms are OR-ed in one full-text search.
-MAX_SEARCH_TERMS = 6
-
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
 
@@ -409,9 +406,10 @@ class SQLiteStore:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
 
         With more than two terms, a term found in :data:`COMMON_TERM_ROWS` rows or more is left
-        out (the two rarest are always kept, at most :data:`MAX_SEARCH_TERMS` are searched): an
-        OR of common terms makes FTS5 rank every row holding any of them (~0.8 s for twelve
-        terms at 100k rows), while such terms add little to BM25 anyway.
+        out (the two rarest are always kept): an OR of common terms makes FTS5 rank every row
+        holding any of them (~0.8 s for twelve terms at 100k rows), while such terms add little
+        to BM25 anyway. Frequencies count every tenant, so no cap on the number of rare terms:
+        a term rare overall may be absent from this tenant.
         """
         if not terms:
             return []
@@ -422,7 +420,7 @@ class SQLiteStore:
             kept = [q for q in ranked if frequency[q] < COMMON_TERM_ROWS]
             if len(kept) < 2:
                 kept = ranked[:2]
-            quoted = [q for q in quoted if q in kept[:MAX_SEARCH_TERMS]]
+            quoted = [q for q in quoted if q in kept]
         match = " OR ".join(quoted)
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
