@@ -113,22 +113,29 @@ def _words(text: str) -> frozenset[str]:
 
 
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
-    """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 buckets)."""
-    matrix = np.zeros((len(texts), 1024), dtype=np.float32)
-    rows: list[int] = []
-    columns: list[int] = []
-    for row, text in enumerate(texts):
+    """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
+
+    Python integers as bit sets: no BLAS call, whose thread pool costs more than the work.
+    """
+    masks = []
+    for text in texts:
+        mask = 0
         for word in _words(text):
-            rows.append(row)
-            columns.append(zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
-    matrix[rows, columns] = 1.0
-    inter = (matrix @ matrix.T).astype(np.float64)
-    sizes = matrix.sum(axis=1).astype(np.float64)
-    union = sizes[:, None] + sizes[None, :] - inter
-    similarity: npt.NDArray[np.float64] = np.divide(
-        inter, union, out=np.zeros_like(inter), where=union > 0
-    )
-    np.fill_diagonal(similarity, 0.0)
+            mask |= 1 << (zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
+        masks.append(mask)
+    sizes = [m.bit_count() for m in masks]
+    count = len(masks)
+    similarity = np.zeros((count, count), dtype=np.float64)
+    for i in range(count):
+        a, size_a = masks[i], sizes[i]
+        if not size_a:
+            continue
+        for j in range(i + 1, count):
+            inter = (a & masks[j]).bit_count()
+            if inter:
+                value = inter / (size_a + sizes[j] - inter)
+                similarity[i, j] = value
+                similarity[j, i] = value
     return similarity
 
 

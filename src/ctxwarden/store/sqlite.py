@@ -34,6 +34,8 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
+#: Rarest terms are searched while the rows they match add up to at most this many.
+SEARCH_ROW_BUDGET = 6000
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
 
@@ -405,11 +407,11 @@ class SQLiteStore:
     ) -> list[tuple[Memory, float]]:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
 
-        With more than two terms, a term found in :data:`COMMON_TERM_ROWS` rows or more is left
-        out (the two rarest are always kept): an OR of common terms makes FTS5 rank every row
+        With more than two terms, the rarest are searched while the rows they match add up to
+        at most :data:`SEARCH_ROW_BUDGET`, and none found in :data:`COMMON_TERM_ROWS` rows or
+        more (the two rarest are always kept): an OR of common terms makes FTS5 rank every row
         holding any of them (~0.8 s for twelve terms at 100k rows), while such terms add little
-        to BM25 anyway. Frequencies count every tenant, so no cap on the number of rare terms:
-        a term rare overall may be absent from this tenant.
+        to BM25 anyway. A store under the budget searches every term.
         """
         if not terms:
             return []
@@ -417,9 +419,15 @@ class SQLiteStore:
         if len(quoted) > 2:
             frequency = {q: self._term_rows(q) for q in quoted}
             ranked = sorted(quoted, key=lambda q: (frequency[q], quoted.index(q)))
-            kept = [q for q in ranked if frequency[q] < COMMON_TERM_ROWS]
-            if len(kept) < 2:
-                kept = ranked[:2]
+            kept: list[str] = []
+            matched = 0
+            for q in ranked:  # rarest first, while the rows to rank stay within budget
+                if len(kept) >= 2 and (
+                    frequency[q] >= COMMON_TERM_ROWS or matched + frequency[q] > SEARCH_ROW_BUDGET
+                ):
+                    break
+                kept.append(q)
+                matched += frequency[q]
             quoted = [q for q in quoted if q in kept]
         match = " OR ".join(quoted)
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
