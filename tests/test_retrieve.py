@@ -152,3 +152,19 @@ def test_bad_embedding_config_is_a_clear_error() -> None:
         EngineConfig(embed="later")
     with pytest.raises(ConfigError, match="mmr_lambda"):
         RetrievalWeights(mmr_lambda=2.0)
+
+
+def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:
+    import numpy as np
+
+    from ctxwarden.embed import OpenAIEmbedder
+
+    down = OpenAIEmbedder("http://127.0.0.1:9/v1", "nomic", retries=0, timeout=2.0)
+    with Engine.open(":memory:", clock=clock, embedder=down) as engine:
+        engine.ingest([_msg("x", "the deploy key rotates monthly", clock.now - DAY, session="o")])
+        rowid = engine.get("x").rowid
+        vector = np.ones((1, 384), dtype=np.float32)
+        engine.store.put_vectors(down.name, [rowid], vector)
+        context = engine.assemble(session="s", query="deploy key", budget=500)
+        assert "x" in context.included
+        assert any("words only" in note for note in context.report.notes)

@@ -654,7 +654,13 @@ class Engine:
                 f"vectors of {', '.join(others)} ignored (this engine embeds with "
                 f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
             )
-        query_vector = self.embedder.embed([query])[0] if usable else None
+        query_vector = None
+        if usable:
+            try:
+                query_vector = self.embedder.embed([query])[0]
+            except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
+                notes.append(f"query not embedded ({exc}); related memory found by words only")
+                usable = False
         lines: dict[int, tuple[str, int]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
