@@ -88,3 +88,22 @@ def test_demo_runs() -> None:
     result = ctxwarden("demo")
     assert "recent" in result.stdout
     assert "persistent" in result.stdout
+
+
+def test_cli_embed_detects_a_model_change(tmp_path: Path) -> None:
+    db = str(tmp_path / "db.sqlite")
+    records = tmp_path / "r.jsonl"
+    records.write_text(
+        "\n".join(
+            json.dumps({"id": f"m{i}", "session": "s", "content": f"note {i} about the garden"})
+            for i in range(5)
+        )
+    )
+    ctxwarden("--db", db, "ingest", str(records))
+    first = ctxwarden("--db", db, "embed", "--embedder", "minilm-static")
+    assert "5 memories embedded" in first.stdout
+    again = ctxwarden("--db", db, "embed", "--embedder", "minilm-static")
+    assert "0 memories embedded" in again.stdout
+    other = ctxwarden("--db", db, "embed", "--embedder", "minilm", check=False)
+    assert other.returncode != 0
+    assert "ctxwarden embed --reembed" in other.stdout + other.stderr

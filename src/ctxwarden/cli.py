@@ -135,6 +135,40 @@ def assemble(
 
 
 @app.command()
+def embed(
+    reembed: Annotated[
+        bool,
+        typer.Option("--reembed", help="Replace vectors made by another embedding model."),
+    ] = False,
+    batch_size: Annotated[int, typer.Option(help="Memories embedded per batch.")] = 32,
+    embedder: Annotated[
+        str | None, typer.Option(help="Embedder (minilm, minilm-static, openai:<model>).")
+    ] = None,
+) -> None:
+    """Embed the store's memories that have no vector yet (resumable), with a progress bar."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    settings = _settings()
+    if embedder is not None:
+        settings = settings.model_copy(update={"embedder": embedder})
+    with (
+        _engine(settings) as engine,
+        Progress(
+            SpinnerColumn(),
+            TextColumn("embedding with {task.fields[model]}"),
+            TextColumn("{task.completed} memories"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        ) as progress,
+    ):
+        task = progress.add_task("embed", total=None, model=engine.embedder.name)
+        done = engine.embed_pending(
+            batch_size, reembed=reembed, progress=lambda n: progress.update(task, completed=n)
+        )
+    typer.echo(f"{done} memories embedded")
+
+
+@app.command()
 def stats(
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

@@ -96,6 +96,9 @@ class Settings(BaseSettings):
     tool_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     #: How old a tool-result signature may be (seconds).
     tool_signature_max_age: float = 300.0
+    #: When memories are embedded (``off``, ``sync``, ``background``) and with which embedder.
+    embed: str = "off"
+    embedder: str = "minilm"
 
     _file_data: dict[str, Any] = {}
 
@@ -132,6 +135,8 @@ class Settings(BaseSettings):
                 if self.tool_keys
                 else None
             ),
+            embed=self.embed,
+            embedder=self.embedder,
         )
 
 

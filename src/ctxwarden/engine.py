@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -37,7 +38,15 @@ from ctxwarden.assemble import (
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
-from ctxwarden.errors import ConfigError, ConflictError, CtxwardenError, InputError, NotFound
+from ctxwarden.embed import Embedder, get_embedder
+from ctxwarden.errors import (
+    ConfigError,
+    ConflictError,
+    CtxwardenError,
+    EmbedError,
+    InputError,
+    NotFound,
+)
 from ctxwarden.fold import Aggregate, Analysed, FoldIndex
 from ctxwarden.models import ModelSpec, default_registry
 from ctxwarden.provenance import (
@@ -48,6 +57,7 @@ from ctxwarden.provenance import (
     claims_tool_result,
     is_untrusted,
 )
+from ctxwarden.retrieve import RetrievalWeights, retrieve
 from ctxwarden.store.base import (
     AggregateUpdate,
     Alias,
@@ -109,10 +119,23 @@ class EngineConfig:
     auto_summarize: bool = False
     window_threshold: float = 0.9
     max_window_summaries: int = 8
+    #: When memories are embedded: ``"off"`` (only by :meth:`Engine.embed_pending` or
+    #: ``ctxwarden embed``), ``"sync"`` (right after each ingest commits), ``"background"`` (a
+    #: thread embeds batches after ingest; ingest never waits). Retrieval uses whatever vectors
+    #: of ``embedder`` the store holds, whichever way they were made.
+    embed: str = "off"
+    #: The embedder's name for :func:`ctxwarden.embed.get_embedder` (``"minilm"``, offline).
+    embedder: str = "minilm"
+    embed_batch: int = 32
+    retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
+        if self.embed not in ("off", "sync", "background"):
+            raise ConfigError(f"embed: {self.embed!r} must be 'off', 'sync' or 'background'")
+        if self.embed_batch < 1:
+            raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
         if self.recent_page < 1:
@@ -196,6 +219,7 @@ class Engine:
         *,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.time,
+        embedder: Embedder | None = None,
     ) -> None:
         self.store = store
         self.config = config or EngineConfig()
@@ -206,6 +230,14 @@ class Engine:
         # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
         # are checked against the row's id and last_seen_at before use.
         self._analysed: OrderedDict[int, Analysed] = OrderedDict()
+        self._embedder = embedder
+        self._vector_state: tuple[bool, tuple[str, ...]] | None = None
+        self._vector_state_at = 0.0
+        self._author_cache: dict[str, tuple[float, list[str]]] = {}
+        self._embed_lock = threading.Lock()
+        self._embed_wake = threading.Event()
+        self._embed_stop = threading.Event()
+        self._embed_thread: threading.Thread | None = None
 
     @classmethod
     def open(
@@ -214,15 +246,17 @@ class Engine:
         *,
         config: EngineConfig | None = None,
         clock: Callable[[], float] = time.time,
+        embedder: Embedder | None = None,
     ) -> Engine:
         """Open (creating if needed) the store at ``path``.
 
         A file path, ``":memory:"``, or a ``postgresql://`` URL (needs ``ctxwarden[postgres]``).
+        ``embedder`` overrides ``config.embedder`` (e.g. a fake in tests).
         """
         text = str(path)
         if text.startswith(("postgresql://", "postgres://")):
-            return cls(_postgres_store(text), config=config, clock=clock)
-        return cls(SQLiteStore(text), config=config, clock=clock)
+            return cls(_postgres_store(text), config=config, clock=clock, embedder=embedder)
+        return cls(SQLiteStore(text), config=config, clock=clock, embedder=embedder)
 
     def __enter__(self) -> Engine:
         return self
@@ -231,7 +265,13 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        """Close the store."""
+        """Stop background embedding (finishing its batch) and close the store."""
+        thread = self._embed_thread
+        if thread is not None:
+            self._embed_stop.set()
+            self._embed_wake.set()
+            thread.join()
+            self._embed_thread = None
         self.store.close()
 
     # -- ingest ------------------------------------------------------------------------------
@@ -330,6 +370,12 @@ class Engine:
             }
             for tenant_name, session_name in sorted(touched):
                 self.summarize_session(session_name, tenant=tenant_name)
+        for item in prepared:  # keep the author cache of retrieval current
+            cached = self._author_cache.get(item.record.tenant)
+            if cached is not None and item.record.author and item.record.author not in cached[1]:
+                cached[1].append(item.record.author)
+        if self.config.embed != "off" and any(o.status == "stored" for o in outcomes):
+            self._after_ingest()
         return result
 
     def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
@@ -523,6 +569,110 @@ class Engine:
             near_since=oldest - config.near_window_seconds,
         ):
             index.add(Aggregate.of(target))
+
+    # -- embeddings --------------------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder (built from ``config.embedder`` on first use)."""
+        if self._embedder is None:
+            self._embedder = get_embedder(self.config.embedder)
+        return self._embedder
+
+    def embed_pending(
+        self,
+        batch_size: int | None = None,
+        *,
+        reembed: bool = False,
+        limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Embed memories that have no vector of this engine's embedder yet; returns how many.
+
+        Works in batches of ``batch_size`` (default ``config.embed_batch``), each stored in its
+        own transaction, so it can be interrupted and resumed. If the store holds vectors of
+        another embedding model, :class:`EmbedError` says so (vectors of two models are never
+        mixed) unless ``reembed`` is true, which deletes them first. ``progress`` is called with
+        the running count after each batch.
+        """
+        size = batch_size or self.config.embed_batch
+        if size < 1:
+            raise InputError(f"{size} must be at least 1", field="batch_size")
+        embedder = self.embedder
+        model = embedder.name
+        with self._embed_lock:
+            others = sorted(m for m in self.store.vector_models() if m != model)
+            if others and not reembed:
+                raise EmbedError(
+                    f"the store holds vectors of {', '.join(map(repr, others))} but this engine "
+                    f"embeds with {model!r}: run `ctxwarden embed --reembed` to replace them, or "
+                    "configure the embedder they were made with"
+                )
+            for other in others:
+                self.store.drop_vectors(other)
+            done = 0
+            after = 0
+            while limit is None or done < limit:
+                want = size if limit is None else min(size, limit - done)
+                pending = self.store.pending_embeddings(model, after=after, limit=want)
+                if not pending:
+                    break
+                vectors = embedder.embed([text[:4000] for _, text in pending])
+                done += self.store.put_vectors(model, [r for r, _ in pending], vectors)
+                after = pending[-1][0]
+                if progress is not None:
+                    progress(done)
+                if self._embed_stop.is_set():
+                    break
+            self._vector_state = None
+            return done
+
+    def _after_ingest(self) -> None:
+        if self.config.embed == "sync":
+            try:
+                self.embed_pending()
+            except EmbedError as exc:
+                log.warning("embedding skipped: %s", exc)
+            return
+        if self._embed_thread is None:
+            self._embed_thread = threading.Thread(
+                target=self._embed_loop, name="ctxwarden-embed", daemon=True
+            )
+            self._embed_thread.start()
+        self._embed_wake.set()
+
+    def _embed_loop(self) -> None:
+        while not self._embed_stop.is_set():
+            self._embed_wake.wait()
+            self._embed_wake.clear()
+            if self._embed_stop.is_set():
+                return
+            try:
+                self.embed_pending()
+            except CtxwardenError as exc:
+                log.warning("background embedding stopped: %s", exc)
+                return
+
+    def _authors(self, tenant: str) -> list[str]:
+        """The tenant's authors, read from the store at most once a minute."""
+        cached = self._author_cache.get(tenant)
+        if cached is None or time.monotonic() - cached[0] > 60.0:
+            cached = (time.monotonic(), self.store.authors(tenant))
+            self._author_cache[tenant] = cached
+        return cached[1]
+
+    def _vectors_usable(self) -> tuple[bool, tuple[str, ...]]:
+        """(the store has vectors of this engine's embedder, the other models it has)."""
+        if self._vector_state is None or time.monotonic() - self._vector_state_at > 30.0:
+            self._vector_state_at = time.monotonic()
+            models = self.store.vector_models()
+            if not models:
+                self._vector_state = (False, ())
+            else:
+                name = self.embedder.name
+                others = tuple(sorted(m for m in models if m != name))
+                self._vector_state = (name in models, others)
+        return self._vector_state
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -845,7 +995,7 @@ class Engine:
         material = Material(count=tok.count)
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
-            material.related = self._related(tenant, query_text, tok)
+            material.related = self._related(tenant, query_text, tok, notes, available)
         pinned = self.store.pinned(tenant)
         material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
@@ -976,25 +1126,59 @@ class Engine:
             out.append(Candidate(memories=(memory,), tokens=cost, text=text))
         return out
 
-    def _related(self, tenant: str, query: str, tok: tokens.Tokenizer) -> list[Candidate]:
-        terms = query_terms(query)
-        hits = self.store.search(tenant, terms, limit=self.config.related_candidates)
-        hits = [(m, s) for m, s in hits if m.role != "tool" and not m.tool_calls]
-        counts = self._counts([m for m, _ in hits], tok)
-        top = max((s for _, s in hits), default=1.0) or 1.0
-        out = []
-        for memory, score in hits:
-            text, cost = _line(memory, counts[memory.rowid].line, tok)
-            out.append(
-                Candidate(
-                    memories=(memory,),
-                    tokens=cost,
-                    score=score / top,
-                    components={"bm25": score},
-                    text=text,
-                )
+    def _related(
+        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str], available: int
+    ) -> list[Candidate]:
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates.
+
+        A larger budget asks for more candidates (about one per 16 tokens available, at most
+        1,000), so a big related block is filled with the next-best hits rather than left empty.
+        """
+        wanted = max(self.config.related_candidates, min(1000, available // 16))
+        weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        usable, others = self._vectors_usable()
+        if others and not usable:
+            notes.append(
+                f"vectors of {', '.join(others)} ignored (this engine embeds with "
+                f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
             )
-        return out
+        query_vector = None
+        if usable:
+            try:
+                query_vector = self.embedder.embed([query])[0]
+            except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
+                notes.append(f"query not embedded ({exc}); related memory found by words only")
+                usable = False
+        lines: dict[int, tuple[str, int]] = {}
+
+        def cost(memories: Sequence[Memory]) -> dict[int, int]:
+            counts = self._counts(memories, tok)
+            for memory in memories:
+                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok)
+            return {rowid: line[1] for rowid, line in lines.items()}
+
+        hits = retrieve(
+            self.store,
+            tenant=tenant,
+            query=query,
+            now=self.clock(),
+            cost=cost,
+            query_vector=query_vector,
+            model=self.embedder.name if usable else None,
+            weights=weights,
+            keep=lambda m: m.role != "tool" and not m.tool_calls,
+            authors=self._authors(tenant) if usable else (),
+        )
+        return [
+            Candidate(
+                memories=(hit.memory,),
+                tokens=lines[hit.memory.rowid][1],
+                score=hit.score,
+                components=hit.components,
+                text=lines[hit.memory.rowid][0],
+            )
+            for hit in hits
+        ]
 
 
 def _costs(plan: Plan) -> dict[int, int]:

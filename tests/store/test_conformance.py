@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ctxwarden.engine import Engine
-from ctxwarden.errors import NotFound, StoreError
+from ctxwarden.errors import InputError, NotFound, StoreError
 from ctxwarden.store.base import (
     AggregateUpdate,
     Alias,
@@ -555,3 +557,122 @@ def test_engine_compacts_on_the_store(store: Store) -> None:
     assert engine.compact_plan().memories == 0  # nothing left to do
     again = engine.ingest([{"id": "m3", "session": "s", "content": "late re-send"}])
     assert again.outcomes[0].status == "known"
+
+
+# -- vectors (branch ``retrieve``) -------------------------------------------------------------
+
+
+def _unit(seed: int, dim: int = 384) -> np.ndarray:
+    vector = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def _vector_rows(store: Store) -> dict[str, int]:
+    rowids = {}
+    with store.write() as w:
+        for i in range(6):
+            rowids[f"v{i}"] = w.insert(_memory(f"v{i}", at=100.0 + i, content=f"vector {i}",
+                                               session="s" if i < 4 else "s2"))  # fmt: skip
+        rowids["other"] = w.insert(_memory("other", tenant="u", content="tenant u"))
+    return rowids
+
+
+def test_vectors_round_trip_scoped_by_tenant_and_session(store: Store) -> None:
+    rowids = _vector_rows(store)
+    ids = list(rowids.values())
+    matrix = np.vstack([_unit(i) for i in range(len(ids))])
+    assert store.put_vectors("m1", ids, matrix) == len(ids)
+    found = store.vector_search("t", "m1", _unit(2), k=3)
+    assert found[0][0].id == "v2"
+    assert found[0][1] == pytest.approx(1.0, abs=1e-2)
+    assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+    # The other tenant's memory is never returned, even when it is the nearest.
+    assert "other" not in {m.id for m, _ in store.vector_search("t", "m1", _unit(6), k=10)}
+    assert {m.id for m, _ in store.vector_search("t", "m1", _unit(6), k=10)} == {
+        f"v{i}" for i in range(6)
+    }
+    assert store.vector_search("u", "m1", _unit(0), k=5)[0][0].id == "other"
+    in_s2 = store.vector_search("t", "m1", _unit(0), k=10, session="s2")
+    assert {m.id for m, _ in in_s2} == {"v4", "v5"}
+    assert store.vector_models() == {"m1": len(ids)}
+
+
+def test_vectors_of_another_model_are_never_mixed(store: Store) -> None:
+    rowids = _vector_rows(store)
+    store.put_vectors("m1", [rowids["v0"]], _unit(0)[None, :])
+    store.put_vectors("m2", [rowids["v1"]], _unit(0)[None, :])
+    assert [m.id for m, _ in store.vector_search("t", "m1", _unit(0), k=5)] == ["v0"]
+    assert [m.id for m, _ in store.vector_search("t", "m2", _unit(0), k=5)] == ["v1"]
+    assert store.vector_search("t", "nope", _unit(0), k=5) == []
+    assert store.drop_vectors("m1") == 1
+    assert store.vector_search("t", "m1", _unit(0), k=5) == []
+    assert store.vector_models() == {"m2": 1}
+
+
+def test_vectors_follow_deletes_and_replacements(store: Store) -> None:
+    rowids = _vector_rows(store)
+    ids = list(rowids.values())
+    store.put_vectors("m1", ids, np.vstack([_unit(i) for i in range(len(ids))]))
+    assert store.vector_search("t", "m1", _unit(3), k=1)[0][0].id == "v3"
+    with store.write() as w:
+        assert w.delete("t", "v3", deleted_at=200.0, reason="test")
+    assert "v3" not in {m.id for m, _ in store.vector_search("t", "m1", _unit(3), k=10)}
+    assert store.vector_models() == {"m1": len(ids) - 1}
+    # A replaced vector answers for its new value only.
+    store.put_vectors("m1", [rowids["v0"]], _unit(3)[None, :])
+    assert store.vector_search("t", "m1", _unit(3), k=1)[0][0].id == "v0"
+    # A vector for a memory deleted meanwhile is skipped, not an error.
+    assert store.put_vectors("m1", [rowids["v3"]], _unit(3)[None, :]) == 0
+
+
+def test_pending_embeddings_lists_what_a_model_lacks(store: Store) -> None:
+    rowids = _vector_rows(store)
+    with store.write() as w:
+        tool = NewMemory(
+            id="tool1", tenant="t", session="s", channel="c", author=None, author_kind="tool",
+            role="tool", content="result", created_at=1.0, thread_id=None, reply_to=None,
+            kind="message", pinned=False, name=None, tool_calls=(), tool_call_id="c1",
+            attachments=(), metadata={}, content_hash="h-tool",
+        )  # fmt: skip
+        w.insert(tool)
+    pending = store.pending_embeddings("m1", limit=100)
+    assert [r for r, _ in pending] == sorted(rowids.values())
+    assert dict(pending)[rowids["v1"]] == "vector 1"
+    store.put_vectors("m1", [rowids["v0"], rowids["v1"]], np.vstack([_unit(0), _unit(1)]))
+    rest = [r for r, _ in store.pending_embeddings("m1", limit=100)]
+    assert rowids["v0"] not in rest
+    assert rowids["v2"] in rest
+    assert [r for r, _ in store.pending_embeddings("m1", after=rowids["v4"], limit=2)] == [
+        rowids["v5"],
+        rowids["other"],
+    ]
+    assert len(store.pending_embeddings("m2", limit=100)) == len(rowids)
+    with pytest.raises(InputError):
+        store.put_vectors("m1", [rowids["v2"]], np.vstack([_unit(0), _unit(1)]))
+
+
+def test_sqlite_vector_index_persists_and_follows_other_writers(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    first = SQLiteStore(path)
+    rowids = _vector_rows(first)
+    ids = list(rowids.values())
+    first.put_vectors("m1", ids, np.vstack([_unit(i) for i in range(len(ids))]))
+    assert first.vector_search("t", "m1", _unit(1), k=1)[0][0].id == "v1"
+    first.close()
+    files = sorted(p.name for p in (tmp_path / "db.sqlite.vectors").iterdir())
+    assert files == ["m1.idx", "m1.json"]
+    second = SQLiteStore(path)
+    reader = SQLiteStore(path)  # another process, in effect: its own connection and index
+    assert reader.vector_search("t", "m1", _unit(1), k=1)[0][0].id == "v1"
+    with second.write() as w:
+        w.delete("t", "v1", deleted_at=1.0, reason="test")
+    second.put_vectors("m1", [rowids["v2"]], _unit(1)[None, :])
+    assert reader.vector_search("t", "m1", _unit(1), k=1)[0][0].id == "v2"
+    assert "v1" not in {m.id for m, _ in reader.vector_search("t", "m1", _unit(1), k=10)}
+    second.close()
+    reader.close()
+    # A damaged index file is rebuilt from the table.
+    (tmp_path / "db.sqlite.vectors" / "m1.idx").write_bytes(b"garbage")
+    third = SQLiteStore(path)
+    assert third.vector_search("t", "m1", _unit(1), k=1)[0][0].id == "v2"
+    third.close()

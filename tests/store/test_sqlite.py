@@ -85,3 +85,21 @@ def test_inserted_rows_are_searchable_after_commit_and_not_after_rollback() -> N
     assert (
         store._query("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')", ()) == []
     )
+
+
+def test_search_leaves_out_terms_too_common_to_rank() -> None:
+    from ctxwarden.store.sqlite import COMMON_TERM_ROWS
+
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        for i in range(COMMON_TERM_ROWS + 10):
+            w.insert(_memory(f"c{i}", content=f"status update number {i}", at=float(i)))
+        w.insert(_memory("hit", content="status of the zeppelin hangar", at=1.0))
+        w.insert(_memory("other", tenant="u", content="zeppelin in another tenant", at=1.0))
+    found = store.search("t", ["status", "zeppelin", "hangar"], limit=5)
+    assert found[0][0].id == "hit"
+    # "status" was not searched: only the row with a rare term is found, never another tenant's.
+    assert [m.id for m, _ in found] == ["hit"]
+    # With two terms or fewer every term is searched.
+    assert len(store.search("t", ["status", "zeppelin"], limit=5)) == 5
+    store.close()

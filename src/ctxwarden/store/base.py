@@ -27,6 +27,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -364,3 +367,44 @@ class Store(Protocol):
     def scrub(self) -> None:
         """After deletes: make the deleted text unrecoverable from the backend's files where the
         backend can (SQLite: merge the FTS index, checkpoint and truncate the WAL)."""
+
+    # -- vectors (added on branch ``retrieve``) ----------------------------------------------
+
+    def put_vectors(
+        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+    ) -> int:
+        """Store one embedding per memory under the embedding ``model``'s name (replacing any).
+
+        Memories deleted meanwhile are skipped; returns how many were stored. A model's vectors
+        all have one length (:class:`~ctxwarden.errors.InputError` otherwise).
+        """
+
+    def pending_embeddings(
+        self, model: str, *, after: int = 0, limit: int = 256
+    ) -> list[tuple[int, str]]:
+        """Up to ``limit`` memories (every tenant) with text and no ``model`` vector, as
+        ``(rowid, content)`` in rowid order after ``after``. Tool results are left out."""
+
+    def vector_models(self) -> dict[str, int]:
+        """How many vectors each embedding model has in the store (to detect a model change)."""
+
+    def drop_vectors(self, model: str) -> int:
+        """Delete every vector of ``model``; returns how many."""
+
+    def vector_search(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        session: str | None = None,
+        author: str | None = None,
+    ) -> list[tuple[Memory, float]]:
+        """The ``k`` memories of ``tenant`` (and ``session``, and ``author``) whose ``model``
+        vectors are nearest ``vector``: ``(memory, cosine)``, best first, ties by rowid. Only
+        ``model``'s vectors are searched, never another model's. Tenant-filtered in the query
+        (rule 6)."""
+
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""

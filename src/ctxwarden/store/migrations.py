@@ -29,6 +29,16 @@ Migration 4 (``compaction``) drops ``tombstones_summary``: compaction leaves one
 original, and that index was ~40 % of their bytes. The lookup it served (tombstones naming a
 given summary) is needed only when summaries are themselves summarised (sliding-window merges),
 which then scan the tenant's tombstones once per merge.
+
+Migration 5 (``vectors``) adds:
+
+- ``memory_vectors`` (migration ``vectors``): one embedding per memory and embedding model
+  (float16 little-endian bytes, its length in ``dim``), removed with its memory by cascade; the
+  model's name is kept so vectors of different models are never mixed.
+- ``vector_changes`` (migration ``vectors``): an append-only log of which memory's vector of which
+  model changed (filled by triggers, cascades included). The in-memory HNSW index replays it from
+  the sequence number it last saw, so it stays consistent through deletes and through writes by
+  other processes.
 """
 
 from __future__ import annotations
@@ -219,6 +229,51 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=4,
         name="compaction",
         statements=("DROP INDEX tombstones_summary",),
+    ),
+    Migration(
+        version=5,
+        name="vectors",
+        statements=(
+            """
+            CREATE TABLE memory_vectors (
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                model TEXT NOT NULL,
+                dim INTEGER NOT NULL,
+                embedding BLOB NOT NULL,
+                PRIMARY KEY (memory_rowid, model)
+            ) WITHOUT ROWID
+            """,
+            "CREATE INDEX memory_vectors_model ON memory_vectors (model, memory_rowid)",
+            """
+            CREATE TABLE vector_changes (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                model TEXT NOT NULL,
+                memory_rowid INTEGER NOT NULL
+            )
+            """,
+            "CREATE INDEX vector_changes_model ON vector_changes (model, seq)",
+            # Retrieval scopes vector search to an author named in the query.
+            # (author, tenant): led by author so that no "tenant = ?" query picks it by mistake.
+            "CREATE INDEX memories_author ON memories (author, tenant)",
+            """
+            CREATE TRIGGER memory_vectors_insert AFTER INSERT ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (new.model, new.memory_rowid);
+            END
+            """,
+            """
+            CREATE TRIGGER memory_vectors_update AFTER UPDATE ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (new.model, new.memory_rowid);
+            END
+            """,
+            """
+            CREATE TRIGGER memory_vectors_delete AFTER DELETE ON memory_vectors BEGIN
+                INSERT INTO vector_changes (model, memory_rowid)
+                VALUES (old.model, old.memory_rowid);
+            END
+            """,
+        ),
     ),
 )
 

@@ -227,6 +227,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX api_keys_tenant ON api_keys (tenant)",
         ),
     ),
+    Migration(
+        version=6,
+        name="retrieve_author_index",
+        statements=("CREATE INDEX memories_author ON memories (tenant, author)",),
+    ),
 )
 
 _VERSION_TABLE = """

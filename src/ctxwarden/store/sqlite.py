@@ -12,13 +12,17 @@ import json
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ctxwarden.errors import ConflictError, NotFound, StoreError
+import numpy as np
+import numpy.typing as npt
+
+from ctxwarden.errors import ConflictError, InputError, NotFound, StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -30,12 +34,17 @@ from ctxwarden.store.base import (
     TokenCount,
     Tombstone,
 )
+from ctxwarden.store.sqlite_vectors import VectorCache, encode
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+#: A search term in at least this many rows is too common to search for (see ``search``).
+COMMON_TERM_ROWS = 2000
+#: Rarest terms are searched while the rows they match add up to at most this many.
+SEARCH_ROW_BUDGET = 6000
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
 
@@ -509,6 +518,8 @@ class SQLiteStore:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
+        self._vectors = VectorCache(self.path, self._query)
+        self._term_cache: dict[str, tuple[int, float]] = {}
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -676,18 +687,78 @@ class SQLiteStore:
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
     ) -> list[tuple[Memory, float]]:
-        """FTS5 BM25 over content; any term may match. Scores are positive, higher is better."""
+        """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
+
+        With more than two terms, the rarest are searched while the rows they match add up to
+        at most :data:`SEARCH_ROW_BUDGET`, and none found in :data:`COMMON_TERM_ROWS` rows or
+        more (the two rarest are always kept): an OR of common terms makes FTS5 rank every row
+        holding any of them (~0.8 s for twelve terms at 100k rows), while such terms add little
+        to BM25 anyway. A store under the budget searches every term.
+        """
         if not terms:
             return []
-        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
-        rows = self._query(
-            f"SELECT {', '.join('m.' + c.strip() for c in _MEMORY_COLUMNS.split(','))}, "
-            "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
-            "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND m.tenant = ? "
-            "ORDER BY rank, m.rowid LIMIT ?",
-            (match, tenant, limit),
+        quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms)]
+        if len(quoted) > 2:
+            frequency = {q: self._term_rows(q) for q in quoted}
+            ranked = sorted(quoted, key=lambda q: (frequency[q], quoted.index(q)))
+            kept: list[str] = []
+            matched = 0
+            for q in ranked:  # rarest first, while the rows to rank stay within budget
+                if len(kept) >= 2 and (
+                    frequency[q] >= COMMON_TERM_ROWS or matched + frequency[q] > SEARCH_ROW_BUDGET
+                ):
+                    break
+                kept.append(q)
+                matched += frequency[q]
+            quoted = [q for q in quoted if q in kept]
+        match = " OR ".join(quoted)
+        # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
+        # filtered by tenant; the joined query only when other tenants crowd the page.
+        page = limit * 2
+        ranked_rows = self._query(
+            "SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?",
+            (match, page),
         )
-        return [(_memory(r[:-1]), -float(r[-1])) for r in rows]
+        rank = {int(r[0]): float(r[1]) for r in ranked_rows}
+        found: list[tuple[Memory, float]] = []
+        ids = list(rank)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._query(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
+                [*chunk, tenant],
+            ):
+                found.append((_memory(row), -rank[int(row[0])]))
+        if len(found) < limit and len(ranked_rows) == page:
+            rows = self._query(
+                f"SELECT {', '.join('m.' + c.strip() for c in _MEMORY_COLUMNS.split(','))}, "
+                "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
+                "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND m.tenant = ? "
+                "ORDER BY rank, m.rowid LIMIT ?",
+                (match, tenant, limit),
+            )
+            return [(_memory(r[:-1]), -float(r[-1])) for r in rows]
+        found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+        return found[:limit]
+
+    def _term_rows(self, quoted: str) -> int:
+        """Rows holding the (quoted) term, counted up to COMMON_TERM_ROWS; cached 10 minutes."""
+        now = time.monotonic()
+        cached = self._term_cache.get(quoted)
+        if cached is not None and now - cached[1] < 600.0:
+            return cached[0]
+        count = int(
+            self._query(
+                "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE memories_fts "
+                "MATCH ? LIMIT ?)",
+                (quoted, COMMON_TERM_ROWS),
+            )[0][0]
+        )
+        if len(self._term_cache) > 50_000:
+            self._term_cache.clear()
+        self._term_cache[quoted] = (count, now)
+        return count
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``."""
@@ -888,9 +959,10 @@ class SQLiteStore:
         return str(self._query("PRAGMA integrity_check", ())[0][0])
 
     def close(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close the connection (saving changed vector indexes first). Idempotent."""
         with self._lock:
             if not self._closed:
+                self._vectors.save()
                 self._closed = True
                 self._conn.close()
 
@@ -912,3 +984,147 @@ class SQLiteStore:
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"scrub failed: {exc}") from exc
+
+    # -- vectors (added on branch ``retrieve``) ----------------------------------------------
+
+    def put_vectors(
+        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+    ) -> int:
+        """Store one vector per rowid under ``model`` (replacing any); returns how many were kept.
+
+        Rows deleted meanwhile are skipped. :class:`InputError` if the shape is wrong or the
+        length differs from the vectors already stored for ``model``.
+        """
+        matrix = np.asarray(vectors, dtype=np.float32)
+        if matrix.ndim != 2 or matrix.shape[0] != len(rowids):
+            raise InputError(
+                f"{len(rowids)} rowids but vectors of shape {matrix.shape}: pass one row each",
+                field="vectors",
+            )
+        if not rowids:
+            return 0
+        dim = int(matrix.shape[1])
+        known = self._query("SELECT dim FROM memory_vectors WHERE model = ? LIMIT 1", (model,))
+        if known and int(known[0][0]) != dim:
+            raise InputError(
+                f"model {model!r} has {known[0][0]}-d vectors in the store, these are {dim}-d: "
+                "one model name must always give vectors of one length",
+                field="vectors",
+            )
+        with self.write():
+            live: set[int] = set()
+            ids = [int(r) for r in rowids]
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                live.update(
+                    int(r[0])
+                    for r in self._conn.execute(
+                        f"SELECT rowid FROM memories WHERE rowid IN ({marks})", chunk
+                    )
+                )
+            rows = [
+                (r, model, dim, encode(v)) for r, v in zip(ids, matrix, strict=True) if r in live
+            ]
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO memory_vectors (memory_rowid, model, dim, embedding) "
+                "VALUES (?, ?, ?, ?)",
+                rows,
+            )
+        return len(rows)
+
+    def pending_embeddings(
+        self, model: str, *, after: int = 0, limit: int = 256
+    ) -> list[tuple[int, str]]:
+        """Memories with text and no ``model`` vector, as ``(rowid, content)``, rowid > ``after``.
+
+        Tool results are left out (retrieval never offers them). Every tenant: embedding is
+        maintenance, not a read on a tenant's behalf.
+        """
+        rows = self._query(
+            "SELECT m.rowid, m.content FROM memories m WHERE m.rowid > ? AND m.content != '' "
+            "AND m.role != 'tool' AND NOT EXISTS (SELECT 1 FROM memory_vectors v "
+            "WHERE v.memory_rowid = m.rowid AND v.model = ?) ORDER BY m.rowid LIMIT ?",
+            (after, model, limit),
+        )
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def vector_models(self) -> dict[str, int]:
+        """How many vectors each embedding model has in the store."""
+        rows = self._query(
+            "SELECT model, count(*) FROM memory_vectors GROUP BY model ORDER BY model", ()
+        )
+        return {str(m): int(n) for m, n in rows}
+
+    def drop_vectors(self, model: str) -> int:
+        """Delete every vector of ``model`` (before re-embedding); returns how many."""
+        with self.write():
+            cursor = self._conn.execute("DELETE FROM memory_vectors WHERE model = ?", (model,))
+            self._conn.execute("DELETE FROM vector_changes WHERE model = ?", (model,))
+            count = cursor.rowcount
+        self._vectors.forget(model)
+        return count
+
+    def vector_search(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        session: str | None = None,
+        author: str | None = None,
+    ) -> list[tuple[Memory, float]]:
+        """The ``k`` memories of ``tenant`` (and ``session``, ``author``) nearest ``vector``.
+
+        An ``author`` scope is searched exactly over that author's rows.
+
+        The index holds every tenant's vectors; the tenant filter runs in the query that reads
+        the rows, widening the search until ``k`` are found or the index is exhausted.
+        """
+        if k < 1:
+            return []
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        want = k
+        where = "tenant = ?" + (" AND session = ?" if session is not None else "")
+        scope: list[Any] = [tenant] + ([session] if session is not None else [])
+        allowed: set[int] | None = None
+        if author is not None:
+            allowed = {
+                int(r[0])
+                for r in self._query(
+                    f"SELECT rowid FROM memories WHERE {where} AND author = ?", [*scope, author]
+                )
+            }
+            if not allowed:
+                return []
+        while True:
+            hits = self._vectors.search(model, query, want, allowed=allowed)
+            if not hits:
+                return []
+            score = dict(hits)
+            found: list[tuple[Memory, float]] = []
+            ids = list(score)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
+                for row in self._query(
+                    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) "
+                    f"AND {where.replace('tenant', '+tenant').replace('session', '+session')}",
+                    [*chunk, *scope],
+                ):
+                    found.append((_memory(row), score[int(row[0])]))
+            if len(found) >= k or len(hits) < want or want >= 100_000:
+                found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+                return found[:k]
+            want *= 8
+
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted."""
+        rows = self._query(
+            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL "
+            "ORDER BY author",
+            (tenant,),
+        )
+        return [str(r[0]) for r in rows]

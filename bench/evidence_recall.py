@@ -1,0 +1,307 @@
+"""Evidence recall of the related block: the share of each question's evidence in the context.
+
+Usage::
+
+    uv run python bench/evidence_recall.py DATA [--budgets 1000,2000,4000,8000]
+        [--model gpt-4] [--embedder minilm|minilm-static|none] [--limit N]
+
+``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
+or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
+``{speaker, dia_id, text}`` and ``qa`` items ``{question, answer, evidence, category}``).
+
+For every question the engine assembles a context at each budget (the model's tokenizer, cl100k
+for gpt-4) with the clock at the question's time, and the evidence ids found in
+``Context.included`` are counted (an id folded into an aggregate counts as its aggregate). Two
+baselines run on the same store in the same run: **recency** (the newest messages whose lines
+fit the budget) and **bm25** (the store's full-text hits, best first, lines packed until the
+budget is full). Prints one table per budget: recall per category and overall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ctxwarden import render, tokens
+from ctxwarden.assemble import query_terms
+from ctxwarden.engine import Engine, EngineConfig
+from ctxwarden.errors import NotFound
+from ctxwarden.types import parse_time
+
+
+@dataclass(slots=True)
+class Question:
+    qid: str
+    question: str
+    evidence: tuple[str, ...]
+    category: str
+    asked_at: float
+
+
+@dataclass(slots=True)
+class Conversation:
+    """One conversation: records to ingest (each with a session) and questions about it."""
+
+    name: str
+    session: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    questions: list[Question] = field(default_factory=list)
+
+
+# -- readers -----------------------------------------------------------------------------------
+
+
+def read_chatbench(directory: Path) -> list[Conversation]:
+    """A chatbench directory: one conversation (its most common session)."""
+    lines = (directory / "messages.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    sessions: dict[str, int] = defaultdict(int)
+    for record in records:
+        sessions[record["session"]] += 1
+    conversation = Conversation(
+        name=directory.name, session=max(sessions, key=sessions.__getitem__)
+    )
+    conversation.records = records
+    for line in (directory / "qa.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        conversation.questions.append(
+            Question(
+                qid=item["qid"],
+                question=item["question"],
+                evidence=tuple(item["evidence"]),
+                category=str(item["category"]),
+                asked_at=parse_time(item["asked_at"]),
+            )
+        )
+    return [conversation]
+
+
+_LOCOMO_TIME = re.compile(
+    r"(?P<hour>\d{1,2}):(?P<minute>\d{2})\s*(?P<ampm>am|pm)\s+on\s+(?P<day>\d{1,2})\s+"
+    r"(?P<month>[A-Za-z]+),?\s+(?P<year>\d{4})",
+    re.IGNORECASE,
+)
+
+
+def locomo_time(text: str) -> float | None:
+    """LoCoMo's session time (``"1:56 pm on 8 May, 2023"``) as a Unix time, or None."""
+    match = _LOCOMO_TIME.search(text or "")
+    if not match:
+        return None
+    hour = int(match["hour"]) % 12 + (12 if match["ampm"].lower() == "pm" else 0)
+    try:
+        month = datetime.strptime(match["month"][:3], "%b").month
+        moment = datetime(int(match["year"]), month, int(match["day"]), hour,
+                          int(match["minute"]), tzinfo=UTC)  # fmt: skip
+    except ValueError:
+        return None
+    return moment.timestamp()
+
+
+def _session_keys(conversation: dict[str, Any]) -> list[tuple[int, str]]:
+    keys = []
+    for key, value in conversation.items():
+        found = re.fullmatch(r"session_(\d+)", key)
+        if found and isinstance(value, list):
+            keys.append((int(found[1]), key))
+    return sorted(keys)
+
+
+def read_locomo(path: Path) -> list[Conversation]:
+    """A LoCoMo JSON file: one conversation per sample (turns 60 s apart within a session)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(data, dict):
+        data = [data]
+    out = []
+    for number, sample in enumerate(data):
+        name = str(sample.get("sample_id", f"sample-{number}"))
+        conv = sample["conversation"]
+        conversation = Conversation(name=name, session=name)
+        clock = datetime(2023, 1, 1, tzinfo=UTC).timestamp()
+        for index, key in _session_keys(conv):
+            start = locomo_time(str(conv.get(f"{key}_date_time", "")))
+            clock = start if start is not None and start > clock else clock + 3600.0
+            for turn in conv[key]:
+                text = str(turn.get("text", "")).strip()
+                if turn.get("blip_caption"):
+                    text = f"{text} [shares a photo: {turn['blip_caption']}]".strip()
+                if not text:
+                    continue
+                conversation.records.append({
+                    "id": str(turn["dia_id"]), "session": name, "channel": f"session-{index}",
+                    "author": str(turn["speaker"]), "author_kind": "human", "role": "user",
+                    "content": text, "created_at": clock,
+                })  # fmt: skip
+                clock += 60.0
+        asked = clock + timedelta(days=1).total_seconds()
+        for q_number, item in enumerate(sample.get("qa", [])):
+            evidence = tuple(
+                e.strip() for raw in item.get("evidence", []) for e in str(raw).split(";")
+                if e.strip()
+            )  # fmt: skip
+            if not evidence or "question" not in item:
+                continue
+            conversation.questions.append(
+                Question(
+                    qid=f"{name}-{q_number}",
+                    question=str(item["question"]),
+                    evidence=evidence,
+                    category=str(item.get("category", "?")),
+                    asked_at=asked,
+                )
+            )
+        out.append(conversation)
+    return out
+
+
+def read(path: Path) -> list[Conversation]:
+    """Chatbench directory or LoCoMo JSON file."""
+    if path.is_dir():
+        return read_chatbench(path)
+    return read_locomo(path)
+
+
+# -- baselines ---------------------------------------------------------------------------------
+
+
+def _packed(lines: Iterator[tuple[str, int]], budget: int) -> set[str]:
+    chosen: set[str] = set()
+    used = 0
+    for memory_id, cost in lines:
+        if used + cost > budget:
+            continue
+        chosen.add(memory_id)
+        used += cost
+    return chosen
+
+
+def run(
+    conversations: Sequence[Conversation],
+    *,
+    budgets: Sequence[int],
+    model: str,
+    embedder: str,
+    limit: int | None,
+    db: str = ":memory:",
+) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """Recall per method, budget and category (a list of per-question recalls).
+
+    Each conversation is its own tenant. ``db``: a file keeps the store (and its vectors) for
+    the next run; records already there are known and not embedded again.
+    """
+    results: dict[str, dict[int, dict[str, list[float]]]] = {
+        m: {b: defaultdict(list) for b in budgets} for m in ("ctxwarden", "recency", "bm25")
+    }
+    config = EngineConfig(
+        default_model=model, embedder=embedder if embedder != "none" else "minilm"
+    )
+    clock_now = [0.0]
+
+    def clock() -> float:
+        return clock_now[0]
+
+    with Engine.open(db, config=config, clock=clock) as engine:
+        for conversation in conversations:
+            tenant = conversation.name
+            started = time.perf_counter()
+            engine.ingest(conversation.records, tenant=tenant)
+            ingest_s = time.perf_counter() - started
+            embedded = 0
+            started = time.perf_counter()
+            if embedder != "none":
+                embedded = engine.embed_pending(batch_size=32)
+            embed_s = time.perf_counter() - started
+            print(
+                f"# {conversation.name}: {len(conversation.records)} records ingested in "
+                f"{ingest_s:.1f}s; {embedded} embedded in {embed_s:.1f}s; "
+                f"{len(conversation.questions)} questions",
+                file=sys.stderr,
+            )
+            tok = tokens.get_tokenizer(engine.registry.resolve(model).tokenizer)
+            history = list(engine.store.iter_memories(tenant))
+            line_cost = {m.id: tok.count(render.line_text(m)) for m in history}
+            questions = conversation.questions[:limit] if limit else conversation.questions
+            for question in questions:
+                clock_now[0] = question.asked_at
+                wanted = set()
+                for evidence in question.evidence:
+                    try:
+                        wanted.add(engine.get(evidence, tenant=tenant).id)
+                    except NotFound:
+                        wanted.add(evidence)
+                visible = [m for m in history if m.created_at <= question.asked_at]
+                hits = engine.store.search(tenant, query_terms(question.question), limit=400)
+                for budget in budgets:
+                    context = engine.assemble(
+                        tenant=tenant,
+                        session=conversation.session,
+                        query=question.question,
+                        model=model,
+                        budget=budget,
+                        log_inclusions=False,
+                    )
+                    got = {
+                        "ctxwarden": set(context.included),
+                        "recency": _packed(
+                            ((m.id, line_cost[m.id]) for m in reversed(visible)), budget
+                        ),
+                        "bm25": _packed(((m.id, line_cost[m.id]) for m, _ in hits), budget),
+                    }
+                    for method, ids in got.items():
+                        recall = len(wanted & ids) / len(wanted) if wanted else 0.0
+                        results[method][budget][question.category].append(recall)
+                        results[method][budget]["all"].append(recall)
+    return results
+
+
+def show(results: dict[str, dict[int, dict[str, list[float]]]], budgets: Sequence[int]) -> None:
+    categories = sorted({c for b in results["ctxwarden"].values() for c in b if c != "all"})
+    columns = [*categories, "all"]
+    print("| budget | method | " + " | ".join(f"{c} (n)" for c in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for budget in budgets:
+        for method in ("ctxwarden", "bm25", "recency"):
+            row = results[method][budget]
+            cells = [
+                f"{100 * sum(row[c]) / len(row[c]):.1f} ({len(row[c])})" if row[c] else "-"
+                for c in columns
+            ]
+            print(f"| {budget} | {method} | " + " | ".join(cells) + " |")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("data", type=Path)
+    parser.add_argument("--budgets", default="1000,2000,4000,8000")
+    parser.add_argument("--model", default="gpt-4")
+    parser.add_argument("--embedder", default="minilm", help="minilm, minilm-static or none")
+    parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    parser.add_argument("--db", default=":memory:", help="keep the store (and vectors) here")
+    args = parser.parse_args(argv)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    conversations = read(args.data)
+    results = run(
+        conversations,
+        budgets=budgets,
+        model=args.model,
+        embedder=args.embedder,
+        limit=args.limit,
+        db=args.db,
+    )
+    print(f"evidence recall (%), {args.data}, model {args.model}, embedder {args.embedder}")
+    show(results, budgets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Retrieval speed at scale: a synthetic store, hybrid retrieval p50/p95, embedder throughput.
+
+Usage::
+
+    uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
+
+Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
+(40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
+with a 384-d vector each. The vectors are MiniLM-like without running MiniLM ``n`` times: real
+MiniLM embeddings of a few hundred template sentences, mixed (two per row, random weights) and
+normalised. Then times :func:`ctxwarden.retrieve.retrieve` (lexical + vector candidates, fusion,
+scoring, MMR, neighbours, token costs) for queries whose embedding is computed beforehand: the
+timings exclude the query's embedding, which is reported separately with the embedders'
+throughput on 30-word messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ctxwarden.embed import MiniLMEmbedder, StaticEmbedder
+from ctxwarden.retrieve import RetrievalWeights, retrieve
+from ctxwarden.store.base import NewMemory
+from ctxwarden.store.sqlite import SQLiteStore
+
+AUTHORS = [f"user{i:02d}" for i in range(40)]
+CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
+
+
+def _vocabulary(rng: np.random.Generator) -> list[str]:
+    letters = "abcdefghijklmnoprstuvwy"
+    words = set()
+    while len(words) < 3000:
+        words.add("".join(rng.choice(list(letters), size=int(rng.integers(3, 9)))))
+    return sorted(words)
+
+
+def _sentence(rng: np.random.Generator, vocab: list[str], weights: np.ndarray) -> str:
+    return " ".join(rng.choice(vocab, size=int(rng.integers(6, 30)), p=weights))
+
+
+def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, list[str]]:
+    vocab = _vocabulary(rng)
+    weights = 1.0 / np.arange(1, len(vocab) + 1)
+    weights /= weights.sum()
+    store = SQLiteStore(path)
+    if store.stats("default")["memories"] >= n:
+        return store, vocab
+    embedder = MiniLMEmbedder()
+    templates = [_sentence(rng, vocab, weights) for _ in range(300)]
+    base = embedder.embed(templates)
+    started = time.perf_counter()
+    batch = 20_000
+    for start in range(0, n, batch):
+        rows = []
+        with store.write() as writer:
+            for i in range(start, min(n, start + batch)):
+                memory = NewMemory(
+                    id=f"m{i}", tenant="default", session="s", channel=CHANNELS[i % 8],
+                    author=AUTHORS[int(rng.integers(0, 40))], author_kind="human", role="user",
+                    content=_sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
+                    thread_id=None, reply_to=None, kind="message", pinned=False, name=None,
+                    tool_calls=(), tool_call_id=None, attachments=(), metadata={},
+                    content_hash=f"h{i}",
+                )  # fmt: skip
+                rows.append(writer.insert(memory))
+        pick = rng.integers(0, len(base), size=(len(rows), 2))
+        mix = rng.random((len(rows), 1)).astype(np.float32)
+        vectors = base[pick[:, 0]] * mix + base[pick[:, 1]] * (1 - mix)
+        vectors += rng.standard_normal(vectors.shape).astype(np.float32) * 0.02
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        store.put_vectors(embedder.name, rows, vectors)
+        print(f"  {start + len(rows):,} rows, {time.perf_counter() - started:.0f}s", flush=True)
+    return store, vocab
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--db", type=Path, default=Path("/tmp/ctxwarden-bench-retrieve.db"))
+    parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
+    args = parser.parse_args()
+    rng = np.random.default_rng(7)
+    if not args.keep:
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(args.db) + suffix).unlink(missing_ok=True)
+        for leftover in Path(str(args.db) + ".vectors").glob("*"):
+            leftover.unlink()
+    started = time.perf_counter()
+    store, vocab = build(args.db, args.n, rng)
+    print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
+    embedder = MiniLMEmbedder()
+    weights = 1.0 / np.arange(1, len(vocab) + 1)
+    weights /= weights.sum()
+    queries = [_sentence(rng, vocab, weights)[:80] + f" {AUTHORS[i % 40]}?"
+               for i in range(args.queries)]  # fmt: skip
+    started = time.perf_counter()
+    vectors = [embedder.embed([q])[0] for q in queries]
+    query_ms = (time.perf_counter() - started) * 1000 / len(queries)
+    started = time.perf_counter()
+    store.vector_search("default", embedder.name, vectors[0], k=10)  # load/replay the index
+    print(f"vector index loaded in {time.perf_counter() - started:.1f}s")
+    authors = store.authors("default")
+    timings = []
+    cpu = []
+    for query, vector in zip(queries, vectors, strict=True):
+        began = time.perf_counter()
+        began_cpu = time.process_time()
+        hits = retrieve(
+            store,
+            tenant="default",
+            query=query,
+            now=1.7e9 + args.n * 30.0,
+            cost=lambda ms: {m.rowid: 30 for m in ms},
+            query_vector=vector,
+            model=embedder.name,
+            weights=RetrievalWeights(),
+            authors=authors,
+        )
+        timings.append((time.perf_counter() - began) * 1000)
+        cpu.append((time.process_time() - began_cpu) * 1000)
+        assert hits
+    for label, values in (("wall", timings), ("CPU", cpu)):
+        values.sort()
+        p50 = statistics.median(values)
+        p95 = values[int(0.95 * (len(values) - 1))]
+        print(
+            f"retrieve over {args.n:,} memories, {len(queries)} queries, {label} time (query "
+            f"embedding excluded): p50 {p50:.1f} ms, p95 {p95:.1f} ms"
+        )
+    print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
+    texts = [_sentence(rng, vocab, weights) for _ in range(512)]
+    texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
+    for model in (MiniLMEmbedder(), StaticEmbedder()):
+        model.embed(texts[:8])
+        began = time.perf_counter()
+        began_cpu = time.process_time()
+        for start in range(0, len(texts), 32):
+            model.embed(texts[start : start + 32])
+        rate = len(texts) / (time.perf_counter() - began)
+        cpu_rate = len(texts) / (time.process_time() - began_cpu)
+        print(
+            f"embedder {model.name}: {rate:,.0f} messages/s wall, {cpu_rate:,.0f} per CPU-s "
+            "(30 words, batches of 32, one thread)"
+        )
+    store.close()
+
+
+if __name__ == "__main__":
+    main()
