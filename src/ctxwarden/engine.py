@@ -1021,19 +1021,34 @@ class Engine:
         included: list[str] = []
         inclusions: list[Inclusion] = []
         total = 0
-        system_text, held = system_message_text(policy, plan, system)
+        system_text, held, system_cost = self._system_message(
+            policy, plan, system, system_prefix_tokens, tok, fmt
+        )
+        recent_cost = sum(c.tokens for _, c in recent_messages(plan, policy))
+        others = fixed - fixed_parts["system"] - fixed_parts["template"]
+        while (
+            system_text is not None
+            and held
+            and (
+                fmt.request_overhead(has_system=True) + system_cost + recent_cost + others
+                > limits.cap
+            )
+        ):
+            # Only a template that trims the system text can push it past the plan (its last
+            # line loses the newline it was counted with): give up that block's last line.
+            last = next(
+                b for b in reversed(policy.blocks) if b.source != "recent" and plan.chosen[b.name]
+            )
+            plan.chosen[last.name].pop()
+            notes.append(f"{last.name}: last line dropped, the template's trim made it longer")
+            system_text, held, system_cost = self._system_message(
+                policy, plan, system, system_prefix_tokens, tok, fmt
+            )
         has_system = system_text is not None
         if has_system:
             assert system_text is not None
             messages.append({"role": "system", "content": system_text})
-            total += fmt.message_overhead("system")
-            if system:
-                total += system_prefix_tokens if held else tok.count(system)
-            for block in policy.blocks:
-                if block.source == "recent" or not plan.chosen[block.name]:
-                    continue
-                total += tok.count(render.block_header(block.title or block.name))
-                total += sum(c.tokens for c in plan.chosen[block.name])
+            total += system_cost
         for name, memory in held:
             if memory.rowid >= 0:
                 included.append(memory.id)
@@ -1097,6 +1112,39 @@ class Engine:
             tokens=total,
             report=report,
         )
+
+    @staticmethod
+    def _system_message(
+        policy: BudgetPolicy,
+        plan: Plan,
+        system: str | None,
+        prefix_tokens: int,
+        tok: tokens.Tokenizer,
+        fmt: tokens.ChatFormat,
+    ) -> tuple[str | None, list[tuple[str, Memory]], int]:
+        """The system message's text, the memories it holds, and its exact cost.
+
+        Block segments end in a newline before a non-space character, where BPE always splits,
+        so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
+        the last segment's newline, so that segment alone is counted again without it.
+        """
+        text, held = system_message_text(policy, plan, system)
+        if text is None:
+            return None, held, 0
+        if not held:  # the caller's prompt alone
+            return text, held, fmt.message_tokens("system", text)
+        cost = fmt.message_overhead("system") + (prefix_tokens if system else 0)
+        for block in policy.blocks:
+            chosen = plan.chosen[block.name]
+            if block.source == "recent" or not chosen:
+                continue
+            cost += tok.count(render.block_header(block.title or block.name))
+            cost += sum(c.tokens for c in chosen)
+        last = text[text.rfind("\n", 0, len(text) - 1) + 1 :]
+        trimmed = fmt.content_text("system", last)
+        if trimmed != last:
+            cost += tok.count(trimmed) - tok.count(last)
+        return text, held, cost
 
     def _counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
         """Cached counts for these memories, counting (and caching) the missing ones."""

@@ -109,7 +109,7 @@ def block_header(title: str) -> str:
 
 def system_prefix(system: str) -> str:
     """The caller's system prompt as the first segment when memory blocks follow it."""
-    return system.rstrip() + "\n\n"
+    return system.strip() + "\n\n"
 
 
 def _untrusted(memory: Memory | Mapping[str, Any]) -> bool:
