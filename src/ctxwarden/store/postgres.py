@@ -20,7 +20,6 @@ what a common one weighs) and normalises length only through its flag (we use 1:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -30,7 +29,7 @@ import numpy.typing as npt
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ctxwarden.errors import ConflictError, InputError, NotFound, StoreError
+from ctxwarden.errors import ConflictError, InputError, StoreError
 from ctxwarden.store import pg_migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -42,23 +41,17 @@ from ctxwarden.store.base import (
     TokenCount,
     Tombstone,
 )
+from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite import (
     _TARGET_COLUMNS,
     ACCESS_TAU_SECONDS,
     _api_key,
-    _memory,
     _target,
 )
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
 
-_MEMORY_COLUMNS = (
-    "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
-    "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
-    "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata, latest_content"
-)
 
 _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
@@ -495,7 +488,7 @@ class _PostgresWriter:
         return len(rows)
 
 
-class PostgresStore:
+class PostgresStore(MemoryReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).
@@ -580,6 +573,11 @@ class PostgresStore:
 
     # -- reads ------------------------------------------------------------------------------
 
+    _PINNED = "pinned"
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._query(sql.replace("?", "%s"), params)
+
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         self._check_open()
         try:
@@ -587,83 +585,6 @@ class PostgresStore:
                 return conn.execute(sql, params).fetchall()
         except psycopg.Error as exc:
             raise StoreError(f"query failed: {exc}") from exc
-
-    def get(self, tenant: str, id: str) -> Memory:
-        """The memory with this id, or the aggregate/summary it now lives in."""
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND id = %s", (tenant, id)
-        )
-        if not rows:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
-                "(SELECT memory_rowid FROM aliases WHERE tenant = %s AND id = %s)",
-                (tenant, id),
-            )
-        if not rows:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND id = "
-                "(SELECT summary_id FROM tombstones WHERE tenant = %s AND id = %s)",
-                (tenant, tenant, id),
-            )
-        if not rows:
-            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
-        return _memory(rows[0])
-
-    def recent(
-        self,
-        tenant: str,
-        session: str,
-        *,
-        channel: str | None = None,
-        before: tuple[float, int] | None = None,
-        limit: int = 64,
-    ) -> list[Memory]:
-        """The session's messages, newest first, a page at a time (index range scan)."""
-        where = ["tenant = %s", "session = %s", "kind = 'message'"]
-        params: list[Any] = [tenant, session]
-        if channel is not None:
-            where.append("channel = %s")
-            params.append(channel)
-        if before is not None:
-            where.append("(created_at, rowid) < (%s, %s)")
-            params.extend(before)
-        params.append(limit)
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE {' AND '.join(where)} "
-            "ORDER BY created_at DESC, rowid DESC LIMIT %s",
-            params,
-        )
-        return [_memory(r) for r in rows]
-
-    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Pinned memories and facts of the tenant (and of ``session`` when given)."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = %s"
-            params.append(session)
-        # Two indexed branches rather than one OR, which would scan the tenant's memories.
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND pinned{extra} "
-            f"UNION SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND kind = 'fact'"
-            f"{extra} ORDER BY 10, 1",
-            params + params,
-        )
-        return [_memory(r) for r in rows]
-
-    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Summary memories, oldest first."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = %s"
-            params.append(session)
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s AND kind = 'summary'"
-            f"{extra} ORDER BY created_at, rowid",
-            params,
-        )
-        return [_memory(r) for r in rows]
 
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
@@ -674,12 +595,12 @@ class PostgresStore:
             return []
         query = " || ".join(["phraseto_tsquery('english', %s)"] * len(terms))
         rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS}, ts_rank_cd(content_tsv, q, 1) AS rank "
+            f"SELECT {MEMORY_COLUMNS}, ts_rank_cd(content_tsv, q, 1) AS rank "
             f"FROM memories, ({'SELECT ' + query}) AS t (q) "
             "WHERE content_tsv @@ q AND tenant = %s ORDER BY rank DESC, rowid LIMIT %s",
             [*terms, tenant, limit],
         )
-        return [(_memory(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows]
+        return [(memory_of(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows]
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``."""
@@ -696,83 +617,6 @@ class PostgresStore:
             for r in rows
         }
 
-    def inclusions(self, context_id: str) -> list[dict[str, Any]]:
-        """The inclusion log of one context, in order."""
-        rows = self._query(
-            "SELECT i.memory_id, i.block, i.tokens FROM inclusions i JOIN contexts c "
-            "ON c.rowid = i.context_rowid WHERE c.id = %s ORDER BY i.position",
-            (context_id,),
-        )
-        return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
-
-    def stats(self, tenant: str) -> dict[str, Any]:
-        """Per-channel counts: records seen, memories stored, duplicates folded."""
-        channels: dict[str, dict[str, int]] = {}
-        for channel, memories, seen in self._query(
-            "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
-            "WHERE tenant = %s GROUP BY 1 ORDER BY coalesce(channel, '') COLLATE \"C\"",
-            (tenant,),
-        ):
-            channels[channel] = {
-                "memories": int(memories),
-                "seen": int(seen),
-                "folded": int(seen) - int(memories),
-                "exact": 0,
-                "near": 0,
-            }
-        for channel, status, count in self._query(
-            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
-            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = %s GROUP BY 1, 2",
-            (tenant,),
-        ):
-            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
-            if layer is not None and channel in channels:
-                channels[channel][layer] += int(count)
-        top = [
-            {
-                "id": r[0],
-                "channel": r[1],
-                "author": r[2],
-                "count": r[3],
-                "content": r[4],
-                "latest": r[5],
-            }
-            for r in self._query(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
-                "substr(latest_content, 1, 120) FROM memories "
-                "WHERE tenant = %s AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
-                (tenant,),
-            )
-        ]
-        contexts = self._query("SELECT count(*) FROM contexts WHERE tenant = %s", (tenant,))[0][0]
-        memories = sum(c["memories"] for c in channels.values())
-        seen = sum(c["seen"] for c in channels.values())
-        return {
-            "memories": memories,
-            "seen": seen,
-            "folded": seen - memories,
-            "exact": sum(c["exact"] for c in channels.values()),
-            "near": sum(c["near"] for c in channels.values()),
-            "contexts": int(contexts),
-            "channels": channels,
-            "top_families": top,
-        }
-
-    def iter_memories(self, tenant: str) -> Iterator[Memory]:
-        """Every memory of ``tenant``, oldest first, a page at a time."""
-        last: tuple[float, int] = (-math.inf, -1)
-        while True:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = %s "
-                "AND (created_at, rowid) > (%s, %s) ORDER BY created_at, rowid LIMIT 500",
-                (tenant, *last),
-            )
-            if not rows:
-                return
-            for row in rows:
-                yield _memory(row)
-            last = (rows[-1][9], rows[-1][0])
-
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
 
     def compaction_candidates(
@@ -780,12 +624,12 @@ class PostgresStore:
     ) -> list[tuple[Memory, float | None]]:
         """Unpinned messages created and last seen before ``created_before``, oldest first."""
         rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = %s "
+            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = %s "
             "AND kind = 'message' AND NOT pinned AND created_at < %s AND last_seen_at < %s "
             "ORDER BY created_at, rowid",
             (tenant, created_before, created_before),
         )
-        return [(_memory(r[:-1]), r[-1]) for r in rows]
+        return [(memory_of(r[:-1]), r[-1]) for r in rows]
 
     def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
         """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
@@ -982,7 +826,7 @@ class PostgresStore:
             extra += " AND m.author = %s"
             params.append(author)
         params.extend([literal, k])
-        cols = ", ".join("m." + c.strip() for c in _MEMORY_COLUMNS.split(","))
+        cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
         self._check_open()
         try:
             with self._pool.connection() as conn, conn.transaction():
@@ -998,7 +842,7 @@ class PostgresStore:
                 ).fetchall()
         except psycopg.Error as exc:
             raise StoreError(f"vector search failed: {exc}") from exc
-        found = [(_memory(r[:-1]), float(r[-1])) for r in rows]
+        found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found
 

@@ -9,20 +9,18 @@ store object, guarded by a lock, so a store may be shared between threads.
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.errors import ConflictError, InputError, NotFound, StoreError
+from ctxwarden.errors import ConflictError, InputError, StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -34,12 +32,11 @@ from ctxwarden.store.base import (
     TokenCount,
     Tombstone,
 )
+from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite_vectors import VectorCache, encode
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
-
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
@@ -47,13 +44,6 @@ COMMON_TERM_ROWS = 2000
 SEARCH_ROW_BUDGET = 6000
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
-
-_MEMORY_COLUMNS = (
-    "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
-    "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
-    "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata, latest_content"
-)
 
 _TARGET_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
@@ -86,27 +76,6 @@ def _target(row: tuple[Any, ...]) -> FoldTarget:
         dup_count=dup_count,
         last_seen_at=seen,
     )
-
-
-def _memory(row: sqlite3.Row | tuple[Any, ...]) -> Memory:
-    # Positional, in column order (the same order as Memory's fields up to access stats).
-    (
-        rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
-        thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
-        last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total,
-        source_ids, time_start, time_end, attachments, metadata, latest_content,
-    ) = row  # fmt: skip
-    return Memory(
-        rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
-        thread_id, reply_to, kind, bool(pinned), name,
-        tuple(json.loads(tool_calls)) if tool_calls else (),
-        tool_call_id, content_hash, dup_count, last_seen_at, access_count, last_accessed_at,
-        access_score, included_tokens_total,
-        tuple(json.loads(source_ids)) if source_ids else (),
-        (time_start, time_end) if time_start is not None else None,
-        tuple(json.loads(attachments)) if attachments else (),
-        json.loads(metadata) if metadata else _EMPTY, latest_content,
-    )  # fmt: skip
 
 
 def _api_key(row: tuple[Any, ...]) -> ApiKey:
@@ -491,7 +460,7 @@ class _SQLiteWriter:
         return retired
 
 
-class SQLiteStore:
+class SQLiteStore(MemoryReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
     >>> store = SQLiteStore(":memory:")
@@ -598,6 +567,9 @@ class SQLiteStore:
 
     # -- reads ------------------------------------------------------------------------------
 
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._query(sql, params)
+
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
         with self._lock:
             self._check_open()
@@ -605,84 +577,6 @@ class SQLiteStore:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"query failed: {exc}") from exc
-
-    def get(self, tenant: str, id: str) -> Memory:
-        """The memory with this id, or the aggregate it was folded into (alias), or the summary
-        that absorbed it (tombstone)."""
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = ?", (tenant, id)
-        )
-        if not rows:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = "
-                "(SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)",
-                (tenant, id),
-            )
-        if not rows:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = "
-                "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
-                (tenant, tenant, id),
-            )
-        if not rows:
-            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
-        return _memory(rows[0])
-
-    def recent(
-        self,
-        tenant: str,
-        session: str,
-        *,
-        channel: str | None = None,
-        before: tuple[float, int] | None = None,
-        limit: int = 64,
-    ) -> list[Memory]:
-        """The session's messages, newest first, a page at a time (index range scan)."""
-        where = ["tenant = ?", "session = ?", "kind = 'message'"]
-        params: list[Any] = [tenant, session]
-        if channel is not None:
-            where.append("channel = ?")
-            params.append(channel)
-        if before is not None:
-            where.append("(created_at, rowid) < (?, ?)")
-            params.extend(before)
-        params.append(limit)
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE {' AND '.join(where)} "
-            "ORDER BY created_at DESC, rowid DESC LIMIT ?",
-            params,
-        )
-        return [_memory(r) for r in rows]
-
-    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Pinned memories and facts of the tenant (and of ``session`` when given)."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = ?"
-            params.append(session)
-        # Two indexed branches rather than one OR, which would scan the tenant's memories.
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND pinned = 1{extra} "
-            f"UNION SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'fact'"
-            f"{extra} ORDER BY 10, 1",
-            params + params,
-        )
-        return [_memory(r) for r in rows]
-
-    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Summary memories, oldest first."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = ?"
-            params.append(session)
-        rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'summary'"
-            f"{extra} ORDER BY created_at, rowid",
-            params,
-        )
-        return [_memory(r) for r in rows]
 
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
@@ -726,19 +620,19 @@ class SQLiteStore:
             chunk = ids[start : start + 500]
             marks = ",".join("?" * len(chunk))
             for row in self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
                 [*chunk, tenant],
             ):
-                found.append((_memory(row), -rank[int(row[0])]))
+                found.append((memory_of(row), -rank[int(row[0])]))
         if len(found) < limit and len(ranked_rows) == page:
             rows = self._query(
-                f"SELECT {', '.join('m.' + c.strip() for c in _MEMORY_COLUMNS.split(','))}, "
+                f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "
                 "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
                 "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? AND m.tenant = ? "
                 "ORDER BY rank, m.rowid LIMIT ?",
                 (match, tenant, limit),
             )
-            return [(_memory(r[:-1]), -float(r[-1])) for r in rows]
+            return [(memory_of(r[:-1]), -float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found[:limit]
 
@@ -777,80 +671,17 @@ class SQLiteStore:
                 )
         return out
 
-    def inclusions(self, context_id: str) -> list[dict[str, Any]]:
-        """The inclusion log of one context, in order."""
-        rows = self._query(
-            "SELECT i.memory_id, i.block, i.tokens FROM inclusions i JOIN contexts c "
-            "ON c.rowid = i.context_rowid WHERE c.id = ? ORDER BY i.position",
-            (context_id,),
-        )
-        return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
-
-    def stats(self, tenant: str) -> dict[str, Any]:
-        """Per-channel counts: records seen, memories stored, duplicates folded (exact and near
-        layers apart); the top families by count."""
-        channels: dict[str, dict[str, int]] = {}
-        for channel, memories, seen in self._query(
-            "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
-            "WHERE tenant = ? GROUP BY 1 ORDER BY 1",
-            (tenant,),
-        ):
-            channels[channel] = {
-                "memories": memories,
-                "seen": seen,
-                "folded": seen - memories,
-                "exact": 0,
-                "near": 0,
-            }
-        for channel, status, count in self._query(
-            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
-            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
-            (tenant,),
-        ):
-            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
-            if layer is not None and channel in channels:
-                channels[channel][layer] += count
-        top = [
-            {
-                "id": r[0],
-                "channel": r[1],
-                "author": r[2],
-                "count": r[3],
-                "content": r[4],
-                "latest": r[5],
-            }
-            for r in self._query(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
-                "substr(latest_content, 1, 120) FROM memories "
-                "WHERE tenant = ? AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
-                (tenant,),
-            )
-        ]
-        contexts = self._query("SELECT count(*) FROM contexts WHERE tenant = ?", (tenant,))[0][0]
-        memories = sum(c["memories"] for c in channels.values())
-        seen = sum(c["seen"] for c in channels.values())
-        return {
-            "memories": memories,
-            "seen": seen,
-            "folded": seen - memories,
-            "exact": sum(c["exact"] for c in channels.values()),
-            "near": sum(c["near"] for c in channels.values()),
-            "contexts": contexts,
-            "channels": channels,
-            "top_families": top,
-        }
-
     def compaction_candidates(
         self, tenant: str, *, created_before: float
     ) -> list[tuple[Memory, float | None]]:
         """Unpinned messages created and last seen before ``created_before``, oldest first."""
         rows = self._query(
-            f"SELECT {_MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
+            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
             "AND kind = 'message' AND pinned = 0 AND created_at < ? AND last_seen_at < ? "
             "ORDER BY created_at, rowid",
             (tenant, created_before, created_before),
         )
-        return [(_memory(r[:-1]), r[-1]) for r in rows]
+        return [(memory_of(r[:-1]), r[-1]) for r in rows]
 
     def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
         """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
@@ -888,21 +719,6 @@ class SQLiteStore:
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"vacuum failed: {exc}") from exc
-
-    def iter_memories(self, tenant: str) -> Iterator[Memory]:
-        """Every memory of ``tenant``, oldest first, a page at a time."""
-        last = (-math.inf, -1)
-        while True:
-            rows = self._query(
-                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE tenant = ? "
-                "AND (created_at, rowid) > (?, ?) ORDER BY created_at, rowid LIMIT 500",
-                (tenant, *last),
-            )
-            if not rows:
-                return
-            for row in rows:
-                yield _memory(row)
-            last = (rows[-1][9], rows[-1][0])
 
     # -- API keys (the KeyStore seam) ---------------------------------------------------------
 
@@ -1110,11 +926,11 @@ class SQLiteStore:
                 marks = ",".join("?" * len(chunk))
                 # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
                 for row in self._query(
-                    f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) "
+                    f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) "
                     f"AND {where.replace('tenant', '+tenant').replace('session', '+session')}",
                     [*chunk, *scope],
                 ):
-                    found.append((_memory(row), score[int(row[0])]))
+                    found.append((memory_of(row), score[int(row[0])]))
             if len(found) >= k or len(hits) < want or want >= 100_000:
                 found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
                 return found[:k]

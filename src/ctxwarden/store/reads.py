@@ -1,0 +1,217 @@
+"""Read queries the SQL backends share: the same SQL but for the dialect's placeholders.
+
+Written with SQLite's ``?`` placeholders; a backend whose driver wants another style (psycopg's
+``%s``) converts them in :meth:`MemoryReads._read`. None of these statements has a literal ``?``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from ctxwarden.errors import NotFound
+from ctxwarden.types import Memory
+
+__all__ = ["MEMORY_COLUMNS", "MemoryReads", "memory_of"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+MEMORY_COLUMNS = (
+    "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
+    "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
+    "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
+    "source_ids, time_start, time_end, attachments, metadata, latest_content"
+)
+
+
+def memory_of(row: Sequence[Any]) -> Memory:
+    """A :class:`Memory` from a row of :data:`MEMORY_COLUMNS`."""
+    # Positional, in column order (the same order as Memory's fields up to access stats).
+    (
+        rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
+        thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
+        last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total,
+        source_ids, time_start, time_end, attachments, metadata, latest_content,
+    ) = row  # fmt: skip
+    return Memory(
+        rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
+        thread_id, reply_to, kind, bool(pinned), name,
+        tuple(json.loads(tool_calls)) if tool_calls else (),
+        tool_call_id, content_hash, dup_count, last_seen_at, access_count, last_accessed_at,
+        access_score, included_tokens_total,
+        tuple(json.loads(source_ids)) if source_ids else (),
+        (time_start, time_end) if time_start is not None else None,
+        tuple(json.loads(attachments)) if attachments else (),
+        json.loads(metadata) if metadata else _EMPTY, latest_content,
+    )  # fmt: skip
+
+
+class MemoryReads:
+    """Memory look-ups, history pages, pinned and summary memories, the inclusion log."""
+
+    #: The predicate for pinned rows, as the backend's partial index is written.
+    _PINNED = "pinned = 1"
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run one read statement written with ``?`` placeholders."""
+        raise NotImplementedError
+
+    def get(self, tenant: str, id: str) -> Memory:
+        """The memory with this id, or the aggregate it was folded into (alias), or the summary
+        that absorbed it (tombstone)."""
+        rows = self._read(
+            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = ?", (tenant, id)
+        )
+        if not rows:
+            rows = self._read(
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid = "
+                "(SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)",
+                (tenant, id),
+            )
+        if not rows:
+            rows = self._read(
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = "
+                "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
+                (tenant, tenant, id),
+            )
+        if not rows:
+            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
+        return memory_of(rows[0])
+
+    def recent(
+        self,
+        tenant: str,
+        session: str,
+        *,
+        channel: str | None = None,
+        before: tuple[float, int] | None = None,
+        limit: int = 64,
+    ) -> list[Memory]:
+        """The session's messages, newest first, a page at a time (index range scan)."""
+        where = ["tenant = ?", "session = ?", "kind = 'message'"]
+        params: list[Any] = [tenant, session]
+        if channel is not None:
+            where.append("channel = ?")
+            params.append(channel)
+        if before is not None:
+            where.append("(created_at, rowid) < (?, ?)")
+            params.extend(before)
+        params.append(limit)
+        rows = self._read(
+            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE {' AND '.join(where)} "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+            params,
+        )
+        return [memory_of(r) for r in rows]
+
+    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
+        """Pinned memories and facts of the tenant (and of ``session`` when given)."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if session is not None:
+            extra = " AND session = ?"
+            params.append(session)
+        # Two indexed branches rather than one OR, which would scan the tenant's memories.
+        rows = self._read(
+            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND {self._PINNED}{extra} "
+            f"UNION SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'fact'"
+            f"{extra} ORDER BY 10, 1",
+            params + params,
+        )
+        return [memory_of(r) for r in rows]
+
+    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
+        """Summary memories, oldest first."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if session is not None:
+            extra = " AND session = ?"
+            params.append(session)
+        rows = self._read(
+            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'summary'"
+            f"{extra} ORDER BY created_at, rowid",
+            params,
+        )
+        return [memory_of(r) for r in rows]
+
+    def inclusions(self, context_id: str) -> list[dict[str, Any]]:
+        """The inclusion log of one context, in order."""
+        rows = self._read(
+            "SELECT i.memory_id, i.block, i.tokens FROM inclusions i JOIN contexts c "
+            "ON c.rowid = i.context_rowid WHERE c.id = ? ORDER BY i.position",
+            (context_id,),
+        )
+        return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
+
+    def stats(self, tenant: str) -> dict[str, Any]:
+        """Per-channel counts: records seen, memories stored, duplicates folded (exact and near
+        layers apart); the top families by count."""
+        channels: dict[str, dict[str, int]] = {}
+        for channel, memories, seen in self._read(
+            "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
+            "WHERE tenant = ? GROUP BY 1",
+            (tenant,),
+        ):
+            channels[channel] = {
+                "memories": int(memories),
+                "seen": int(seen),
+                "folded": int(seen) - int(memories),
+                "exact": 0,
+                "near": 0,
+            }
+        for channel, status, count in self._read(
+            "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
+            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
+            (tenant,),
+        ):
+            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
+            if layer is not None and channel in channels:
+                channels[channel][layer] += int(count)
+        top = [
+            {
+                "id": r[0],
+                "channel": r[1],
+                "author": r[2],
+                "count": r[3],
+                "content": r[4],
+                "latest": r[5],
+            }
+            for r in self._read(
+                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
+                "substr(latest_content, 1, 120) FROM memories "
+                "WHERE tenant = ? AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
+                (tenant,),
+            )
+        ]
+        contexts = self._read("SELECT count(*) FROM contexts WHERE tenant = ?", (tenant,))[0][0]
+        channels = dict(sorted(channels.items()))  # code-point order on every backend
+        memories = sum(c["memories"] for c in channels.values())
+        seen = sum(c["seen"] for c in channels.values())
+        return {
+            "memories": memories,
+            "seen": seen,
+            "folded": seen - memories,
+            "exact": sum(c["exact"] for c in channels.values()),
+            "near": sum(c["near"] for c in channels.values()),
+            "contexts": int(contexts),
+            "channels": channels,
+            "top_families": top,
+        }
+
+    def iter_memories(self, tenant: str) -> Iterator[Memory]:
+        """Every memory of ``tenant``, oldest first, a page at a time."""
+        last: tuple[float, int] = (-math.inf, -1)
+        while True:
+            rows = self._read(
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? "
+                "AND (created_at, rowid) > (?, ?) ORDER BY created_at, rowid LIMIT 500",
+                (tenant, *last),
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield memory_of(row)
+            last = (rows[-1][9], rows[-1][0])
