@@ -1,6 +1,6 @@
 """Measure the de-dup rule on a chatbench log without a store: quality and cost per message.
 
-    uv run python bench/dedupe_explore.py [DATA_DIR] [--scope channel|session] [--show N]
+    uv run python bench/dedupe_explore.py [DATA_DIR] [--scope SCOPE] [--show N]
 
 Simulates ingest oldest first with windows covering the whole log: each record is compared with
 earlier *stored* records (exact key per channel, or per session with ``--scope session``; near key
@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, may_fold
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_scopes, may_fold
 
 # How many earlier memories sharing a near key are tried, newest first (the store's LIMIT).
 NEAR_CANDIDATES = 8
@@ -64,8 +64,18 @@ def simulate(
     for record in messages:
         candidate = build(record)
         channel = record["channel"]
-        exact_scope = channel if config.exact_scope == "channel" else record["session"]
-        target = exact_index.get((exact_scope, candidate.exact_key))
+        scopes = [
+            f"{kind}:{value}"
+            for kind, value in exact_scopes(config, session=record["session"], channel=channel)
+        ]
+        target = next(
+            (
+                exact_index[(scope, candidate.exact_key)]
+                for scope in scopes
+                if (scope, candidate.exact_key) in exact_index
+            ),
+            None,
+        )
         decision = None
         if target is not None:
             decision = may_fold(candidate, stored[target], config)
@@ -79,7 +89,8 @@ def simulate(
             folds[record["id"]] = (target, decision.layer or "", decision.reason)
             continue
         stored[record["id"]] = candidate
-        exact_index.setdefault((exact_scope, candidate.exact_key), record["id"])
+        for scope in scopes:
+            exact_index.setdefault((scope, candidate.exact_key), record["id"])
         if candidate.near_key is not None:
             near_index[(channel, candidate.near_key)].append(record["id"])
     return folds, len(stored)
@@ -182,11 +193,13 @@ def speed(data_dir: Path, rounds: int = 5) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", nargs="?", default="/work/shared/data/chatbench-dev")
-    parser.add_argument("--scope", choices=("channel", "session"), default=None)
+    parser.add_argument(
+        "--scope", choices=("channel_or_session", "channel", "session"), default=None
+    )
     parser.add_argument("--show", type=int, default=5)
     args = parser.parse_args()
     data_dir = Path(args.data_dir)
-    scopes = [args.scope] if args.scope else ["channel", "session"]
+    scopes = [args.scope] if args.scope else ["channel_or_session", "channel", "session"]
     for scope in scopes:
         config = DedupeConfig(
             exact_ttl_seconds=math.inf, near_window_seconds=math.inf, exact_scope=scope

@@ -1,6 +1,6 @@
 """Score de-duplication at ingest through the real Engine on a chatbench log.
 
-    uv run python bench/dedupe_quality.py DATA_DIR [--scope channel|session|both]
+    uv run python bench/dedupe_quality.py DATA_DIR [--scope channel_or_session|channel|session|all]
 
 Reads ``messages.jsonl``, ``dups.jsonl`` and ``qa.jsonl`` from DATA_DIR, ingests the log oldest
 first through ``Engine.ingest`` into a temporary SQLite file with the de-dup windows covering the
@@ -105,14 +105,16 @@ def score(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data_dir", type=Path)
-    parser.add_argument("--scope", choices=["channel", "session", "both"], default="both")
+    parser.add_argument(
+        "--scope", choices=["channel_or_session", "channel", "session", "all"], default="all"
+    )
     parser.add_argument("--show", type=int, default=5, help="print up to N misses and errors")
     args = parser.parse_args()
     messages = load(args.data_dir / "messages.jsonl")
     family = {row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl")}
     evidence = {mid for row in load(args.data_dir / "qa.jsonl") for mid in row["evidence"]}
     by_id = {m["id"]: m for m in messages}
-    scopes = ["channel", "session"] if args.scope == "both" else [args.scope]
+    scopes = ["channel_or_session", "channel", "session"] if args.scope == "all" else [args.scope]
 
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)

@@ -118,14 +118,44 @@ def test_other_authors_and_other_channels_do_not_fold_near(engine: Engine) -> No
     assert _statuses(result) == ["stored", "stored", "stored"]
 
 
-def test_exact_scope_session_folds_cross_posts_channel_does_not(clock: Any) -> None:
-    batch = [_msg(0, "lunch at noon?"), _msg(1, "lunch at noon?", channel="random")]
-    config = EngineConfig(dedupe=DedupeConfig(exact_scope="session"))
+@pytest.mark.parametrize("split", [False, True], ids=["one batch", "batch per record"])
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [
+        # m1: the same author's cross-post into #random of the same session;
+        # m2: the same message into #general from another session (another server's bridge).
+        ("channel_or_session", ["stored", "duplicate", "duplicate"]),
+        ("channel", ["stored", "stored", "duplicate"]),
+        ("session", ["stored", "duplicate", "stored"]),
+    ],
+)
+def test_exact_scope_decides_which_repeats_fold(
+    clock: Any, scope: str, expected: list[str], split: bool
+) -> None:
+    batch = [
+        _msg(0, "lunch at noon?"),
+        _msg(1, "lunch at noon?", channel="random"),
+        {**_msg(2, "lunch at noon?"), "session": "s2"},
+    ]
+    # Layer B off: it would fold m2 into m0 in every scope (same channel, same text).
+    config = EngineConfig(dedupe=DedupeConfig(exact_scope=scope, near=False))  # type: ignore[arg-type]
     with Engine.open(":memory:", clock=clock, config=config) as e:
+        if split:
+            statuses = [s for record in batch for s in _statuses(e.ingest([record]))]
+        else:
+            statuses = _statuses(e.ingest(batch))
+        assert statuses == expected
+        assert e.get("m0").dup_count == expected.count("duplicate") + 1
+        if expected[1] == "duplicate":
+            assert e.get("m1").channel == "general"  # the alias resolves to the aggregate
+
+
+def test_default_scope_folds_cross_posts_and_cross_session_repeats(clock: Any) -> None:
+    batch = [_msg(0, "lunch at noon?"), _msg(1, "lunch at noon?", channel="random")]
+    with Engine.open(":memory:", clock=clock) as e:
         assert _statuses(e.ingest(batch)) == ["stored", "duplicate"]
-        assert e.get("m1").channel == "general"
-    with Engine.open(":memory:", clock=clock) as e:  # the default: per channel
-        assert _statuses(e.ingest(batch)) == ["stored", "stored"]
+        # Another author's identical words are another report, in any scope.
+        assert _statuses(e.ingest([_msg(2, "lunch at noon?", author="bo")])) == ["stored"]
     with Engine.open(":memory:", clock=clock, config=EngineConfig(dedupe=None)) as e:
         assert _statuses(e.ingest([_msg(0, "same"), _msg(1, "same")])) == ["stored", "stored"]
 
@@ -243,7 +273,7 @@ def test_config_rejects_a_bad_dedupe_value() -> None:
 
     with pytest.raises(ConfigError, match="dedupe"):
         EngineConfig(dedupe={"exact_ttl_seconds": 1})  # type: ignore[arg-type]
-    assert EngineConfig().dedupe == DedupeConfig(exact_scope="channel")
+    assert EngineConfig().dedupe == DedupeConfig(exact_scope="channel_or_session")
     assert math.isfinite(EngineConfig().dedupe.exact_ttl_seconds)  # type: ignore[union-attr]
 
 

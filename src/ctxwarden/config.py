@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     tokenizers: list[str] = Field(default_factory=list)
     exact_ttl_seconds: float = DEFAULT_DEDUPE.exact_ttl_seconds
     near_window_seconds: float = DEFAULT_DEDUPE.near_window_seconds
-    exact_scope: Literal["channel", "session"] = DEFAULT_DEDUPE.exact_scope
+    exact_scope: Literal["channel_or_session", "channel", "session"] = DEFAULT_DEDUPE.exact_scope
     tenant: str = "default"
     budget: dict[str, Any] = Field(default_factory=dict)
     models: list[dict[str, Any]] = Field(default_factory=list)

@@ -7,7 +7,7 @@ Two layers, both keyed so the store answers them with one indexed lookup:
 - **Layer A, exact** (:func:`exact_key`): a 128-bit xxh3 digest of (author, :func:`canonical`
   content, canonical attachment text). Equal keys mean equal text up to case, whitespace, bullets,
   Unicode form and URL tracking parameters: a re-post. The store looks the key up per tenant and
-  channel (or session, see :attr:`DedupeConfig.exact_scope`) within
+  channel and session (or only one of them, see :attr:`DedupeConfig.exact_scope`) within
   :attr:`DedupeConfig.exact_ttl_seconds`.
 - **Layer B, near** (:attr:`DedupeCandidate.near_key`): a 64-bit xxh3 digest of (author, the
   *skeleton*): the :func:`mask_volatile` text as a token sequence with formatting punctuation and
@@ -58,13 +58,21 @@ __all__ = [
     "DedupeConfig",
     "FoldDecision",
     "exact_key",
+    "exact_scopes",
     "may_fold",
     "near_key",
     "skeleton",
 ]
 
-Scope = Literal["channel", "session"]
+Scope = Literal["channel_or_session", "channel", "session"]
+ScopeKind = Literal["channel", "session"]
 Layer = Literal["exact", "near"]
+
+_SCOPE_KINDS: Final[dict[str, tuple[ScopeKind, ...]]] = {
+    "channel_or_session": ("channel", "session"),
+    "channel": ("channel",),
+    "session": ("session",),
+}
 
 #: Words that, in a bot's template, announce that a decision or schedule changed. Their presence
 #: makes differing slot values facts rather than noise. ("now" is left out: bots say "is now
@@ -250,9 +258,11 @@ class DedupeConfig:
 
     - ``exact_ttl_seconds``: how far back layer A looks for the same key (default 1 h).
     - ``near_window_seconds``: how far back layer B looks (default 1 h).
-    - ``exact_scope``: ``"channel"`` looks layer-A keys up in the message's channel;
-      ``"session"`` across the channels of its session (a person's verbatim "lol" in #dev and in
-      #random is then one aggregate). Layer B is always per channel.
+    - ``exact_scope``: where layer A looks for an earlier copy. ``"channel"``: in the message's
+      channel (from any session: the same message posted into one channel by several sessions
+      at once is one aggregate). ``"session"``: across the channels of its session (a person's
+      verbatim "lol" in #dev and in #random is then one aggregate). ``"channel_or_session"``
+      (the default): either, so both kinds of repeat fold. Layer B is always per channel.
     - ``near``: turn layer B off entirely.
     - ``fold_bot_values``: rule 6 (bots' differing slot values fold); off means bots fold only on
       formatting like people.
@@ -265,16 +275,17 @@ class DedupeConfig:
 
     exact_ttl_seconds: float = 3600.0
     near_window_seconds: float = 3600.0
-    exact_scope: Scope = "channel"
+    exact_scope: Scope = "channel_or_session"
     near: bool = True
     fold_bot_values: bool = True
 
     def __post_init__(self) -> None:
         _positive("exact_ttl_seconds", self.exact_ttl_seconds)
         _positive("near_window_seconds", self.near_window_seconds)
-        if self.exact_scope not in ("channel", "session"):
+        if self.exact_scope not in _SCOPE_KINDS:
             raise ConfigError(
-                f"dedupe.exact_scope: {self.exact_scope!r} is not one of 'channel', 'session'"
+                f"dedupe.exact_scope: {self.exact_scope!r} is not one of "
+                + ", ".join(repr(s) for s in _SCOPE_KINDS)
             )
         for name in ("near", "fold_bot_values"):
             if not isinstance(getattr(self, name), bool):
@@ -284,6 +295,20 @@ class DedupeConfig:
 
 
 DEFAULT_CONFIG: Final = DedupeConfig()
+
+
+def exact_scopes(
+    config: DedupeConfig, *, session: str, channel: str | None
+) -> tuple[tuple[ScopeKind, str | None], ...]:
+    """The (kind, value) scopes a message's layer-A key is looked up and registered in.
+
+    >>> exact_scopes(DedupeConfig(), session="s", channel="dev")
+    (('channel', 'dev'), ('session', 's'))
+    >>> exact_scopes(DedupeConfig(exact_scope="session"), session="s", channel="dev")
+    (('session', 's'),)
+    """
+    kinds = _SCOPE_KINDS[config.exact_scope]
+    return tuple((kind, session if kind == "session" else channel) for kind in kinds)
 
 
 def _within(new: DedupeCandidate, old: DedupeCandidate, seconds: float) -> bool:

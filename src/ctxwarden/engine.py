@@ -37,7 +37,7 @@ from ctxwarden.assemble import (
     system_message_text,
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key, exact_scopes
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.errors import (
     ConfigError,
@@ -84,8 +84,9 @@ __all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
 log = logging.getLogger(__name__)
 
-#: The engine's de-dup default: layer A per channel (the same message posted into one channel
-#: from several sessions is one aggregate), both layers within an hour. See README.
+#: The engine's de-dup default: layer A per channel and per session (the same message posted
+#: into one channel from several sessions, or by one author into several channels of a session,
+#: is one aggregate), both layers within an hour. See README.
 DEFAULT_DEDUPE: DedupeConfig = DedupeConfig()
 
 #: Attempts at a write transaction that deadlocks with another process's writer (PostgreSQL).
@@ -294,7 +295,7 @@ class Engine:
         All or nothing: if any record is invalid, :class:`InputError` names its line and field
         and nothing is written. A record whose id is already known is a no-op (``known``).
         Messages go through the two de-dup layers (:mod:`ctxwarden.dedupe`,
-        ``config.dedupe``): a verbatim repeat within the TTL (per session or channel) is
+        ``config.dedupe``): a verbatim repeat within the TTL (in its channel or session) is
         ``duplicate``; a repeat that differs only in formatting, or a bot's message that differs
         only in volatile values, within the window in its channel is ``near_duplicate``. Either
         folds into the stored aggregate: ``dup_count`` and ``last_seen_at`` are bumped, the
@@ -446,17 +447,22 @@ class Engine:
                             )
                         )
                         continue
-                head = None
+                heads: list[str] = []
+                since = item.created_at
                 if candidate is not None:
                     assert config is not None
-                    scope = record.session if config.exact_scope == "session" else record.channel
-                    head = (
-                        f"{config.exact_scope}:{scope or ''}",
-                        item.created_at - config.exact_ttl_seconds,
-                    )
+                    heads = [
+                        f"{kind}:{value or ''}"
+                        for kind, value in exact_scopes(
+                            config, session=record.session, channel=record.channel
+                        )
+                    ]
+                    since -= config.exact_ttl_seconds
                 # A concurrent writer (PostgreSQL) may have committed a verbatim copy since the
                 # targets were read: the store folds into it then, or reports the id as known.
-                stored, rowid, target = writer.insert_or_fold(_new_memory(item), head=head)
+                stored, rowid, target = writer.insert_or_fold(
+                    _new_memory(item), heads=heads, since=since
+                )
                 if stored != "stored":
                     known[key] = target
                     outcomes.append(
@@ -545,7 +551,7 @@ class Engine:
         index: FoldIndex,
     ) -> None:
         """Load every stored message the batch's records of ``tenant`` may fold into."""
-        exact: list[tuple[str | None, str]] = []
+        exact: dict[str, list[tuple[str | None, str]]] = {}
         near: list[tuple[str | None, str]] = []
         oldest = None
         for item in items:
@@ -553,22 +559,24 @@ class Engine:
             if candidate is None:
                 continue
             record = item.record
-            scope = record.session if config.exact_scope == "session" else record.channel
-            exact.append((scope, candidate.exact_key))
+            for kind, value in exact_scopes(config, session=record.session, channel=record.channel):
+                exact.setdefault(kind, []).append((value, candidate.exact_key))
             if config.near and candidate.near_key is not None:
                 near.append((record.channel, candidate.near_key))
             oldest = item.created_at if oldest is None else min(oldest, item.created_at)
         if oldest is None:
             return
-        for target in writer.find_targets(
-            tenant,
-            exact_scope=config.exact_scope,
-            exact=exact,
-            exact_since=oldest - config.exact_ttl_seconds,
-            near=near,
-            near_since=oldest - config.near_window_seconds,
-        ):
-            index.add(Aggregate.of(target))
+        # One lookup per scope kind (channel, session); the near keys ride with the first.
+        for number, (scope, pairs) in enumerate(exact.items()):
+            for target in writer.find_targets(
+                tenant,
+                exact_scope=scope,
+                exact=pairs,
+                exact_since=oldest - config.exact_ttl_seconds,
+                near=near if number == 0 else (),
+                near_since=oldest - config.near_window_seconds,
+            ):
+                index.add(Aggregate.of(target))
 
     # -- embeddings --------------------------------------------------------------------------
 

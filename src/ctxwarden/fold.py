@@ -30,7 +30,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, may_fold
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_scopes, may_fold
 from ctxwarden.store.base import FoldTarget
 
 __all__ = ["NEAR_CANDIDATES", "Aggregate", "Analysed", "FoldIndex"]
@@ -135,29 +135,36 @@ class Aggregate:
 
 
 class FoldIndex:
-    """The batch's aggregates by layer-A key (per session or channel) and layer-B key (per
+    """The batch's aggregates by layer-A key (per channel and/or session) and layer-B key (per
     channel). ``cache`` maps rowids to :class:`Analysed` from earlier batches (read only)."""
 
     def __init__(self, config: DedupeConfig, *, cache: Mapping[int, Analysed]) -> None:
         self.config = config
         self._cache = cache
-        self._exact: dict[tuple[str, str | None, str], list[Aggregate]] = {}
+        self._exact: dict[tuple[str, str, str | None, str], list[Aggregate]] = {}
         self._near: dict[tuple[str, str | None, str], list[Aggregate]] = {}
         self._rows: dict[int, Aggregate] = {}
 
-    def _exact_key(self, aggregate: Aggregate) -> tuple[str, str | None, str]:
-        scope = aggregate.session if self.config.exact_scope == "session" else aggregate.channel
-        return (aggregate.tenant, scope, aggregate.content_hash)
+    def _exact_keys(
+        self, tenant: str, session: str, channel: str | None, content_hash: str
+    ) -> list[tuple[str, str, str | None, str]]:
+        return [
+            (tenant, kind, value, content_hash)
+            for kind, value in exact_scopes(self.config, session=session, channel=channel)
+        ]
 
     def add(self, aggregate: Aggregate) -> None:
         """Index a prefetched or newly stored aggregate (a rowid already indexed is ignored)."""
         if aggregate.rowid in self._rows:
             return
         self._rows[aggregate.rowid] = aggregate
-        self._exact.setdefault(self._exact_key(aggregate), []).append(aggregate)
+        for key in self._exact_keys(
+            aggregate.tenant, aggregate.session, aggregate.channel, aggregate.content_hash
+        ):
+            self._exact.setdefault(key, []).append(aggregate)
         if aggregate.near_key is not None:
-            key = (aggregate.tenant, aggregate.channel, aggregate.near_key)
-            self._near.setdefault(key, []).append(aggregate)
+            near = (aggregate.tenant, aggregate.channel, aggregate.near_key)
+            self._near.setdefault(near, []).append(aggregate)
 
     def find(
         self,
@@ -171,11 +178,11 @@ class FoldIndex:
         aggregate's first member's values; None when it is to be stored."""
         config = self.config
         created = candidate.created_at if candidate.created_at is not None else 0.0
-        scope = session if config.exact_scope == "session" else channel
         since = created - config.exact_ttl_seconds
         hits = [
             a
-            for a in self._exact.get((tenant, scope, candidate.exact_key), ())
+            for key in self._exact_keys(tenant, session, channel, candidate.exact_key)
+            for a in self._exact.get(key, ())
             if a.last_seen_at >= since
         ]
         if hits:

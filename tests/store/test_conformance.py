@@ -206,10 +206,10 @@ def test_find_targets_near_keys_and_null_channels(store: Store) -> None:
 def test_insert_or_fold_stores_what_no_one_else_stored(store: Store) -> None:
     with store.write() as w:
         status, rowid, id_ = w.insert_or_fold(
-            _memory("a", content="hi", at=100.0), head=("channel:c", 50.0)
+            _memory("a", content="hi", at=100.0), heads=["channel:c", "session:s"], since=50.0
         )
         assert (status, id_) == ("stored", "a")
-        assert w.insert_or_fold(_memory("b", content="other"), head=None)[0] == "stored"
+        assert w.insert_or_fold(_memory("b", content="other"))[0] == "stored"
     assert store.get("t", "a").rowid == rowid
     assert (store.stats("t")["memories"], store.stats("t")["seen"]) == (2, 2)
 

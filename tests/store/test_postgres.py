@@ -87,21 +87,24 @@ PER_PROCESS = 2000
 
 
 def _records(p: int) -> list[dict[str, object]]:
-    """Per process: a quarter sent by all 8, a quarter by its pair with other ids, a quarter by
-    its pair with the same ids, a quarter its own."""
+    """Per process: a quarter sent by all 8 into one channel from their own sessions, a quarter
+    cross-posted by its pair into their own channels of a shared session (other ids), a quarter
+    by its pair with the same ids, a quarter its own."""
     out: list[dict[str, object]] = []
     for i in range(PER_PROCESS):
         kind = i % 4
+        session, channel = f"s{p}", "general"
         if kind == 0:
             rid, content = f"all-{p}-{i}", f"broadcast {i}"
         elif kind == 1:
             rid, content = f"pair-{p}-{i}", f"pair {p // 2} {i}"
+            session, channel = f"pair{p // 2}", f"c{p}"
         elif kind == 2:
             rid, content = f"same-{p // 2}-{i}", f"same id {p // 2} {i}"
         else:
             rid, content = f"own-{p}-{i}", f"own {p} {i}"
         out.append(
-            {"id": rid, "session": f"s{p}", "channel": "general", "author": "ana",
+            {"id": rid, "session": session, "channel": channel, "author": "ana",
              "content": content, "created_at": 1_700_000_000.0 + i}
         )  # fmt: skip
     return out

@@ -241,17 +241,18 @@ class Writer(Protocol):
         """Insert a memory and index it; returns its rowid."""
 
     def insert_or_fold(
-        self, memory: NewMemory, *, head: tuple[str, float] | None
+        self, memory: NewMemory, *, heads: Sequence[str] = (), since: float = 0.0
     ) -> tuple[str, int, str]:
         """Insert ``memory`` unless another writer got there first; ``(status, rowid, id)``.
 
         The caller decided to store ``memory`` from :meth:`find_targets` and :meth:`resolve_many`
         within this transaction. A writer in another process may have committed since: then the
         status is ``known`` (its caller id was stored meanwhile; ``id`` is where it lives) or,
-        when ``head`` is ``(exact_scope_key, since)``, ``duplicate`` (a verbatim copy with the
-        same ``content_hash`` in that scope, last seen at or after ``since``, was committed:
-        ``memory`` was folded into it, alias and ``dup_count`` included). Otherwise ``stored``.
-        Backends whose writers are serialised (SQLite) always store.
+        when ``heads`` names layer-A scopes (``"channel:dev"``, ``"session:s1"``),
+        ``duplicate``: a verbatim copy with the same ``content_hash`` in one of those scopes,
+        last seen at or after ``since``, was committed, and ``memory`` was folded into it (alias
+        and ``dup_count`` included). Otherwise ``stored``, and ``memory`` is the head of each
+        scope. Backends whose writers are serialised (SQLite) always store.
         """
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:

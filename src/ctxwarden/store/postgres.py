@@ -3,7 +3,7 @@
 psycopg 3 with a connection pool (``psycopg_pool``); install with ``pip install
 'ctxwarden[postgres]'``. Every write is one transaction (READ COMMITTED). Concurrent ingest is
 made safe by the schema, not by application locks: caller ids are unique per tenant
-(``INSERT ... ON CONFLICT DO NOTHING``), and the newest memory of each ``(tenant, channel,
+(``INSERT ... ON CONFLICT DO NOTHING``), and the newest memory of each ``(tenant, scope,
 content_hash)`` is claimed through ``exact_heads`` with ``INSERT ... ON CONFLICT DO UPDATE``, which
 makes a second, simultaneous ingest of the same message wait for the first and fold into it.
 Folds decided from rows read earlier in the transaction are written as increments
@@ -227,9 +227,9 @@ class _PostgresWriter:
         return int(row[0])
 
     def insert_or_fold(
-        self, memory: NewMemory, *, head: tuple[str, float] | None
+        self, memory: NewMemory, *, heads: Sequence[str] = (), since: float = 0.0
     ) -> tuple[str, int, str]:
-        if head is None:
+        if not heads:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
                 _params(memory, None),
@@ -237,33 +237,32 @@ class _PostgresWriter:
             if row is not None:
                 return ("stored", int(row[0]), memory.id)
             return self._known(memory)
-        scope, since = head
         seq = self._one("SELECT nextval(pg_get_serial_sequence('memories', 'rowid'))", ())
         assert seq is not None
         mine = int(seq[0])
-        # Claim the (tenant, channel, hash) head: a concurrent claimant waits on the row lock
-        # until this transaction ends, then sees the committed head and folds into it.
-        head = self._one(
-            "INSERT INTO exact_heads AS h (tenant, scope, content_hash, memory_rowid, "
-            "last_seen_at) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT (tenant, scope, content_hash) DO UPDATE SET "
-            "memory_rowid = CASE WHEN h.last_seen_at >= %s THEN h.memory_rowid "
-            "ELSE excluded.memory_rowid END, "
-            "last_seen_at = CASE WHEN h.last_seen_at >= %s "
-            "THEN greatest(h.last_seen_at, excluded.last_seen_at) ELSE excluded.last_seen_at END "
-            "RETURNING memory_rowid",
-            (
-                memory.tenant,
-                scope,
-                memory.content_hash,
-                mine,
-                memory.created_at,
-                since,
-                since,
-            ),
-        )
-        assert head is not None
-        target = int(head[0])
+        # Claim the (tenant, scope, hash) heads in one order (two writers never wait on each
+        # other crosswise): a concurrent claimant waits on the row lock until this transaction
+        # ends, then sees the committed head and folds into it.
+        target = mine
+        claimed = False
+        for scope in sorted(heads):
+            head = self._one(
+                "INSERT INTO exact_heads AS h (tenant, scope, content_hash, memory_rowid, "
+                "last_seen_at) VALUES (%s, %s, %s, %s, %s) "
+                "ON CONFLICT (tenant, scope, content_hash) DO UPDATE SET "
+                "memory_rowid = CASE WHEN h.last_seen_at >= %s THEN h.memory_rowid "
+                "ELSE excluded.memory_rowid END, "
+                "last_seen_at = CASE WHEN h.last_seen_at >= %s "
+                "THEN greatest(h.last_seen_at, excluded.last_seen_at) "
+                "ELSE excluded.last_seen_at END "
+                "RETURNING memory_rowid",
+                (memory.tenant, scope, memory.content_hash, mine, memory.created_at, since, since),
+            )
+            assert head is not None
+            if int(head[0]) != mine:
+                target = int(head[0])
+                break
+            claimed = True
         if target == mine:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
@@ -271,8 +270,9 @@ class _PostgresWriter:
             )
             if row is not None:
                 return ("stored", mine, memory.id)
-            # The id was stored by another writer meanwhile: give the head back.
+        if claimed:  # not stored after all: give the heads claimed for it back
             self._conn.execute("DELETE FROM exact_heads WHERE memory_rowid = %s", (mine,))
+        if target == mine:  # the id was stored by another writer meanwhile
             return self._known(memory)
         if self.resolve(memory.tenant, memory.id) is not None:
             return self._known(memory)

@@ -268,7 +268,7 @@ class _SQLiteWriter:
         return rowid
 
     def insert_or_fold(
-        self, memory: NewMemory, *, head: tuple[str, float] | None
+        self, memory: NewMemory, *, heads: Sequence[str] = (), since: float = 0.0
     ) -> tuple[str, int, str]:
         # BEGIN IMMEDIATE serialises writers: nothing was committed since the caller's lookups.
         return ("stored", self.insert(memory), memory.id)
