@@ -40,7 +40,7 @@ def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> li
                     "session": "team",
                     "channel": channel,
                     "author": ["ana", "bo", "cy"][n % 3],
-                    "content": f"we moved the {WORDS[n % 10]} to version {n} after the "
+                    "content": f"{channel}: we moved the {WORDS[n % 10]} to version {n} after the "
                     f"{WORDS[(n * 3) % 10]} meeting with {['Omar', 'Ines'][n % 2]}",
                     "created_at": start + d * DAY + i * 600,
                 }

@@ -196,17 +196,29 @@ def test_never_over_budget(
         assert _real_count(context, model) <= context.tokens
 
 
-def test_trimming_template_counts_the_last_system_line_without_its_newline() -> None:
-    # Llama 3 trims message content: the persistent block's last line loses the newline it was
-    # counted with at ingest, and '""}' costs two tokens where '""}\n' cost one.
+@pytest.mark.parametrize(
+    ("last", "tail"),
+    [
+        # '""}' costs two tokens where '""}\n' cost one.
+        ('""}', '""}\n'),
+        # A memory of several lines, the last indented: "\n 0" is no BPE boundary, so the whole
+        # memory, not its last line, is counted again without the newline.
+        ("0\n 0", "- 0\n 0\n"),
+    ],
+)
+def test_trimming_template_counts_the_last_system_segment_without_its_newline(
+    last: str, tail: str
+) -> None:
+    # Llama 3 trims message content: the persistent block's last memory loses the newline it was
+    # counted with at ingest.
     with Engine.open(":memory:") as e:
         e.ingest(
             [
                 {"id": f"x{i}", "session": "s", "author": "ana", "content": c,
                  "created_at": 1_700_000_000 + i, "pinned": i == 3}
-                for i, c in enumerate(["0", "0", "0", '""}'])
+                for i, c in enumerate(["0", "0", "0", last])
             ]
         )  # fmt: skip
         context = e.assemble(session="s", model="llama-3.1-8b-instruct", budget=256)
-    assert context.messages[0]["content"].endswith('""}\n')
+    assert context.messages[0]["content"].endswith(tail)
     assert context.tokens == _real_count(context, "llama-3.1-8b-instruct")

@@ -1134,7 +1134,8 @@ class Engine:
 
         Block segments end in a newline before a non-space character, where BPE always splits,
         so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
-        the last segment's newline, so that segment alone is counted again without it.
+        the last segment's newline, so that segment (which may span lines) alone is counted
+        again without it.
         """
         text, held = system_message_text(policy, plan, system)
         if text is None:
@@ -1148,7 +1149,12 @@ class Engine:
                 continue
             cost += tok.count(render.block_header(block.title or block.name))
             cost += sum(c.tokens for c in chosen)
-        last = text[text.rfind("\n", 0, len(text) - 1) + 1 :]
+        # The last segment starts after the last newline followed by a non-space character (a
+        # memory's own lines may start with spaces, and "\n " is no BPE boundary).
+        start = len(text) - 1
+        while (start := text.rfind("\n", 0, start)) >= 0 and text[start + 1].isspace():
+            pass
+        last = text[start + 1 :]
         trimmed = fmt.content_text("system", last)
         if trimmed != last:
             cost += tok.count(trimmed) - tok.count(last)
