@@ -39,9 +39,13 @@ def _engine(path: str | Path = ":memory:", **semantic: Any) -> Engine:
 
 #: Reworded repeats by one person: layers A and B cannot fold them (different words).
 PARAPHRASES = [
-    ("can someone review my PR please", "could someone please review my PR"),
     ("is anyone else seeing the flaky login test?", "anyone else seeing the flaky login test?"),
     ("lunch at the usual place today", "lunch today at the usual place"),
+]
+
+#: Bot texts that differ in a word of the template: other events.
+BOT_PAIRS = [
+    ("Deploy #1 of api to staging succeeded", "Deploy #2 of api to production succeeded"),
 ]
 
 #: Changes of a decision or fact, close in wording: must never fold.
@@ -86,6 +90,19 @@ def test_changed_facts_never_fold(old: str, new: str) -> None:
         assert engine.get("new").id == "new"
         assert engine.stats()["semantic"] == 0
     assert fact_guard(new, old, author_kind="human") is not None
+
+
+@pytest.mark.parametrize(("old", "new"), BOT_PAIRS)
+def test_bot_templates_with_another_word_never_fold(old: str, new: str) -> None:
+    with _engine(threshold=0.5) as engine:
+        engine.ingest(
+            [
+                _msg("old", old, at=0, author="deploybot", author_kind="bot"),
+                _msg("new", new, at=60, author="deploybot", author_kind="bot"),
+            ]
+        )
+        engine.embed_pending()
+        assert engine.get("new").id == "new"
 
 
 def test_threshold_separates_what_the_guard_cannot_see() -> None:
@@ -161,7 +178,7 @@ def test_folded_text_is_erased_from_the_file(tmp_path: Path) -> None:
         engine.embed_pending()
         assert engine.search(canary)
         # The made-up word lowers the cosine: a looser threshold, the guard still applies.
-        report = engine.dedupe_semantic(config=SemanticConfig(threshold=0.8))
+        report = engine.dedupe_semantic(config=SemanticConfig(threshold=0.5))
         assert [(f.id, f.into) for f in report.folds] == [("b", "a")]
         assert engine.get("b").id == "a"
         assert engine.search(canary) == []
@@ -197,3 +214,33 @@ def test_config_is_validated() -> None:
         SemanticConfig(window_seconds=-1)
     with pytest.raises(ConfigError, match="semantic: expected a SemanticConfig"):
         EngineConfig(semantic=True)  # type: ignore[arg-type]
+
+
+def test_cli_dedupe_semantic(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    db = tmp_path / "c.db"
+    records = tmp_path / "in.jsonl"
+    a, b = PARAPHRASES[0]
+    records.write_text(
+        "\n".join(
+            json.dumps(_msg(i, text, at=n)) for n, (i, text) in enumerate([("a", a), ("b", b)])
+        )
+    )
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "ctxwarden", "--db", str(db), *args],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    run("ingest", str(records))
+    run("embed")
+    assert "would fold 1" in run("dedupe", "--semantic", "--dry-run")
+    assert "folded 1" in run("dedupe", "--semantic")
+    assert "folded 0" in run("dedupe", "--semantic")
+    stats = json.loads(run("stats", "--json"))
+    assert (stats["semantic"], stats["memories"]) == (1, 1)

@@ -13,23 +13,27 @@ wording, and adds the similarity:
 1. Same tenant, same channel, same author (the same words from two people are two reports), both
    dedupable (``kind = "message"``, not a tool call or result, not untrusted, not pinned).
 2. X is newer than Y and arrived within ``window_seconds`` of Y's ``last_seen_at``.
-3. Cosine of their embeddings at least ``threshold`` (default 0.97, see below).
+3. Cosine of their embeddings at least ``threshold`` (default 0.985, see below).
 4. The changed-fact guard (:func:`fact_guard`): what differs between the two texts must not be a
    fact. Differing volatile values (numbers, times, dates, amounts, weekdays, hashes) block the
    fold for a person and for a bot whose text speaks of a change (layer B's rules 5 and 6);
-   a word present in one text only blocks it when it is a negation, a change word, a month, a
+   a bot's texts must not differ in any word (a template's other word is another event); a
+   person's word present in one text only blocks it when it is a negation, a change word, a month, a
    name (capitalised mid-sentence in the original), a symbol or emoji, or holds a digit, or
    when the other text has its prefixed opposite ("enable"/"disable"); a question never folds
    into a statement.
 
-Why 0.97: on MiniLM, reworded repeats ("can someone review my PR please" / "could someone please
-review my PR") score 0.95-0.99, while changed decisions score up to 0.96 ("standup is now at
-8:15, not 9:45" / "... 10:30, not 8:15") and 0.92 ("meeting in room A" / "room B"). The guard
-blocks the ones with differing values or names whatever the score; the threshold is the second
-line for the changes that no token rule sees ("passed"/"failed" 0.67, "up"/"down").
-On the development log every in-channel family is already folded by layers A and B, so layer C
-can only add wrong folds there: ``bench/dedupe_quality.py --semantic`` counts them per
-threshold (docs/benchmarks.md).
+Why 0.985, measured (``bench/dedupe_quality.py DATA --semantic``, docs/benchmarks.md): on
+MiniLM, reordered or re-asked repeats score 0.99+ ("lunch at the usual place today" / "lunch
+today at the usual place" 0.993), reworded ones 0.95-0.99 ("can someone review my PR please" /
+"could someone please review my PR" 0.986), changed decisions up to 0.96 ("standup is now at
+8:15, not 9:45" / "... 10:30, not 8:15") and chatter with a different tail up to 0.983 ("the
+new CI pipeline broke twice before noon" / "..., ugh"), which the development log's ground truth
+counts as distinct messages. On that log every in-channel family is already folded by layers A
+and B, so layer C can only add folds the ground truth calls wrong: 9 at 0.97, 3 at 0.98, none at
+0.985 (protected evidence folded: 0 at every threshold). The guard blocks differing values and
+names whatever the score; the threshold is the line for what no token rule sees ("passed" /
+"failed" 0.67, "blocked" / "unblocked" 0.86).
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ class SemanticConfig:
       background embedder). Off by default: a fold erases X's wording, and the development log
       holds no reworded families to show the gain, only the risk. ``ctxwarden dedupe
       --semantic`` runs it over a store whatever this says.
-    - ``threshold``: the least cosine of the two embeddings (default 0.97).
+    - ``threshold``: the least cosine of the two embeddings (default 0.985, measured: see the
+      module docstring).
     - ``window_seconds``: how long after Y was last seen X may arrive (default 1 h, like layer B).
     - ``fold_bot_values``: a bot's differing volatile values fold (layer B's rule 6).
 
@@ -109,7 +114,7 @@ class SemanticConfig:
     """
 
     enabled: bool = False
-    threshold: float = 0.97
+    threshold: float = 0.985
     window_seconds: float = 3600.0
     fold_bot_values: bool = True
 
@@ -124,7 +129,7 @@ class SemanticConfig:
             raise ConfigError(f"semantic.threshold: expected a number, got {threshold!r}")
         if not 0 < threshold <= 1:
             raise ConfigError(
-                f"semantic.threshold: {threshold!r} must be in (0, 1], e.g. 0.97 (a cosine)"
+                f"semantic.threshold: {threshold!r} must be in (0, 1], e.g. 0.985 (a cosine)"
             )
         _positive("window_seconds", self.window_seconds)
 
@@ -238,6 +243,10 @@ def fact_guard(new: str, old: str, *, author_kind: str, fold_bot_values: bool = 
         if len(new_values) != len(old_values):
             return f"values-differ: {detail}"
     differing = new_set ^ old_set
+    if differing and author_kind == "bot":
+        # A bot's text is a template: another word is another event ("to staging" / "to
+        # production"), as layer B, which folds a bot only on equal skeletons, holds.
+        return f"bot-words-differ: {' '.join(sorted(differing))}"
     facts = sorted(t for t in differing if _fact_word(t))
     if facts:
         return f"words-differ: {' '.join(facts)}"
