@@ -163,7 +163,14 @@ def test_targets_aggregates_and_aliases(store: Store) -> None:
     assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 3, 160.0)
     assert memory.latest_content == "s2"
     stats = store.stats("t")
-    assert stats["channels"]["c"] == {"memories": 1, "seen": 3, "folded": 2, "exact": 1, "near": 1}
+    assert stats["channels"]["c"] == {
+        "memories": 1,
+        "seen": 3,
+        "folded": 2,
+        "exact": 1,
+        "near": 1,
+        "semantic": 0,
+    }
     assert stats["top_families"][0]["count"] == 3
     assert (stats["memories"], stats["seen"], stats["folded"]) == (2, 4, 2)
 
