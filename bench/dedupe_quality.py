@@ -16,6 +16,12 @@ whole log, and scores the outcomes as issue 3 item 6 defines them:
 
 It also ingests the same log into a store without de-dup and prints both stores' size (memories
 and SQLite file bytes). The data is read at run time only; nothing of it is kept.
+
+``--semantic`` then embeds each de-duplicated store with the offline MiniLM embedder and runs
+layer C (``Engine.dedupe_semantic``, window covering the whole log) once per threshold of
+``--thresholds``, on a copy of the store each, and scores ingest folds plus semantic folds
+together (``semantic`` = layer C folds, ``refused`` = candidates above the threshold that the
+changed-fact guard refused).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -33,7 +40,8 @@ from typing import Any
 from ctxwarden import Engine
 from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import EngineConfig
-from ctxwarden.types import IngestResult
+from ctxwarden.semantic import SemanticConfig
+from ctxwarden.types import IngestOutcome, IngestResult
 
 BATCH = 500
 
@@ -72,7 +80,8 @@ def score(
     folds = {
         o.id: (o.duplicate_of, o.status, o.reason or "")
         for o in result.outcomes
-        if o.status in ("duplicate", "near_duplicate") and o.duplicate_of is not None
+        if o.status in ("duplicate", "near_duplicate", "semantic_duplicate")
+        and o.duplicate_of is not None
     }
     firsts: set[str] = set()
     seen: set[str] = set()
@@ -102,6 +111,44 @@ def score(
     }
 
 
+def semantic(
+    path: Path, thresholds: list[float], config: DedupeConfig
+) -> list[tuple[float, list[IngestOutcome], int, int, float]]:
+    """Embed the store at ``path`` once, then per threshold run layer C on a copy: the folds as
+    outcomes, the guard's refusals, the memories left, and the seconds of the pass."""
+    start = time.perf_counter()
+    with Engine.open(path, config=EngineConfig(dedupe=config)) as engine:
+        engine.embed_pending(64)
+    print(f"embedded in {time.perf_counter() - start:.1f} s")
+    runs = []
+    for threshold in thresholds:
+        copy = path.with_name(f"{path.stem}-{threshold}.db")
+        for suffix in ("", ".vectors"):
+            source = Path(str(path) + suffix)
+            if source.is_dir():
+                shutil.copytree(source, Path(str(copy) + suffix))
+            elif source.exists():
+                shutil.copy(source, Path(str(copy) + suffix))
+        with Engine.open(copy, config=EngineConfig(dedupe=config)) as engine:
+            start = time.perf_counter()
+            report = engine.dedupe_semantic(
+                config=SemanticConfig(threshold=threshold, window_seconds=math.inf)
+            )
+            seconds = time.perf_counter() - start
+            memories = engine.stats()["memories"]
+        outcomes = [
+            IngestOutcome(
+                id=f.id,
+                status="semantic_duplicate",
+                duplicate_of=f.into,
+                reason=f"semantic: {f.score:.4f}",
+            )
+            for f in report.folds
+        ]
+        runs.append((threshold, outcomes, report.refused, memories, seconds))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data_dir", type=Path)
@@ -109,6 +156,10 @@ def main() -> None:
         "--scope", choices=["channel_or_session", "channel", "session", "all"], default="all"
     )
     parser.add_argument("--show", type=int, default=5, help="print up to N misses and errors")
+    parser.add_argument("--semantic", action="store_true", help="add layer C after embedding")
+    parser.add_argument(
+        "--thresholds", default="0.90,0.93,0.95,0.97,0.99", help="layer C cosines to try"
+    )
     args = parser.parse_args()
     messages = load(args.data_dir / "messages.jsonl")
     family = {row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl")}
@@ -134,6 +185,7 @@ def main() -> None:
             f"| {plain_seconds:.2f} |"
         )
         details = []
+        semantic_rows: list[Any] = []
         for scope in scopes:
             config = DedupeConfig(
                 exact_ttl_seconds=math.inf, near_window_seconds=math.inf, exact_scope=scope
@@ -147,6 +199,35 @@ def main() -> None:
                 f"| {s['other']} | {s['exact']} | {s['near']} | {memories} | {size:,} "
                 f"| {size / plain_bytes:.3f} | {seconds:.2f} |"
             )
+            if args.semantic:
+                thresholds = [float(t) for t in args.thresholds.split(",")]
+                semantic_rows.append(
+                    (scope, result, semantic(directory / f"{scope}.db", thresholds, config))
+                )
+        if semantic_rows:
+            print(
+                "\n| exact scope | layer C cosine | recall | precision | protected "
+                "| other folds | semantic | refused by guard | memories | pass s |"
+            )
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for scope, result, runs in semantic_rows:
+            for threshold, folds, refused, memories, seconds in runs:
+                both = IngestResult(outcomes=(*result.outcomes, *folds))
+                s = score(messages, family, evidence, both)
+                print(
+                    f"| {scope} | {threshold:.3f} | {s['recall']:.4f} ({s['recall_n']}) "
+                    f"| {s['precision']:.4f} ({s['precision_n']}) | {len(s['protected'])} "
+                    f"| {s['other']} | {len(folds)} | {refused} | {memories} | {seconds:.2f} |"
+                )
+                if folds:
+                    details.append((f"{scope} @ {threshold:.3f}", s))
+                for fold in folds[: args.show]:
+                    record = by_id[fold.id]
+                    target = by_id.get(fold.duplicate_of or "", {})
+                    print(
+                        f"  {fold.reason} #{record['channel']} {record['content'][:60]!r} -> "
+                        f"{str(target.get('content', ''))[:60]!r}"
+                    )
     print("\ntargets: precision >= 0.99, recall >= 0.98, protected = 0")
     for scope, s in details:
         print(f"\n[{scope}] folds by reason: {dict(sorted(s['reasons'].items()))}")

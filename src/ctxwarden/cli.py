@@ -169,6 +169,70 @@ def embed(
 
 
 @app.command()
+def dedupe(
+    semantic: Annotated[
+        bool,
+        typer.Option("--semantic", help="Fold near-identical embeddings (layer C)."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be folded (writes nothing).")
+    ] = False,
+    threshold: Annotated[
+        float | None, typer.Option(help="Least cosine (default: the config's, 0.985).")
+    ] = None,
+    window: Annotated[
+        str | None, typer.Option(help="Window after the aggregate was last seen, e.g. 1h, 7d.")
+    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    show: Annotated[int, typer.Option(help="Top folded families to print.")] = 10,
+) -> None:
+    """Run a de-dup layer over an existing store (embed it first: `ctxwarden embed`)."""
+    import dataclasses
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from ctxwarden.semantic import families
+
+    if not semantic:
+        raise InputError(
+            "layers A and B run at ingest: pass --semantic for layer C", field="semantic"
+        )
+    settings = _settings()
+    with _engine(settings) as engine:
+        config = engine.config.semantic
+        if threshold is not None:
+            config = dataclasses.replace(config, threshold=threshold)
+        if window is not None:
+            config = dataclasses.replace(config, window_seconds=parse_duration(window))
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("semantic de-dup"),
+            TextColumn("{task.completed} memories looked at"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        ) as progress:
+            task = progress.add_task("dedupe", total=None)
+            report = engine.dedupe_semantic(
+                tenant=tenant,
+                config=config,
+                dry_run=dry_run,
+                progress=lambda n: progress.update(task, completed=n),
+            )
+    verb = "would fold" if dry_run else "folded"
+    typer.echo(
+        f"{report.examined} memories looked at, {verb} {len(report.folds)}, "
+        f"{report.refused} candidates above {config.threshold} refused by the fact guard"
+    )
+    if report.folds and show > 0:
+        table = Table(title="top folded families")
+        for column in ("folded", "into", "content"):
+            table.add_column(column)
+        for id_, count, content in families(report.folds, show):
+            table.add_row(str(count), id_, content[:100])
+        Console().print(table)
+
+
+@app.command()
 def stats(
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -183,7 +247,7 @@ def stats(
     table = Table(
         title=f"ctxwarden store: {data['memories']} memories, {data['contexts']} contexts"
     )
-    for column in ("channel", "seen", "stored", "folded", "exact", "near"):
+    for column in ("channel", "seen", "stored", "folded", "exact", "near", "semantic"):
         table.add_column(column, justify="left" if column == "channel" else "right")
     for channel, row in data["channels"].items():
         table.add_row(
@@ -193,6 +257,7 @@ def stats(
             str(row["folded"]),
             str(row["exact"]),
             str(row["near"]),
+            str(row["semantic"]),
         )
     table.add_row(
         "all",
@@ -201,6 +266,7 @@ def stats(
         str(data["folded"]),
         str(data["exact"]),
         str(data["near"]),
+        str(data["semantic"]),
         style="bold",
     )
     console.print(table)

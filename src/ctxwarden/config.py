@@ -11,6 +11,8 @@ A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
     exact_ttl_seconds = 3600
     near_window_seconds = 3600
     exact_scope = "session"
+    semantic_dedupe = true          # fold near-identical embeddings after each embed batch
+    semantic_threshold = 0.985
 
     [budget]
     preset = "chat"
@@ -41,8 +43,11 @@ from ctxwarden.engine import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.models import ModelSpec
 from ctxwarden.provenance import Verifier
+from ctxwarden.semantic import SemanticConfig
 
 __all__ = ["Settings", "default_config_path", "default_db_path", "load_settings"]
+
+_SEMANTIC = SemanticConfig()
 
 
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -99,6 +104,10 @@ class Settings(BaseSettings):
     #: When memories are embedded (``off``, ``sync``, ``background``) and with which embedder.
     embed: str = "off"
     embedder: str = "minilm"
+    #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
+    semantic_dedupe: bool = _SEMANTIC.enabled
+    semantic_threshold: float = _SEMANTIC.threshold
+    semantic_window_seconds: float = _SEMANTIC.window_seconds
 
     _file_data: dict[str, Any] = {}
 
@@ -137,6 +146,11 @@ class Settings(BaseSettings):
             ),
             embed=self.embed,
             embedder=self.embedder,
+            semantic=SemanticConfig(
+                enabled=self.semantic_dedupe,
+                threshold=self.semantic_threshold,
+                window_seconds=self.semantic_window_seconds,
+            ),
         )
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from ctxwarden import compact as compaction
@@ -58,6 +60,13 @@ from ctxwarden.provenance import (
     is_untrusted,
 )
 from ctxwarden.retrieve import RetrievalWeights, retrieve
+from ctxwarden.semantic import (
+    MERGE_STATUS,
+    SemanticConfig,
+    SemanticFold,
+    SemanticReport,
+    fold_semantic,
+)
 from ctxwarden.store.base import (
     AggregateUpdate,
     Alias,
@@ -129,6 +138,9 @@ class EngineConfig:
     embedder: str = "minilm"
     embed_batch: int = 32
     retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
+    #: Layer C of de-dup (:mod:`ctxwarden.semantic`): with ``semantic.enabled`` each embedding
+    #: batch is followed by a pass that folds near-identical embeddings (off by default).
+    semantic: SemanticConfig = field(default_factory=SemanticConfig)
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -137,6 +149,10 @@ class EngineConfig:
             raise ConfigError(f"embed: {self.embed!r} must be 'off', 'sync' or 'background'")
         if self.embed_batch < 1:
             raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
+        if not isinstance(self.semantic, SemanticConfig):
+            raise ConfigError(
+                f"semantic: expected a SemanticConfig, got {type(self.semantic).__name__}"
+            )
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
         if self.recent_page < 1:
@@ -628,12 +644,88 @@ class Engine:
                 vectors = embedder.embed([text[:4000] for _, text in pending])
                 done += self.store.put_vectors(model, [r for r, _ in pending], vectors)
                 after = pending[-1][0]
+                if self.config.semantic.enabled:
+                    self._fold_semantic(self.store.memories_at([r for r, _ in pending]), model)
                 if progress is not None:
                     progress(done)
                 if self._embed_stop.is_set():
                     break
             self._vector_state = None
             return done
+
+    def _fold_semantic(
+        self,
+        memories: Iterable[Memory],
+        model: str,
+        *,
+        config: SemanticConfig | None = None,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> SemanticReport:
+        config = config or self.config.semantic
+
+        def window(memory: Memory, since: float) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
+            return self.store.vector_window(
+                memory.tenant,
+                model,
+                channel=memory.channel,
+                author=memory.author,
+                seen_since=since,
+                created_until=memory.created_at,
+            )
+
+        def merge(fold: SemanticFold) -> bool:
+            with self.store.write() as writer:
+                return writer.merge(
+                    fold.tenant,
+                    fold.id,
+                    into=fold.into,
+                    merged_at=self.clock(),
+                    status=MERGE_STATUS,
+                    latest_content=fold.latest_content,
+                )
+
+        report = fold_semantic(
+            memories, window, config, merge=None if dry_run else merge, progress=progress
+        )
+        if report.folds and not dry_run:
+            self._vector_state = None
+            self.store.scrub()  # the folded texts leave the files too (as after a delete)
+        return report
+
+    def dedupe_semantic(
+        self,
+        *,
+        tenant: str | None = None,
+        config: SemanticConfig | None = None,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> SemanticReport:
+        """Run layer C of de-dup over a tenant's stored, embedded memories (oldest first).
+
+        Each memory folds into its most similar older neighbour of the same channel and author
+        within the window when :func:`ctxwarden.semantic.semantic_fold` allows it; ``dry_run``
+        plans without writing. ``config`` defaults to ``config.semantic`` (its ``enabled`` is
+        ignored here). Memories not embedded yet are skipped: run :meth:`embed_pending` first.
+        Idempotent: a second run finds nothing more to fold.
+
+        >>> with Engine.open(":memory:") as engine:
+        ...     engine.dedupe_semantic().folds
+        []
+        """
+        tenant = tenant or self.config.tenant
+        model = self.embedder.name
+        with self._embed_lock:
+            report = self._fold_semantic(
+                self.store.iter_memories(tenant),
+                model,
+                config=config,
+                dry_run=dry_run,
+                progress=progress,
+            )
+        if report.folds and not dry_run:
+            self._analysed.clear()
+        return report
 
     def _after_ingest(self) -> None:
         if self.config.embed == "sync":

@@ -163,7 +163,14 @@ def test_targets_aggregates_and_aliases(store: Store) -> None:
     assert (memory.id, memory.dup_count, memory.last_seen_at) == ("a", 3, 160.0)
     assert memory.latest_content == "s2"
     stats = store.stats("t")
-    assert stats["channels"]["c"] == {"memories": 1, "seen": 3, "folded": 2, "exact": 1, "near": 1}
+    assert stats["channels"]["c"] == {
+        "memories": 1,
+        "seen": 3,
+        "folded": 2,
+        "exact": 1,
+        "near": 1,
+        "semantic": 0,
+    }
     assert stats["top_families"][0]["count"] == 3
     assert (stats["memories"], stats["seen"], stats["folded"]) == (2, 4, 2)
 
@@ -676,3 +683,116 @@ def test_sqlite_vector_index_persists_and_follows_other_writers(tmp_path: Path) 
     third = SQLiteStore(path)
     assert third.vector_search("t", "m1", _unit(1), k=1)[0][0].id == "v2"
     third.close()
+
+
+# -- semantic de-dup: Writer.merge, memories_at, vector_window ----------------------------------
+
+
+def test_merge_folds_a_stored_memory_into_another(store: Store) -> None:
+    with store.write() as w:
+        y = w.insert(_memory("y", content="can someone review my PR", at=100.0))
+        x = w.insert(_memory("x", content="could someone review my PR zzqmergecanary", at=150.0))
+        other = w.insert(_memory("o", tenant="u", content="tenant u", at=120.0))
+        w.add_aliases(
+            [
+                Alias(tenant="t", id="x-again", rowid=x, status="duplicate", created_at=160.0),
+                Alias(tenant="t", id="y-again", rowid=y, status="duplicate", created_at=110.0),
+            ]
+        )
+        w.update_aggregates(
+            [
+                AggregateUpdate(rowid=x, folded=1, last_seen_at=160.0, latest_content=None),
+                AggregateUpdate(rowid=y, folded=1, last_seen_at=110.0, latest_content=None),
+            ]
+        )
+        w.put_token_counts([TokenCount(rowid=x, tokenizer="cl100k", message=9, line=8)])
+    store.put_vectors("m1", [y, x, other], np.vstack([_unit(1), _unit(1), _unit(1)]))
+    store.log_context(
+        ContextLog(
+            id="ctx1", tenant="t", session="s", created_at=140.0, model="m", tokenizer="cl100k",
+            exact=True, cap=100, tokens=20, blocks={},
+            inclusions=[Inclusion(rowid=x, id="x", block="recent", tokens=9),
+                        Inclusion(rowid=y, id="y", block="recent", tokens=7)],
+        )
+    )  # fmt: skip
+    before = store.get("t", "y")
+    with store.write() as w:
+        assert not w.merge("t", "x", into="x", merged_at=200.0, status="s", latest_content=None)
+        assert not w.merge("t", "x", into="o", merged_at=200.0, status="s", latest_content=None)
+        assert not w.merge("t", "nope", into="y", merged_at=200.0, status="s", latest_content=None)
+        assert w.merge(
+            "t", "x", into="y", merged_at=200.0, status="semantic_duplicate", latest_content="new"
+        )
+    merged = store.get("t", "x")
+    assert merged.id == "y"
+    assert merged.dup_count == 4  # 2 (y and y-again) + 2 (x and x-again)
+    assert merged.last_seen_at == 160.0
+    assert merged.latest_content == "new"  # x was seen last: the caller's choice applies
+    assert merged.access_count == before.access_count + 1
+    assert merged.included_tokens_total == 16
+    assert merged.access_score == pytest.approx(2.0)
+    assert store.get("t", "x-again").id == "y"
+    with store.write() as w:
+        assert w.resolve("t", "x") == "y"
+        assert w.resolve_many("t", ["x", "x-again", "y-again"]) == {
+            "x": "y", "x-again": "y", "y-again": "y"
+        }  # fmt: skip
+    # x's text has left every index: full text, vectors, token counts, the memory list.
+    assert store.search("t", ["zzqmergecanary"]) == []
+    assert store.token_counts([x], "cl100k") == {}
+    assert {m.id for m, _ in store.vector_search("t", "m1", _unit(1), k=10)} == {"y"}
+    assert [m.id for m in store.iter_memories("t")] == ["y"]
+    assert store.memories_at([x, y, other]) == [store.get("t", "y"), store.get("u", "o")]
+    stats = store.stats("t")
+    assert (stats["memories"], stats["seen"], stats["exact"], stats["semantic"]) == (1, 4, 2, 1)
+    assert stats["channels"]["c"]["semantic"] == 1
+    # An older member merged in does not move latest_content.
+    with store.write() as w:
+        w.insert(_memory("z", content="review my PR?", at=90.0))
+        assert w.merge("t", "z", into="y", merged_at=210.0, status="semantic_duplicate",
+                       latest_content="older")  # fmt: skip
+    assert store.get("t", "z").latest_content == "new"
+    assert store.get("t", "z").dup_count == 5
+
+
+def test_merge_rolls_back_with_its_transaction(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("y", content="one", at=100.0))
+        w.insert(_memory("x", content="two", at=150.0))
+    with pytest.raises(RuntimeError), store.write() as w:
+        assert w.merge("t", "x", into="y", merged_at=200.0, status="s", latest_content=None)
+        raise RuntimeError("boom")
+    assert store.get("t", "x").id == "x"
+    assert store.get("t", "y").dup_count == 1
+
+
+def test_vector_window_scopes_by_tenant_channel_author_and_time(store: Store) -> None:
+    with store.write() as w:
+        rows = {
+            "a": w.insert(_memory("a", content="a", at=100.0)),
+            "b": w.insert(_memory("b", content="b", at=200.0)),
+            "c": w.insert(_memory("c", content="c", at=300.0)),
+            "n": w.insert(_memory("n", content="n", at=250.0, channel=None)),
+            "other-channel": w.insert(_memory("oc", content="oc", at=250.0, channel="d")),
+            "other-tenant": w.insert(_memory("ot", tenant="u", content="ot", at=250.0)),
+            "summary": w.insert(_memory("sm", content="sm", at=250.0, kind="summary")),
+            "unembedded": w.insert(_memory("ue", content="ue", at=250.0)),
+        }
+    embedded = [r for k, r in rows.items() if k != "unembedded"]
+    store.put_vectors("m1", embedded, np.vstack([_unit(i) for i in range(len(embedded))]))
+    window = store.vector_window(
+        "t", "m1", channel="c", author="ana", seen_since=150.0, created_until=300.0
+    )
+    assert [m.id for m, _ in window] == ["b", "c"]
+    assert float(window[0][1] @ _unit(1)) == pytest.approx(1.0, abs=1e-2)
+    assert [m.id for m, _ in store.vector_window(
+        "t", "m1", channel=None, author="ana", seen_since=-math.inf, created_until=math.inf
+    )] == ["n"]  # fmt: skip
+    assert (
+        store.vector_window("t", "m1", channel="c", author="bob", seen_since=0.0, created_until=1e9)
+        == []
+    )
+    assert (
+        store.vector_window("t", "m2", channel="c", author="ana", seen_since=0.0, created_until=1e9)
+        == []
+    )

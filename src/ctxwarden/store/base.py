@@ -7,6 +7,9 @@ batch leaves the store as it was.
 
 Every read takes a ``tenant`` and filters by it in the query itself (rule 6).
 
+Semantic de-dup (``ctxwarden.semantic``) added ``Writer.merge`` (fold a stored memory into
+another, erasing its text), ``Store.memories_at`` and ``Store.vector_window``.
+
 Compaction (``ctxwarden.compact``) added four methods; a backend implements them so that a
 cluster's summary, deletions and tombstones commit together:
 
@@ -296,6 +299,29 @@ class Writer(Protocol):
         Returns how many were retired; ids that are not memories are left alone.
         """
 
+    def merge(
+        self,
+        tenant: str,
+        id: str,
+        *,
+        into: str,
+        merged_at: float,
+        status: str,
+        latest_content: str | None,
+    ) -> bool:
+        """Fold the stored memory ``id`` into the memory ``into`` (semantic de-dup, layer C).
+
+        In this transaction: ``into``'s ``dup_count``, ``access_count`` and
+        ``included_tokens_total`` grow by ``id``'s, ``last_seen_at`` and ``last_accessed_at``
+        take the later, the decayed access scores add up, and when ``id`` was seen after
+        ``into``, ``into``'s ``latest_content`` becomes ``latest_content`` (the caller decides:
+        the newer member's text when its values differ, as layer B keeps it; else None);
+        ``id``'s aliases are re-pointed to ``into`` and ``id`` itself becomes an alias with
+        ``status``; ``id``'s row leaves every table and index (token counts, vectors,
+        full-text), as :meth:`delete` would, so ``get``/``resolve`` of ``id`` find ``into``.
+        False (nothing changed) unless both are memories of their own in ``tenant`` and differ.
+        """
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -409,3 +435,23 @@ class Store(Protocol):
 
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""
+
+    # -- semantic de-dup (ctxwarden.semantic) ------------------------------------------------
+
+    def memories_at(self, rowids: Sequence[int]) -> list[Memory]:
+        """The memories at these rowids, any tenant (maintenance after embedding), by rowid;
+        rowids no longer stored are left out."""
+
+    def vector_window(
+        self,
+        tenant: str,
+        model: str,
+        *,
+        channel: str | None,
+        author: str | None,
+        seen_since: float,
+        created_until: float,
+    ) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
+        """``message`` memories of ``tenant`` with this ``channel`` and ``author`` (None matches
+        None) last seen at or after ``seen_since`` and created at or before ``created_until``,
+        each with its ``model`` vector (memories without one are left out), oldest first."""

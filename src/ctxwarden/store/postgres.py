@@ -43,10 +43,13 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite import (
+    _MERGE_COLUMNS,
+    _MERGE_UPDATE,
     _TARGET_COLUMNS,
     ACCESS_TAU_SECONDS,
     _api_key,
     _target,
+    merge_plan,
 )
 from ctxwarden.types import Memory
 
@@ -487,6 +490,48 @@ class _PostgresWriter:
         self._conn.execute("DELETE FROM memories WHERE rowid = ANY(%s)", (rowids,))
         return len(rows)
 
+    # -- semantic de-dup (ctxwarden.semantic) ---------------------------------------------------
+
+    def merge(
+        self,
+        tenant: str,
+        id: str,
+        *,
+        into: str,
+        merged_at: float,
+        status: str,
+        latest_content: str | None,
+    ) -> bool:
+        if id == into:
+            return False
+        # Lock both rows in rowid order (as retire and log_context do): no deadlock with them.
+        rows = {
+            r[1]: r
+            for r in self._conn.execute(
+                f"SELECT {_MERGE_COLUMNS} FROM memories WHERE tenant = %s AND id = ANY(%s) "
+                "ORDER BY rowid FOR UPDATE",
+                (tenant, [id, into]),
+            ).fetchall()
+        }
+        if id not in rows or into not in rows:
+            return False
+        self._conn.execute(_MERGE_UPDATE, merge_plan(rows[id], rows[into], latest_content))
+        source_rowid, target_rowid = rows[id][0], rows[into][0]
+        # Aliases first: deleting the row would cascade them away.
+        self._conn.execute(
+            "UPDATE aliases SET memory_rowid = %s WHERE memory_rowid = %s",
+            (target_rowid, source_rowid),
+        )
+        # token counts, vectors and exact heads go by ON DELETE CASCADE; the tsvector lives
+        # in the row
+        self._conn.execute("DELETE FROM memories WHERE rowid = %s", (source_rowid,))
+        self._conn.execute(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (tenant, id, target_rowid, status, merged_at),
+        )
+        return True
+
 
 class PostgresStore(MemoryReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
@@ -854,6 +899,29 @@ class PostgresStore(MemoryReads):
             (tenant,),
         )
         return [str(r[0]) for r in rows]
+
+    def vector_window(
+        self,
+        tenant: str,
+        model: str,
+        *,
+        channel: str | None,
+        author: str | None,
+        seen_since: float,
+        created_until: float,
+    ) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
+        """Messages of ``tenant`` in ``channel`` by ``author`` in layer C's window, with their
+        ``model`` vector, oldest first."""
+        cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+        rows = self._query(
+            f"SELECT {cols}, v.embedding::text FROM memories m JOIN memory_vectors v "
+            "ON v.memory_rowid = m.rowid AND v.model = %s WHERE m.tenant = %s "
+            "AND m.author IS NOT DISTINCT FROM %s AND m.channel IS NOT DISTINCT FROM %s "
+            "AND m.kind = 'message' AND m.last_seen_at >= %s AND m.created_at <= %s "
+            "ORDER BY m.created_at, m.rowid",
+            (model, tenant, author, channel, seen_since, created_until),
+        )
+        return [(memory_of(r[:-1]), np.array(json.loads(r[-1]), dtype=np.float32)) for r in rows]
 
 
 #: Length of ``memory_vectors.embedding`` in the PostgreSQL schema (migration ``vectors``).

@@ -147,8 +147,8 @@ class MemoryReads:
         return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
 
     def stats(self, tenant: str) -> dict[str, Any]:
-        """Per-channel counts: records seen, memories stored, duplicates folded (exact and near
-        layers apart); the top families by count."""
+        """Per-channel counts: records seen, memories stored, duplicates folded (exact, near
+        and semantic layers apart); the top families by count."""
         channels: dict[str, dict[str, int]] = {}
         for channel, memories, seen in self._read(
             "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
@@ -161,13 +161,18 @@ class MemoryReads:
                 "folded": int(seen) - int(memories),
                 "exact": 0,
                 "near": 0,
+                "semantic": 0,
             }
         for channel, status, count in self._read(
             "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
             "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
             (tenant,),
         ):
-            layer = {"duplicate": "exact", "near_duplicate": "near"}.get(status)
+            layer = {
+                "duplicate": "exact",
+                "near_duplicate": "near",
+                "semantic_duplicate": "semantic",
+            }.get(status)
             if layer is not None and channel in channels:
                 channels[channel][layer] += int(count)
         top = [
@@ -196,10 +201,26 @@ class MemoryReads:
             "folded": seen - memories,
             "exact": sum(c["exact"] for c in channels.values()),
             "near": sum(c["near"] for c in channels.values()),
+            "semantic": sum(c["semantic"] for c in channels.values()),
             "contexts": int(contexts),
             "channels": channels,
             "top_families": top,
         }
+
+    def memories_at(self, rowids: Sequence[int]) -> list[Memory]:
+        """The memories at these rowids (any tenant: maintenance after embedding), in rowid
+        order; rowids no longer stored are left out."""
+        out: list[Memory] = []
+        ids = sorted({int(r) for r in rowids})
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            rows = self._read(
+                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN "
+                f"({','.join('?' * len(chunk))}) ORDER BY rowid",
+                chunk,
+            )
+            out.extend(memory_of(r) for r in rows)
+        return out
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""

@@ -9,6 +9,7 @@ store object, guarded by a lock, so a store may be shared between threads.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -33,7 +34,7 @@ from ctxwarden.store.base import (
     Tombstone,
 )
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
-from ctxwarden.store.sqlite_vectors import VectorCache, encode
+from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -49,6 +50,51 @@ _TARGET_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
     "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
 )
+
+#: What :func:`merge_plan` reads of the two memories of a semantic merge.
+_MERGE_COLUMNS = (
+    "rowid, id, content, latest_content, dup_count, created_at, last_seen_at, access_count, "
+    "last_accessed_at, access_score, access_score_at, included_tokens_total"
+)
+#: The aggregate's new fields (``%s`` placeholders; SQLite swaps them for ``?``).
+_MERGE_UPDATE = (
+    "UPDATE memories SET dup_count = %s, last_seen_at = %s, latest_content = %s, "
+    "access_count = %s, last_accessed_at = %s, access_score = %s, access_score_at = %s, "
+    "included_tokens_total = %s WHERE rowid = %s"
+)
+
+
+def merge_plan(
+    source: Sequence[Any], target: Sequence[Any], latest_content: str | None
+) -> tuple[Any, ...]:
+    """The parameters of :data:`_MERGE_UPDATE` folding row ``source`` into row ``target`` (rows
+    of :data:`_MERGE_COLUMNS`): counts add up, times take the later, ``latest_content`` is the
+    caller's when ``source`` was seen last (else the target's stays), and the decayed access
+    scores add up at the later of their two times."""
+    (_, _, _, _, s_dups, _, s_seen, s_access, s_accessed, s_score, s_at,
+     s_tokens) = source  # fmt: skip
+    (t_rowid, _, _, t_latest, t_dups, _, t_seen, t_access, t_accessed, t_score, t_at,
+     t_tokens) = target  # fmt: skip
+    latest = latest_content if s_seen > t_seen else t_latest
+    accessed = max((t for t in (s_accessed, t_accessed) if t is not None), default=None)
+    score_at = max((t for t in (s_at, t_at) if t is not None), default=None)
+    score = 0.0
+    for value, at in ((s_score, s_at), (t_score, t_at)):
+        if value:
+            elapsed = max(0.0, (score_at or 0.0) - (at if at is not None else score_at or 0.0))
+            score += float(value) * math.exp(-elapsed / ACCESS_TAU_SECONDS)
+    return (
+        int(s_dups) + int(t_dups),
+        max(s_seen, t_seen),
+        latest,
+        int(s_access) + int(t_access),
+        accessed,
+        score,
+        score_at,
+        int(s_tokens) + int(t_tokens),
+        t_rowid,
+    )
+
 
 # Keys per lookup statement (SQLite allows 32766 parameters; short statements plan faster).
 _CHUNK = 400
@@ -458,6 +504,45 @@ class _SQLiteWriter:
                 (summary_id[0], tenant, *chunk),
             )
         return retired
+
+    # -- semantic de-dup (ctxwarden.semantic) ---------------------------------------------------
+
+    def merge(
+        self,
+        tenant: str,
+        id: str,
+        *,
+        into: str,
+        merged_at: float,
+        status: str,
+        latest_content: str | None,
+    ) -> bool:
+        self.flush()  # the FTS delete trigger needs every row indexed first
+        rows = {
+            r[1]: r
+            for r in self._conn.execute(
+                f"SELECT {_MERGE_COLUMNS} FROM memories WHERE tenant = ? AND id IN (?, ?)",
+                (tenant, id, into),
+            )
+        }
+        if id == into or id not in rows or into not in rows:
+            return False
+        plan = merge_plan(rows[id], rows[into], latest_content)
+        self._conn.execute(_MERGE_UPDATE.replace("%s", "?"), plan)
+        source_rowid, target_rowid = rows[id][0], rows[into][0]
+        # Aliases first: deleting the row would cascade them away.
+        self._conn.execute(
+            "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?",
+            (target_rowid, source_rowid),
+        )
+        # token counts and vectors go by ON DELETE CASCADE, the FTS entry by the trigger
+        self._conn.execute("DELETE FROM memories WHERE rowid = ?", (source_rowid,))
+        self._conn.execute(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (tenant, id, target_rowid, status, merged_at),
+        )
+        return True
 
 
 class SQLiteStore(MemoryReads):
@@ -944,3 +1029,26 @@ class SQLiteStore(MemoryReads):
             (tenant,),
         )
         return [str(r[0]) for r in rows]
+
+    def vector_window(
+        self,
+        tenant: str,
+        model: str,
+        *,
+        channel: str | None,
+        author: str | None,
+        seen_since: float,
+        created_until: float,
+    ) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
+        """Messages of ``tenant`` in ``channel`` by ``author`` last seen at or after
+        ``seen_since`` and created at or before ``created_until``, with their ``model`` vector
+        (those without one are left out), oldest first (layer C's window)."""
+        cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+        rows = self._query(
+            f"SELECT {cols}, v.dim, v.embedding FROM memories m JOIN memory_vectors v "
+            "ON v.memory_rowid = m.rowid AND v.model = ? WHERE m.author IS ? AND m.tenant = ? "
+            "AND m.channel IS ? AND m.kind = 'message' AND m.last_seen_at >= ? "
+            "AND m.created_at <= ? ORDER BY m.created_at, m.rowid",
+            (model, author, tenant, channel, seen_since, created_until),
+        )
+        return [(memory_of(r[:-2]), decode(r[-1], int(r[-2]))) for r in rows]
