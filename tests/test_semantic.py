@@ -120,7 +120,9 @@ def test_other_channels_authors_tenants_and_windows_never_fold() -> None:
     with _engine(window_seconds=600) as engine:
         engine.ingest([_msg("c1", a, at=0), _msg("c2", b, at=5, channel="random")])
         engine.ingest([_msg("p1", a, at=10), _msg("p2", b, at=15, author="bob")])
-        engine.ingest([_msg("w1", a, at=20, channel="ops"), _msg("w2", b, at=2000, channel="ops")])
+        # Their own session: layer A would fold w2 into c2 (the same words in one session).
+        ops = {"channel": "ops", "session": "s-ops"}
+        engine.ingest([_msg("w1", a, at=20, **ops), _msg("w2", b, at=2000, **ops)])
         engine.ingest([_msg("t1", a, at=30, channel="qa")], tenant="one")
         engine.ingest([_msg("t2", b, at=35, channel="qa")], tenant="two")
         engine.ingest(

@@ -29,6 +29,7 @@ from ctxwarden.errors import (
     UpstreamError,
 )
 from ctxwarden.models import ModelRegistry, ModelSpec
+from ctxwarden.semantic import SemanticConfig
 from ctxwarden.tokens import Tokenizer, get_tokenizer
 from ctxwarden.types import Context, IngestOutcome, IngestResult, Memory, Record, Report
 
@@ -58,6 +59,7 @@ __all__ = [
     "NotFound",
     "Record",
     "Report",
+    "SemanticConfig",
     "StoreError",
     "SummarizeError",
     "Tokenizer",
