@@ -122,6 +122,8 @@ def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str |
     value = data.get(name)
     if value is None:
         return None
+    if type(value) is str and len(value) <= 512:  # the common case, checked first
+        return value
     if isinstance(value, int) and not isinstance(value, bool) and name in {"id", "thread_id"}:
         return str(value)
     if not isinstance(value, str):
@@ -203,10 +205,15 @@ class Record:
         """
         if not isinstance(data, Mapping):
             raise InputError(f"expected a JSON object, got {type(data).__name__}", line=line)
-        merged: dict[str, Any] = dict(defaults or {})
-        merged.update({k: v for k, v in data.items() if v is not None or k not in merged})
-        unknown = sorted(set(merged) - _RECORD_FIELDS)
-        if unknown:
+        merged: Mapping[str, Any]
+        if defaults:
+            combined = dict(defaults)
+            combined.update({k: v for k, v in data.items() if v is not None or k not in combined})
+            merged = combined
+        else:
+            merged = data  # only read below
+        if not _RECORD_FIELDS.issuperset(merged):
+            unknown = sorted(set(merged) - _RECORD_FIELDS)
             raise InputError(
                 f"unknown field (known: {', '.join(sorted(_RECORD_FIELDS))})",
                 field=unknown[0],
@@ -218,12 +225,15 @@ class Record:
                 f"{role!r} is not one of {', '.join(sorted(ROLES))}", field="role", line=line
             )
         tool_calls = _tool_calls(merged.get("tool_calls"), line)
-        if "content" not in merged or merged["content"] is None:
+        content = merged.get("content")
+        if content is None:
             if not tool_calls:
                 raise InputError("missing (every record needs content)", field="content", line=line)
             content = ""
+        elif type(content) is str:
+            content = content.strip()
         else:
-            content = _content_text(merged["content"], line).strip()
+            content = _content_text(content, line).strip()
         if len(content) > MAX_CONTENT_CHARS:
             raise InputError(
                 f"{len(content)} characters is over the limit of {MAX_CONTENT_CHARS}; "
@@ -264,11 +274,14 @@ class Record:
         metadata = merged.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise InputError("expected an object", field="metadata", line=line)
-        try:
-            json.dumps(metadata)
-            json.dumps(list(attachments))
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"not JSON-serialisable: {exc}", field="metadata", line=line) from None
+        if metadata or attachments:  # empty ones always serialise
+            try:
+                json.dumps(metadata)
+                json.dumps(list(attachments))
+            except (TypeError, ValueError) as exc:
+                raise InputError(
+                    f"not JSON-serialisable: {exc}", field="metadata", line=line
+                ) from None
         return cls(
             id=record_id,
             content=content,
