@@ -39,6 +39,11 @@ Migration 5 (``vectors``) adds:
   model changed (filled by triggers, cascades included). The in-memory HNSW index replays it from
   the sequence number it last saw, so it stays consistent through deletes and through writes by
   other processes.
+
+Migration 6 (``ingest_indexes``) rebuilds the de-dup lookup indexes ``memories_exact``,
+``memories_exact_session`` and ``memories_near`` with ``last_seen_at`` before the key: keyed by a
+hash first, every new row landed on a random leaf page of each, and ingest slowed as the store
+grew; time first, new rows append and a lookup reads the window's index entries.
 """
 
 from __future__ import annotations
