@@ -363,6 +363,20 @@ class Engine:
             cache.move_to_end(rowid)
         while len(cache) > CANDIDATE_CACHE_SIZE:
             cache.popitem(last=False)
+        if cache and prepared and self.config.dedupe is not None:
+            # Aggregates last seen before both windows of the newest record can no longer be
+            # folded into by records arriving in order: drop them, so the cache holds one window
+            # of traffic rather than growing with the store (its objects cost every full
+            # garbage collection). A late record re-analyses its target on a miss.
+            dedupe = self.config.dedupe
+            horizon = max(item.created_at for item in prepared) - max(
+                dedupe.exact_ttl_seconds, dedupe.near_window_seconds
+            )
+            while cache:
+                rowid, oldest = next(iter(cache.items()))
+                if oldest.seen_at >= horizon:
+                    break
+                del cache[rowid]
         result = IngestResult(outcomes=tuple(outcomes))
         if self.config.auto_summarize:
             touched = {
