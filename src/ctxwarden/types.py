@@ -203,6 +203,10 @@ class Record:
         ``defaults`` fills fields the record leaves out (e.g. ``session`` for a plain message list).
         Raises :class:`InputError` naming the line and the field.
         """
+        if not defaults and type(data) is dict:
+            plain = _plain_record(cls, data)
+            if plain is not None:
+                return plain
         if not isinstance(data, Mapping):
             raise InputError(f"expected a JSON object, got {type(data).__name__}", line=line)
         merged: Mapping[str, Any]
@@ -302,6 +306,77 @@ class Record:
             attachments=tuple(attachments),
             metadata=dict(metadata),
         )
+
+
+_PLAIN_STRINGS = ("tenant", "session", "channel", "author", "thread_id", "reply_to", "name",
+                  "tool_call_id")  # fmt: skip
+
+
+def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
+    """The common record (plain strings, a number or nothing for the time, no tool calls,
+    attachments or metadata) built without the general checks; None for anything else, which
+    :meth:`Record.from_mapping` then validates in full (and reports, in its order)."""
+    if not _RECORD_FIELDS.issuperset(data):
+        return None
+    get = data.get
+    content = get("content")
+    if type(content) is not str or get("tool_calls") is not None:
+        return None
+    if get("attachments") or get("metadata"):
+        return None
+    role = get("role", "user")
+    author_kind = get("author_kind", "human")
+    kind = get("kind", "message")
+    pinned = get("pinned", False)
+    if (
+        type(role) is not str
+        or role not in ROLES
+        or type(author_kind) is not str
+        or author_kind not in AUTHOR_KINDS
+        or type(kind) is not str
+        or kind not in KINDS
+        or type(pinned) is not bool
+    ):
+        return None
+    for name in _PLAIN_STRINGS:
+        value = get(name)
+        if value is not None and (type(value) is not str or len(value) > 512):
+            return None
+    record_id = get("id")
+    if record_id is not None and (
+        type(record_id) is not str or len(record_id) > 512 or not record_id.strip()
+    ):
+        return None
+    created = get("created_at")
+    if created is not None:
+        if type(created) is not float and type(created) is not int:
+            return None
+        if not math.isfinite(created) or created < 0 or created > 32503680000:
+            return None
+        created = float(created)
+    content = content.strip()
+    if not content or len(content) > MAX_CONTENT_CHARS or "\x00" in content:
+        return None
+    return cls(
+        id=record_id,
+        content=content,
+        role=role,
+        tenant=get("tenant") or "default",
+        session=get("session") or "default",
+        channel=get("channel"),
+        author=get("author"),
+        author_kind=author_kind,
+        created_at=created,
+        thread_id=get("thread_id"),
+        reply_to=get("reply_to"),
+        kind="pinned" if pinned and kind == "message" else kind,
+        pinned=pinned or kind == "pinned",
+        name=get("name"),
+        tool_calls=(),
+        tool_call_id=get("tool_call_id"),
+        attachments=(),
+        metadata={},
+    )
 
 
 def _tool_calls(value: object, line: int | None) -> tuple[Mapping[str, Any], ...]:
