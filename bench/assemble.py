@@ -3,7 +3,7 @@
     python bench/assemble.py [--budget 8000] [--runs 200]
 
 Same messages (40 words each), same budget (the last ``budget`` tokens of history), same
-tokenizer (o200k). ctxwarden assembles from its store with counts cached at ingest and writes
+tokenizer (o200k). ctxwarden assembles from its store with counts cached (by the warm-up) and writes
 its inclusion log; LangChain trims an in-memory message list, once with
 ``count_tokens_approximately`` and once with a per-message tiktoken counter.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -162,3 +163,48 @@ def test_bad_record_anywhere_leaves_store_unchanged(
         with pytest.raises(InputError):
             e.ingest(poisoned)
         assert e.stats() == before
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(["", " ", "user", "tool", "bot", "fact", "pinned", "a" * 513]),
+    st.lists(st.dictionaries(st.sampled_from(["title", "url"]), st.text(max_size=4)), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)  # fmt: skip
+
+
+_NAME = st.one_of(st.none(), st.text(max_size=4))
+_VALID = st.fixed_dictionaries(
+    {"content": st.text(min_size=1, max_size=8)},
+    optional={
+        "id": _NAME, "tenant": _NAME, "session": _NAME, "channel": _NAME, "author": _NAME,
+        "created_at": st.one_of(st.none(), st.integers(0, 2**33), st.floats(0, 1e10)),
+        "role": st.sampled_from(["user", "assistant", "system", "tool"]),
+        "author_kind": st.sampled_from(["human", "bot", "agent", "tool"]),
+        "kind": st.sampled_from(["message", "fact", "pinned", "summary"]),
+        "pinned": st.booleans(), "metadata": st.just({}), "attachments": st.just([]),
+    },
+)  # fmt: skip
+_KEYS = st.sampled_from(
+    ["id", "tenant", "session", "channel", "author", "author_kind", "role", "content",
+     "created_at", "thread_id", "kind", "pinned", "name", "tool_call_id", "attachments",
+     "metadata", "tool_calls", "bogus"]
+)  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(valid=_VALID, changes=st.dictionaries(_KEYS, _FIELD_VALUES, max_size=2))
+def test_plain_dict_fast_path_matches_full_validation(
+    valid: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    # A dict may take the fast path; a read-only mapping always takes the general one.
+    data = {**valid, **changes}
+
+    def build(source: Any) -> Record | tuple[str, str | None]:
+        try:
+            return Record.from_mapping(source, line=1)
+        except Exception as exc:  # the same error (class and field) either way
+            return (type(exc).__name__, getattr(exc, "field", None))
+
+    assert build(dict(data)) == build(MappingProxyType(data))

@@ -204,7 +204,7 @@ class DedupeCandidate:
     ) -> DedupeCandidate:
         """Analyse one message; ``created_at`` is in seconds (any epoch, used for windows)."""
         text = canonical(content)
-        extra = attachment_text(attachments)
+        extra = attachment_text(attachments) if attachments else ""
         if extra:
             extra = canonical(extra)
             # A newline cannot survive canonical(): it separates content from attachments.
@@ -213,6 +213,7 @@ class DedupeCandidate:
             full = text
         masked, values = mask_volatile_values(full)
         tokens = skeleton(masked)
+        who = author or ""
         return cls(
             author=author,
             author_kind=author_kind,
@@ -220,8 +221,8 @@ class DedupeCandidate:
             masked=masked,
             values=values,
             tokens=tokens,
-            exact_key=_digest128(author or "", text, extra),
-            near_key=near_key(author=author, tokens=tokens),
+            exact_key=_digest128(who, text, extra),
+            near_key=_digest64(who, " ".join(tokens)) if tokens else None,  # as near_key()
             created_at=created_at,
         )
 

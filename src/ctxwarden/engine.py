@@ -109,9 +109,11 @@ CANDIDATE_CACHE_SIZE = 65536
 class EngineConfig:
     """How an engine behaves. Every field has a sensible default.
 
-    ``tokenizers`` are counted at ingest (others are counted on first use and cached); by default
-    the tokenizer of ``default_model``. ``dedupe`` sets the de-dup layers at ingest (TTL and
-    scope of exact repeats, window of near repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
+    ``tokenizers`` are counted at ingest; by default none are: a memory's counts for a tokenizer
+    are computed the first time assembly, compaction or summarising needs them, and cached (so
+    ingest spends no time in a tokenizer, and assembly counts only what it looks at, once).
+    ``dedupe`` sets the de-dup layers at ingest (TTL and scope of exact repeats, window of near
+    repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
     and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup). ``verifier`` checks
     the signatures of tool results (:mod:`ctxwarden.provenance`); without one every record that
     claims to be a tool result is stored as untrusted.
@@ -378,6 +380,20 @@ class Engine:
             cache.move_to_end(rowid)
         while len(cache) > CANDIDATE_CACHE_SIZE:
             cache.popitem(last=False)
+        if cache and prepared and self.config.dedupe is not None:
+            # Aggregates last seen before both windows of the newest record can no longer be
+            # folded into by records arriving in order: drop them, so the cache holds one window
+            # of traffic rather than growing with the store (its objects cost every full
+            # garbage collection). A late record re-analyses its target on a miss.
+            dedupe = self.config.dedupe
+            horizon = max(item.created_at for item in prepared) - max(
+                dedupe.exact_ttl_seconds, dedupe.near_window_seconds
+            )
+            while cache:
+                rowid, oldest = next(iter(cache.items()))
+                if oldest.seen_at >= horizon:
+                    break
+                del cache[rowid]
         result = IngestResult(outcomes=tuple(outcomes))
         if self.config.auto_summarize:
             touched = {
@@ -398,7 +414,8 @@ class Engine:
     def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
         """Decide and write one validated batch in one transaction; the outcomes, and the fold
         index (whose analysed aggregates the caller caches once the batch is committed)."""
-        tokenizers = self._ingest_tokenizers()
+        # Only explicitly configured tokenizers count at ingest; the rest count on first use.
+        tokenizers = tuple(tokens.get_tokenizer(n) for n in self.config.tokenizers)
         outcomes: list[IngestOutcome] = []
         counts: list[TokenCount] = []
         aliases: list[Alias] = []
@@ -506,6 +523,9 @@ class Engine:
                             attachments=record.attachments,
                         )
                     )
+                if not tokenizers:
+                    outcomes.append(IngestOutcome(id=item.id, status="stored"))
+                    continue
                 memory_view = {
                     "role": record.role,
                     "author": record.author,
@@ -1448,20 +1468,19 @@ class _RecentWalk:
                 )
             texts.append(text)
             cached = counts.get(memory.rowid)
-            if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1 or cached is None:
+            if cached is None:  # not counted yet (counts are made on first use): count, cache
+                cached = TokenCount(
+                    rowid=memory.rowid,
+                    tokenizer=self.tok.name,
+                    message=self.tok.count(render.message_text(memory)),
+                    line=self.tok.count(render.line_text(memory)),
+                )
+                self._fresh.append(cached)
+            if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1:
                 message = memory_message(memory, text)
                 cost += tokens.count_messages(
                     self.tok, self.fmt, [message]
                 ) - self.fmt.request_overhead(has_system=False)
-                if cached is None:
-                    self._fresh.append(
-                        TokenCount(
-                            rowid=memory.rowid,
-                            tokenizer=self.tok.name,
-                            message=self.tok.count(render.message_text(memory)),
-                            line=self.tok.count(render.line_text(memory)),
-                        )
-                    )
             else:
                 cost += cached.message + self.fmt.message_overhead(memory.role, name=memory.name)
         return Candidate(memories=tuple(group), tokens=cost, text="\x00".join(texts))

@@ -354,8 +354,9 @@ def _volatile_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-# Weekday names carry no digit, so they get their own pass, run only when "day" occurs.
+# Weekday names carry no digit, so they get their own pass, run only when one occurs.
 _DAY_RE: Final = re.compile(r"(?i)\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b")
+_WEEKDAYS: Final = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 # A hash named as one ("commit bcffbfe", "sha: deadbeef") is a hash even with no digit in it.
 _NAMED_HEX_RE: Final = re.compile(
     r"(?i)\b(?:commit|sha|sha1|sha256|hash|rev|revision|digest)[\s:=#@]+"
@@ -390,6 +391,10 @@ def mask_volatile_values(text: str) -> tuple[str, tuple[str, ...]]:
     # Cheap substring tests first: most chat lines have no digit and no weekday.
     lowered = text.lower()
     has_day = "day" in lowered
+    if has_day and text.isascii():
+        # "today", "days": only a weekday name can match _DAY_RE (ASCII: no case-folding
+        # surprises such as U+017F matching "s" under IGNORECASE).
+        has_day = any(day in lowered for day in _WEEKDAYS)
     has_named_hex = (
         "commit" in lowered
         or "sha" in lowered

@@ -7,8 +7,9 @@ Two renderings per memory, both fixed by the memory's own fields:
 - as a **line** in a text block (persistent, summaries, related): ``[2026-03-01 08:14 #dev] aiko:
   content`` ending in a newline.
 
-Both are counted at ingest for the configured tokenizers (and on first use for others), which is
-what keeps assembly from re-counting history. Segments join on newlines, and every segment starts
+Both are counted once per tokenizer and cached: at ingest for the tokenizers the engine is
+configured to count there, on first use for the others, which keeps assembly from re-counting
+history. Segments join on newlines, and every segment starts
 with a non-space character, so the token count of a block is the sum of its segments' counts:
 BPE pre-tokenisers split at a newline followed by a non-space.
 

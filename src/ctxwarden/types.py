@@ -122,6 +122,8 @@ def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str |
     value = data.get(name)
     if value is None:
         return None
+    if type(value) is str and len(value) <= 512:  # the common case, checked first
+        return value
     if isinstance(value, int) and not isinstance(value, bool) and name in {"id", "thread_id"}:
         return str(value)
     if not isinstance(value, str):
@@ -201,12 +203,21 @@ class Record:
         ``defaults`` fills fields the record leaves out (e.g. ``session`` for a plain message list).
         Raises :class:`InputError` naming the line and the field.
         """
+        if not defaults and type(data) is dict:
+            plain = _plain_record(cls, data)
+            if plain is not None:
+                return plain
         if not isinstance(data, Mapping):
             raise InputError(f"expected a JSON object, got {type(data).__name__}", line=line)
-        merged: dict[str, Any] = dict(defaults or {})
-        merged.update({k: v for k, v in data.items() if v is not None or k not in merged})
-        unknown = sorted(set(merged) - _RECORD_FIELDS)
-        if unknown:
+        merged: Mapping[str, Any]
+        if defaults:
+            combined = dict(defaults)
+            combined.update({k: v for k, v in data.items() if v is not None or k not in combined})
+            merged = combined
+        else:
+            merged = data  # only read below
+        if not _RECORD_FIELDS.issuperset(merged):
+            unknown = sorted(set(merged) - _RECORD_FIELDS)
             raise InputError(
                 f"unknown field (known: {', '.join(sorted(_RECORD_FIELDS))})",
                 field=unknown[0],
@@ -218,12 +229,15 @@ class Record:
                 f"{role!r} is not one of {', '.join(sorted(ROLES))}", field="role", line=line
             )
         tool_calls = _tool_calls(merged.get("tool_calls"), line)
-        if "content" not in merged or merged["content"] is None:
+        content = merged.get("content")
+        if content is None:
             if not tool_calls:
                 raise InputError("missing (every record needs content)", field="content", line=line)
             content = ""
+        elif type(content) is str:
+            content = content.strip()
         else:
-            content = _content_text(merged["content"], line).strip()
+            content = _content_text(content, line).strip()
         if len(content) > MAX_CONTENT_CHARS:
             raise InputError(
                 f"{len(content)} characters is over the limit of {MAX_CONTENT_CHARS}; "
@@ -264,11 +278,14 @@ class Record:
         metadata = merged.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise InputError("expected an object", field="metadata", line=line)
-        try:
-            json.dumps(metadata)
-            json.dumps(list(attachments))
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"not JSON-serialisable: {exc}", field="metadata", line=line) from None
+        if metadata or attachments:  # empty ones always serialise
+            try:
+                json.dumps(metadata)
+                json.dumps(list(attachments))
+            except (TypeError, ValueError) as exc:
+                raise InputError(
+                    f"not JSON-serialisable: {exc}", field="metadata", line=line
+                ) from None
         return cls(
             id=record_id,
             content=content,
@@ -289,6 +306,77 @@ class Record:
             attachments=tuple(attachments),
             metadata=dict(metadata),
         )
+
+
+_PLAIN_STRINGS = ("tenant", "session", "channel", "author", "thread_id", "reply_to", "name",
+                  "tool_call_id")  # fmt: skip
+
+
+def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
+    """The common record (plain strings, a number or nothing for the time, no tool calls,
+    attachments or metadata) built without the general checks; None for anything else, which
+    :meth:`Record.from_mapping` then validates in full (and reports, in its order)."""
+    if not _RECORD_FIELDS.issuperset(data):
+        return None
+    get = data.get
+    content = get("content")
+    if type(content) is not str or get("tool_calls") is not None:
+        return None
+    if get("attachments") or get("metadata"):
+        return None
+    role = get("role", "user")
+    author_kind = get("author_kind", "human")
+    kind = get("kind", "message")
+    pinned = get("pinned", False)
+    if (
+        type(role) is not str
+        or role not in ROLES
+        or type(author_kind) is not str
+        or author_kind not in AUTHOR_KINDS
+        or type(kind) is not str
+        or kind not in KINDS
+        or type(pinned) is not bool
+    ):
+        return None
+    for name in _PLAIN_STRINGS:
+        value = get(name)
+        if value is not None and (type(value) is not str or len(value) > 512):
+            return None
+    record_id = get("id")
+    if record_id is not None and (
+        type(record_id) is not str or len(record_id) > 512 or not record_id.strip()
+    ):
+        return None
+    created = get("created_at")
+    if created is not None:
+        if type(created) is not float and type(created) is not int:
+            return None
+        if not math.isfinite(created) or created < 0 or created > 32503680000:
+            return None
+        created = float(created)
+    content = content.strip()
+    if not content or len(content) > MAX_CONTENT_CHARS or "\x00" in content:
+        return None
+    return cls(
+        id=record_id,
+        content=content,
+        role=role,
+        tenant=get("tenant") or "default",
+        session=get("session") or "default",
+        channel=get("channel"),
+        author=get("author"),
+        author_kind=author_kind,
+        created_at=created,
+        thread_id=get("thread_id"),
+        reply_to=get("reply_to"),
+        kind="pinned" if pinned and kind == "message" else kind,
+        pinned=pinned or kind == "pinned",
+        name=get("name"),
+        tool_calls=(),
+        tool_call_id=get("tool_call_id"),
+        attachments=(),
+        metadata={},
+    )
 
 
 def _tool_calls(value: object, line: int | None) -> tuple[Mapping[str, Any], ...]:

@@ -137,10 +137,67 @@ def _api_key(row: tuple[Any, ...]) -> ApiKey:
     )
 
 
+_INSERT_MEMORY = (
+    "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
+    "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
+    "tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at, "
+    "source_ids, time_start, time_end) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
+    return (
+        rowid,
+        memory.id,
+        memory.tenant,
+        memory.session,
+        memory.channel,
+        memory.author,
+        memory.author_kind,
+        memory.role,
+        memory.content,
+        memory.created_at,
+        memory.thread_id,
+        memory.reply_to,
+        memory.kind,
+        int(memory.pinned),
+        memory.name,
+        json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
+        memory.tool_call_id,
+        json.dumps(list(memory.attachments)) if memory.attachments else None,
+        json.dumps(dict(memory.metadata)) if memory.metadata else None,
+        memory.content_hash,
+        memory.near_key,
+        memory.created_at,
+        json.dumps(list(memory.source_ids)) if memory.source_ids else None,
+        memory.time_range[0] if memory.time_range else None,
+        memory.time_range[1] if memory.time_range else None,
+    )
+
+
 class _SQLiteWriter:
+    """One write transaction's statements.
+
+    ``insert_or_fold`` (the ingest path) does not execute: it allocates the rowid itself and
+    queues the row, and the queue is written with one ``executemany`` before the next statement
+    of any kind (``_conn`` flushes it), so every read and write sees the rows in order. Allocating
+    is safe because BEGIN IMMEDIATE makes this the only writer, and ``max(rowid) + 1`` is what
+    SQLite itself would choose for a table without AUTOINCREMENT.
+    """
+
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
+        self._raw = conn
         self._unindexed: list[int] = []
+        self._queued: list[tuple[Any, ...]] = []
+        self._next_rowid: int | None = None
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._queued:
+            queued, self._queued = self._queued, []
+            self._raw.executemany(_INSERT_MEMORY, queued)
+        return self._raw
 
     def flush(self) -> None:
         """Add the rows inserted so far to the full-text index (one statement per chunk)."""
@@ -275,49 +332,25 @@ class _SQLiteWriter:
         return []
 
     def insert(self, memory: NewMemory) -> int:
-        cursor = self._conn.execute(
-            "INSERT INTO memories (id, tenant, session, channel, author, author_kind, role, "
-            "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
-            "tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at, "
-            "source_ids, time_start, time_end) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                memory.id,
-                memory.tenant,
-                memory.session,
-                memory.channel,
-                memory.author,
-                memory.author_kind,
-                memory.role,
-                memory.content,
-                memory.created_at,
-                memory.thread_id,
-                memory.reply_to,
-                memory.kind,
-                int(memory.pinned),
-                memory.name,
-                json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
-                memory.tool_call_id,
-                json.dumps(list(memory.attachments)) if memory.attachments else None,
-                json.dumps(dict(memory.metadata)) if memory.metadata else None,
-                memory.content_hash,
-                memory.near_key,
-                memory.created_at,
-                json.dumps(list(memory.source_ids)) if memory.source_ids else None,
-                memory.time_range[0] if memory.time_range else None,
-                memory.time_range[1] if memory.time_range else None,
-            ),
-        )
+        cursor = self._conn.execute(_INSERT_MEMORY, _memory_row(None, memory))
         rowid = cursor.lastrowid
         assert rowid is not None
         self._unindexed.append(rowid)
+        self._next_rowid = None  # read again: this row took max(rowid) + 1
         return rowid
 
     def insert_or_fold(
         self, memory: NewMemory, *, heads: Sequence[str] = (), since: float = 0.0
     ) -> tuple[str, int, str]:
         # BEGIN IMMEDIATE serialises writers: nothing was committed since the caller's lookups.
-        return ("stored", self.insert(memory), memory.id)
+        rowid = self._next_rowid
+        if rowid is None:
+            (top,) = self._conn.execute("SELECT max(rowid) FROM memories").fetchone()
+            rowid = (top or 0) + 1
+        self._next_rowid = rowid + 1
+        self._queued.append(_memory_row(rowid, memory))
+        self._unindexed.append(rowid)
+        return ("stored", rowid, memory.id)
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         self._conn.executemany(
