@@ -453,7 +453,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.delete("/v1/tenant")
     def delete_tenant(caller: Caller) -> dict[str, Any]:
-        """Erase every memory of the caller's tenant (its API keys stay until revoked)."""
+        """Erase every memory of the caller's tenant and revoke its API keys (this one too)."""
         caller.require("delete")
         return {"tenant": caller.tenant, "deleted": engine.delete_tenant(tenant=caller.tenant)}
 
