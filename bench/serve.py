@@ -7,11 +7,17 @@ process, seeds ``--seed`` messages over ``--sessions`` sessions, then sends ``--
 requests over ``--connections`` keep-alive connections (one thread each): 70 % assemble, 25 %
 ingest, 5 % search. Targets (issue 6): 0 errors, assemble p50 <= 10 ms, p99 <= 100 ms. The load
 generator shares the machine with the server, so on a small machine it measures both.
+
+Client latency with N connections always waiting on the server is queueing: by Little's law its
+mean is N / throughput, so it also prints the server process's CPU time per request (from
+/proc, Linux) and the load average, and ``--connections 1`` shows the latency of one request
+alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import socket
 import subprocess
@@ -55,6 +61,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seed", type=int, default=2000, help="messages stored before the run")
     parser.add_argument("--max-concurrency", type=int, default=64, help="server's gate")
+    parser.add_argument("--threads", type=int, default=4, help="server's worker threads")
     args = parser.parse_args()
     if not 1 <= args.requests <= MAX_REQUESTS:
         parser.error(f"--requests must be between 1 and {MAX_REQUESTS}")
@@ -68,7 +75,7 @@ def main() -> None:
         command = [sys.executable, "-m", "ctxwarden.cli", "--db", str(Path(folder) / "b.db")]
         server = subprocess.Popen(
             [*command, "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(port),
-             "--max-concurrency", str(args.max_concurrency)],
+             "--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
@@ -77,6 +84,15 @@ def main() -> None:
         finally:
             server.terminate()
             server.communicate(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(
@@ -140,6 +156,8 @@ def run(
                     if status != 200:
                         errors[op] += 1
 
+    load_before = os.getloadavg()
+    cpu_before = cpu_seconds(server.pid)
     began = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(args.connections)]
     for thread in threads:
@@ -147,6 +165,8 @@ def run(
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - began
+    server_cpu = cpu_seconds(server.pid) - cpu_before
+    load_after = os.getloadavg()
 
     rate = args.requests / wall
     print(f"{args.requests} requests over {args.connections} connections in {wall:.1f} s: "
@@ -157,6 +177,19 @@ def run(
             f"{op:<10} {len(values):>7} {errors[op]:>7} "
             f"{percentile(values, 0.5) * 1000:>8.1f} {percentile(values, 0.99) * 1000:>8.1f}"
         )
+    metrics = dict(
+        line.rsplit(" ", 1)
+        for line in httpx.get(base + "/metrics").text.splitlines()
+        if line.startswith("ctxwarden_assemble_seconds_")
+    )
+    count = float(metrics.get("ctxwarden_assemble_seconds_count", "nan"))
+    inside = float(metrics.get("ctxwarden_assemble_seconds_sum", "nan")) / count
+    print(f"assemble inside the server (engine.assemble, wall, mean): {inside * 1000:.1f} ms")
+    print(
+        f"server CPU {server_cpu:.1f} s = {server_cpu / args.requests * 1000:.1f} ms per request "
+        f"(all operations); load average (1 min) {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after, {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":
