@@ -11,7 +11,8 @@ generator shares the machine with the server, so on a small machine it measures 
 Client latency with N connections always waiting on the server is queueing: by Little's law its
 mean is N / throughput, so it also prints the server process's CPU time per request (from
 /proc, Linux) and the load average, and ``--connections 1`` shows the latency of one request
-alone.
+alone. ``--breakdown N`` skips the server and assembles N times in process on the same kind of
+store, printing the CPU time of each phase (timers wrapped around the engine's own functions).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2000, help="messages stored before the run")
     parser.add_argument("--max-concurrency", type=int, default=64, help="server's gate")
     parser.add_argument("--threads", type=int, default=4, help="server's worker threads")
+    parser.add_argument("--breakdown", type=int, default=0, help="in-process phase CPU times")
     args = parser.parse_args()
     if not 1 <= args.requests <= MAX_REQUESTS:
         parser.error(f"--requests must be between 1 and {MAX_REQUESTS}")
@@ -69,6 +71,9 @@ def main() -> None:
         parser.error("--connections must be between 1 and 256")
 
     rng = random.Random(7)
+    if args.breakdown:
+        breakdown(args, rng)
+        return
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
@@ -84,6 +89,60 @@ def main() -> None:
         finally:
             server.terminate()
             server.communicate(timeout=30)
+
+
+def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
+    """CPU time per phase of ``Engine.assemble`` on a store seeded like the load run's."""
+    from collections import defaultdict
+    from collections.abc import Callable
+    from typing import Any
+
+    import ctxwarden.engine as engine_module
+    from ctxwarden import Engine
+    from ctxwarden.store.sqlite import SQLiteStore
+
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        inner: Callable[..., Any] = getattr(owner, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            began = time.process_time()
+            try:
+                return inner(*a, **k)
+            finally:
+                spent[label] += time.process_time() - began
+
+        setattr(owner, name, wrapper)
+
+    phases = [
+        (engine_module.Engine, "_related", "related (retrieval + line costs)"),
+        (engine_module, "retrieve", "  retrieve"),
+        (SQLiteStore, "search", "    store.search (FTS5)"),
+        (engine_module, "fill", "fill (blocks, report)"),
+        (SQLiteStore, "log_context", "inclusion log + access stats"),
+    ]
+    for owner, name, label in phases:
+        timed(owner, name, label)
+    sessions = [f"s{i}" for i in range(args.sessions)]
+    with tempfile.TemporaryDirectory() as folder, Engine.open(Path(folder) / "b.db") as engine:
+        for start in range(0, args.seed, 500):
+            engine.ingest(
+                [
+                    {"role": rng.choice(["user", "assistant"]), "content": sentence(rng),
+                     "session": rng.choice(sessions)}
+                    for _ in range(min(500, args.seed - start))
+                ]
+            )  # fmt: skip
+        spent.clear()
+        began = time.process_time()
+        for _ in range(args.breakdown):
+            engine.assemble(session=rng.choice(sessions), query=sentence(rng, 8), budget=4000)
+        total = time.process_time() - began
+    print(f"assemble, CPU ms per call over {args.breakdown} calls ({args.seed} messages stored)")
+    print(f"{'total':<36} {total / args.breakdown * 1000:>7.1f}")
+    for _, _, label in phases:
+        print(f"{label:<36} {spent[label] / args.breakdown * 1000:>7.1f}")
 
 
 def cpu_seconds(pid: int) -> float:
