@@ -238,6 +238,15 @@ def test_keys_never_reach_logs_reports_or_upstream(
             base_url=world.proxy + "/v1", api_key=world.keys[tenant] + "x", max_retries=0
         ).models.list()
     httpx.get(world.api + "/v1/stats", headers={"Authorization": "Bearer cw_zz_wrong"})
+    auth = world.auth(tenant)
+    api_texts = [
+        httpx.post(world.api + "/v1/assemble", json={"session": "s", "query": "note"},
+                   headers=auth).text,
+        httpx.post(world.api + "/v1/compact/plan", json={}, headers=auth).text,
+        httpx.post(world.api + "/v1/search", json={"query": "note"}, headers=auth).text,
+        httpx.get(world.api + "/v1/stats", headers=auth).text,
+        httpx.get(world.api + "/metrics").text,
+    ]  # fmt: skip
     sent = world.upstream.chat_requests()[-1]
     assert sent.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     visible = "\n".join(
@@ -247,6 +256,7 @@ def test_keys_never_reach_logs_reports_or_upstream(
             raw.http_response.text,
             json.dumps(sent.body),
             json.dumps({k: v for k, v in sent.headers.items() if k != "Authorization"}),
+            *api_texts,
         ]
     )
     for key in [*world.keys.values(), *world.readonly.values(), UPSTREAM_KEY]:
