@@ -212,6 +212,22 @@ def test_never_over_budget(
         assert _real_count(context, model) <= context.tokens
 
 
+def test_trimming_template_recounts_the_whole_last_segment() -> None:
+    # A memory may hold inner newlines: its line "- 0\n 0\n" is one segment, and the trim's
+    # correction must recount all of it, not only the text after its inner newline.
+    with Engine.open(":memory:") as e:
+        e.ingest(
+            [
+                {"id": f"x{i}", "session": "s", "author": "ana", "content": c,
+                 "created_at": 1_700_000_000 + i, "pinned": i == 3}
+                for i, c in enumerate(["0", "0", "0", "0\n 0"])
+            ]
+        )  # fmt: skip
+        context = e.assemble(session="s", model="llama-3.1-8b-instruct", budget=256)
+    assert context.messages[0]["content"].endswith("- 0\n 0\n")
+    assert context.tokens == _real_count(context, "llama-3.1-8b-instruct")
+
+
 def test_trimming_template_counts_the_last_system_line_without_its_newline() -> None:
     # Llama 3 trims message content: the persistent block's last line loses the newline it was
     # counted with at ingest, and '""}' costs two tokens where '""}\n' cost one.

@@ -353,9 +353,12 @@ def block_reports(policy: BudgetPolicy, plan: Plan) -> tuple[BlockReport, ...]:
     )
 
 
-def _text_blocks(
+def text_segments(
     policy: BudgetPolicy, plan: Plan, *, data: bool
 ) -> tuple[list[str], list[tuple[str, Memory]]]:
+    """The segments (block headers and candidate texts) of the system message's blocks
+    (``data`` false) or of the memory-data message's (``data`` true), in rendered order, and
+    the memories they hold."""
     parts: list[str] = []
     held: list[tuple[str, Memory]] = []
     for block in policy.blocks:
@@ -378,7 +381,7 @@ def system_message_text(
 ) -> tuple[str | None, list[tuple[str, Memory]]]:
     """The system message (prompt plus persistent and items blocks) and the memories it holds,
     in order. Retrieved blocks are not in it: see :func:`data_message_text`."""
-    parts, held = _text_blocks(policy, plan, data=False)
+    parts, held = text_segments(policy, plan, data=False)
     if not parts:
         return system, held
     prefix = render.system_prefix(system) if system else ""
@@ -390,7 +393,7 @@ def data_message_text(
 ) -> tuple[str | None, list[tuple[str, Memory]]]:
     """The memory-data message (intro plus summaries and related blocks) and the memories it
     holds, in order; None when no data block took anything."""
-    parts, held = _text_blocks(policy, plan, data=True)
+    parts, held = text_segments(policy, plan, data=True)
     if not parts:
         return None, held
     return render.data_intro() + "".join(parts), held

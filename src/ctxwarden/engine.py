@@ -37,6 +37,7 @@ from ctxwarden.assemble import (
     query_terms,
     recent_messages,
     system_message_text,
+    text_segments,
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key
@@ -1158,7 +1159,8 @@ class Engine:
                 continue
             cost += tok.count(render.block_header(block.title or block.name))
             cost += sum(c.tokens for c in chosen)
-        last = text[text.rfind("\n", 0, len(text) - 1) + 1 :]
+        # the last segment, whole: a line may hold inner newlines ("0\n 0" is one memory)
+        last = text_segments(policy, plan, data=data)[0][-1]
         trimmed = fmt.content_text(role, last)
         if trimmed != last:
             cost += tok.count(trimmed) - tok.count(last)
