@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from conftest import Clock
-from ctxwarden import ConfigError, Engine, NotFound
+from ctxwarden import ConfigError, Engine, NotFound, render
 from ctxwarden.compact import CompactionPolicy, decayed_score, plan, summary_id
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer
@@ -230,8 +230,13 @@ def test_sliding_window_summarises_before_overflow(clock: Clock) -> None:
         assert engine.get("dev-0").id == "dev-0"
         context = engine.assemble(session="team", model="gpt-4o", budget=1500)
         assert written[0] in context.included
-        system = context.messages[0]["content"]
-        assert "Summaries of earlier conversation" in system
+        # a summary is retrieved content: quoted data in the user-role memory message, never
+        # in the system message
+        assert all(m["role"] != "system" for m in context.messages)
+        data = context.messages[0]
+        assert data["role"] == "user"
+        assert data["content"].startswith(render.data_intro())
+        assert "## Summaries of earlier conversation\n" in data["content"]
         # Nothing new: no new summary.
         assert engine.summarize_session("team", capacity=1000) == []
 
@@ -329,6 +334,10 @@ def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) ->
         assert f"[dev-3] {records[3]['author']}: {fact}" in summary.content
         context = engine.assemble(session="team", model="gpt-4o", budget=3000)
         assert written[0] in context.included
-        system = context.messages[0]["content"]
-        assert system.count(fact) == 1  # in persistent, dropped from the summary
+        system, data = context.messages[0], context.messages[1]
+        assert system["role"] == "system"
+        assert system["content"].count(fact) == 1  # in persistent,
+        assert data["content"].startswith(render.data_intro())
+        assert "## Summaries of earlier conversation\n" in data["content"]
+        assert fact not in data["content"]  # dropped from the summary
         assert any("already in persistent dropped" in n for n in context.report.notes)

@@ -148,6 +148,22 @@ def test_assemble_snapshot(engine: Engine, snapshot: Any) -> None:
             "tokens": context.tokens} == snapshot  # fmt: skip
 
 
+def test_assemble_snapshot_with_related_memory(engine: Engine, snapshot: Any) -> None:
+    # Retrieved memory goes in its own user-role message framed as quoted data, never in the
+    # system message; persistent memory stays in the system message.
+    engine.ingest(_history(30, words=8))
+    engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
+                    "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
+    context = engine.assemble(
+        session="s", query="word40 otters", budget=420, system="Be brief.", log_inclusions=False
+    )
+    assert [m["role"] for m in context.messages[:2]] == ["system", "user"]
+    assert "Related" not in context.messages[0]["content"]
+    assert context.tokens == _real_count(context, "gpt-4o")
+    assert {"messages": list(context.messages), "included": list(context.included),
+            "tokens": context.tokens} == snapshot  # fmt: skip
+
+
 TEXT = st.one_of(
     st.text(min_size=1, max_size=300),
     st.text(alphabet="日本語中文한국어テキスト漢字", min_size=1, max_size=200),

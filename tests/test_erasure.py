@@ -177,7 +177,9 @@ def test_http_erasure_endpoints_need_the_delete_scope(tmp_path: Path) -> None:
         assert call("DELETE", "/v1/tenant", writer_key).status_code == 403
         response = call("DELETE", "/v1/tenant", deleter_key)
         assert response.json() == {"tenant": "acme", "deleted": 3}
-        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 404
+        # the deleted tenant's keys are revoked with it; its memories are gone
+        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 401
+        assert list(store.iter_memories("acme")) == []
         # the other tenant's copies (same ids) are untouched
         assert call("GET", "/v1/memories/acme-s1-f0", other_key).status_code == 200
         assert call("GET", "/v1/stats", other_key).json()["memories"] == 6

@@ -1,5 +1,6 @@
 """Provenance: signed tool results are trusted, everything else that claims to be one is not,
-and untrusted content never reaches the system message."""
+untrusted and retrieved content never reaches the system message, and where it appears it is
+quoted data with its author."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from ctxwarden import provenance
+from ctxwarden import provenance, render, tokens
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.server.http import create_app
@@ -141,10 +142,48 @@ def test_untrusted_pinned_content_never_reaches_the_system_message(signed_engine
     assert "the deploy is at 10:30" in system["content"]
     assert "signed fact" in system["content"]
     assert injected not in system["content"]
-    left_out = [c for c in context.report.candidates if c.id == "evil"]
-    assert left_out
-    assert all(not c.included for c in left_out)
-    assert {c.reason for c in left_out} == {"untrusted content never goes in the system message"}
+    evil = [c for c in context.report.candidates if c.id == "evil"]
+    persistent = [c for c in evil if c.block == "persistent"]
+    assert [(c.included, c.reason) for c in persistent] == [
+        (False, "untrusted content never goes in the system message")
+    ]
+    # retrieved for the query, it may appear only in the memory-data message, JSON-quoted
+    assert all(c.block == "related" for c in evil if c.included)
+    for message in context.messages[1:]:
+        if injected in message["content"]:
+            assert message["role"] == "user"
+            assert message["content"].startswith(render.data_intro())
+            assert f'search (unverified tool output): "{injected}"' in message["content"]
+
+
+def test_retrieved_content_is_quoted_data_outside_the_system_message(
+    signed_engine: Engine,
+) -> None:
+    signed_engine.ingest(
+        [
+            {"id": "old", "session": "s0", "author": "omar", "content": "the vault code is 7431",
+             "created_at": NOW - 86_400},
+            {"id": "pin", "session": "s1", "content": "the team is Otters", "pinned": True},
+            {"id": "now", "session": "s1", "author": "ana", "content": "hello there"},
+        ],
+        tenant="acme",
+    )  # fmt: skip
+    context = signed_engine.assemble(
+        session="s1", query="what is the vault code?", system="You help.", tenant="acme",
+        model="gpt-4o",
+    )  # fmt: skip
+    roles = [m["role"] for m in context.messages]
+    assert roles == ["system", "user", "user", "user"]
+    system, data = context.messages[0]["content"], context.messages[1]["content"]
+    assert "the team is Otters" in system
+    assert "vault" not in system
+    assert data.startswith(render.data_intro())
+    assert "## Related earlier messages\n" in data
+    assert "] omar: the vault code is 7431\n" in data
+    assert context.included[:2] == ("pin", "old")
+    tok = tokens.get_tokenizer("o200k_base")
+    fmt = tokens.get_chat_format("openai", tok)
+    assert context.tokens == tokens.count_messages(tok, fmt, list(context.messages))
 
 
 def test_untrusted_recent_message_is_quoted_with_its_author(signed_engine: Engine) -> None:

@@ -143,12 +143,24 @@ def test_proxy_never_sends_or_returns_another_tenants_canary(world: World) -> No
             ],
             extra_headers={"X-Ctxwarden-Session": "s"},
         )
+        stream = client.chat.completions.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "the vault code again? secret note canary"}],
+            extra_headers={"X-Ctxwarden-Session": "s"},
+            stream=True,
+        )
+        streamed = json.dumps([chunk.model_dump() for chunk in stream])
+        models = client.models.list().model_dump_json()
         client.close()
         sent = world.upstream.chat_requests()[before:]
-        assert len(sent) == 1
-        upstream_text = json.dumps(sent[0].body)
-        assert world.canaries[tenant] in upstream_text  # its own memory was retrieved
-        visible = upstream_text + raw.http_response.text + json.dumps(dict(raw.headers))
+        assert len(sent) == 2
+        upstream_text = json.dumps([r.body for r in sent])
+        assert world.canaries[tenant] in json.dumps(sent[0].body)  # its own memory was retrieved
+        assert world.canaries[tenant] in json.dumps(sent[1].body)
+        visible = (
+            upstream_text + raw.http_response.text + json.dumps(dict(raw.headers)) + streamed
+            + models
+        )  # fmt: skip
         for foreign in world.others(tenant):
             assert foreign not in visible
 
@@ -159,8 +171,10 @@ def test_mcp_tools_never_return_another_tenants_canary(world: World) -> None:
             async with Client(create_mcp_server(world.engine, tenant=tenant)) as client:
                 texts = []
                 for name, args in [
+                    ("remember", {"content": f"mcp fact {tenant}", "session": "mcp"}),
                     ("recall", {"query": "secret note vault code canary", "max_tokens": 4000}),
                     ("assemble_context", {"session": "s", "query": "secret note canary"}),
+                    ("summarize_text", {"text": "secret note canary " * 30, "max_tokens": 64}),
                 ]:
                     result = await client.call_tool(name, args)
                     assert not result.is_error
@@ -224,6 +238,15 @@ def test_keys_never_reach_logs_reports_or_upstream(
             base_url=world.proxy + "/v1", api_key=world.keys[tenant] + "x", max_retries=0
         ).models.list()
     httpx.get(world.api + "/v1/stats", headers={"Authorization": "Bearer cw_zz_wrong"})
+    auth = world.auth(tenant)
+    api_texts = [
+        httpx.post(world.api + "/v1/assemble", json={"session": "s", "query": "note"},
+                   headers=auth).text,
+        httpx.post(world.api + "/v1/compact/plan", json={}, headers=auth).text,
+        httpx.post(world.api + "/v1/search", json={"query": "note"}, headers=auth).text,
+        httpx.get(world.api + "/v1/stats", headers=auth).text,
+        httpx.get(world.api + "/metrics").text,
+    ]  # fmt: skip
     sent = world.upstream.chat_requests()[-1]
     assert sent.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     visible = "\n".join(
@@ -233,6 +256,7 @@ def test_keys_never_reach_logs_reports_or_upstream(
             raw.http_response.text,
             json.dumps(sent.body),
             json.dumps({k: v for k, v in sent.headers.items() if k != "Authorization"}),
+            *api_texts,
         ]
     )
     for key in [*world.keys.values(), *world.readonly.values(), UPSTREAM_KEY]:
@@ -240,3 +264,52 @@ def test_keys_never_reach_logs_reports_or_upstream(
         if key.startswith("cw_"):  # nor an issued key's secret part alone (it may hold "_")
             assert key.split("_", 2)[2] not in visible
     assert re.search(r"Bearer\s+\S", visible) is None  # no credential after any Bearer
+
+
+def test_compaction_summaries_and_metrics_stay_within_the_tenant(world: World) -> None:
+    everything = {"older_than": 0, "access_threshold": 1e9}
+    for tenant in TENANTS[:10]:
+        canary = world.canaries[tenant]
+        seen: list[str] = []
+        with httpx.Client(base_url=world.api, headers=world.auth(tenant)) as client:
+            plan = client.post("/v1/compact/plan", json=everything)
+            assert plan.status_code == 200, plan.text
+            applied = client.post("/v1/compact/apply", json=everything)
+            assert applied.status_code == 200, applied.text
+            assert applied.json()["summaries"], applied.text
+            assembled = client.post(
+                "/v1/assemble", json={"session": "s", "query": "secret note vault code canary"}
+            )
+            assert canary in assembled.text  # its own summary (or originals) came back
+            seen += [plan.text, applied.text, assembled.text, client.get("/v1/stats").text]
+            search = client.post("/v1/search", json={"query": f"vault {canary}", "limit": 200})
+            assert {h["memory"]["tenant"] for h in search.json()["hits"]} == {tenant}
+            seen.append(search.text)
+        text = "\n".join(seen)
+        for foreign in world.others(tenant):
+            assert foreign not in text
+    metrics = httpx.get(world.api + "/metrics").text
+    assert "compaction" in metrics
+    assert not any(c in metrics for c in world.canaries.values())
+
+
+def test_deleting_a_tenant_revokes_its_keys(world: World) -> None:
+    tenant, neighbour = TENANTS[19], TENANTS[18]
+    auth = world.auth(tenant)
+    deleted = httpx.delete(world.api + "/v1/tenant", headers=auth)
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["deleted"] >= 2
+    for base, method, path, body in [
+        (world.api, "GET", "/v1/stats", None),
+        (world.api, "POST", "/v1/search", {"query": "canary"}),
+        (world.api, "POST", "/v1/ingest", {"records": [{"content": "back again"}]}),
+        (world.api, "DELETE", "/v1/tenant", None),
+        (world.proxy, "GET", "/v1/models", None),
+    ]:  # fmt: skip
+        r = httpx.request(method, base + path, json=body, headers=auth)
+        assert r.status_code == 401, (path, r.text)
+        assert "revoked" in r.json()["error"]["message"]
+    assert [k.revoked_at is not None for k in world.engine.store.api_keys(tenant)] == [True]  # type: ignore[attr-defined]
+    stats = httpx.get(world.api + "/v1/stats", headers=world.auth(neighbour))
+    assert stats.status_code == 200
+    assert stats.json()["memories"] >= 1

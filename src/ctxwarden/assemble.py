@@ -6,16 +6,24 @@ template) -> material per block (bounded by what could fit) -> :func:`ctxwarden.
 
 - persistent: pinned memories and facts, oldest first; a text block in the system message.
 - summaries: summary memories, newest kept first, shown oldest first; lines already in
-  persistent memory are dropped (read-time de-dup); an emptied block is omitted.
+  persistent memory are dropped (read-time de-dup); an emptied block is omitted. A text block in
+  the memory-data message (below).
 - related: retrieval candidates for the query (best value first), never one already in another
-  block nor one whose content repeats an included memory; shown oldest first.
+  block nor one whose content repeats an included memory; shown oldest first, in the
+  memory-data message.
 - recent: the session's newest messages, newest first, at least ``min_recent_messages`` of them,
   shown oldest first, an assistant tool call kept together with its tool results.
 - items blocks (scratch, task, ...): caller-supplied text, in the order given.
 
-Untrusted memories (unsigned tool results, :mod:`ctxwarden.provenance`) never enter a text block:
-every text block is rendered into the system message, which the model treats as instructions.
-They reach a context only as their own message in the recent block, quoted with their author.
+Where blocks go: the caller's system prompt, persistent memory and caller items form the system
+message (what the operator and the agent wrote). Retrieved content (summaries, related memory:
+sources in :data:`DATA_SOURCES`) was written by chat participants, bots and tools, so it never
+goes there: it forms one user-role *memory-data* message after the system message, opened by
+:func:`ctxwarden.render.data_intro`, which frames every line as quoted data with its author and
+time. Untrusted memories (unsigned tool results, :mod:`ctxwarden.provenance`) never enter the
+system message; in the memory-data message they are JSON-quoted with their author, and in the
+recent block they are their own message, quoted likewise. The memory-data message's overhead and
+intro (``Material.frame``) are paid by the first data block that takes a candidate.
 
 Overflow: floors go to the most important blocks first, so under pressure related loses first,
 then summaries, then persistent, and recent is shortened last (down to its newest message). If
@@ -39,7 +47,10 @@ from ctxwarden.normalize import line_key
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import BlockReport, CandidateReport, Memory
 
-__all__ = ["Candidate", "Material", "Plan", "fill", "query_terms"]
+__all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms"]
+
+#: Block sources rendered into the memory-data message rather than the system message.
+DATA_SOURCES = frozenset({"retrieval", "summaries"})
 
 # Words too common to search for (English function words and question verbs).
 _STOPWORDS = frozenset(
@@ -120,9 +131,13 @@ class Material:
     ``recent`` is newest first (tool-call groups already joined); ``related`` best first;
     ``pinned`` and ``summaries`` oldest first; ``items`` per items-block name.
     ``count`` counts a text segment with the model's tokenizer (for headers and notes).
+    ``frame`` is what the memory-data message costs before its blocks (message overhead and
+    intro): paid once, by the first block of a source in :data:`DATA_SOURCES` that takes a
+    candidate.
     """
 
     count: Callable[[str], int]
+    frame: int = 0
     recent: list[Candidate] = field(default_factory=list)
     related: list[Candidate] = field(default_factory=list)
     pinned: list[Candidate] = field(default_factory=list)
@@ -179,9 +194,10 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     reports: list[CandidateReport] = []
     notes: list[str] = []
 
-    # Untrusted content never reaches the system message (where every text block goes).
+    # Untrusted content never reaches the system message (persistent blocks; items are the
+    # caller's own text); in the memory-data message it is quoted data like everything there.
     for block in policy.blocks:
-        if block.source in {"recent", "items"}:
+        if block.source in {"recent", "items"} or block.source in DATA_SOURCES:
             continue
         source = _source_of(policy, material, block.name)
         trusted = [c for c in source if not any(is_untrusted(m.metadata) for m in c.memories)]
@@ -232,7 +248,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     for name in names:
         source = _source_of(policy, material, name)
         total = sum(c.tokens for c in source)
-        demand[name] = total + (_header_cost(policy, material, name) if total else 0)
+        data = any(b.name == name and b.source in DATA_SOURCES for b in policy.blocks)
+        frame = material.frame if data else 0
+        demand[name] = total + (_header_cost(policy, material, name) + frame if total else 0)
     budgets = allocate(policy, available=available, demand=demand)
 
     chosen: dict[str, list[Candidate]] = {name: [] for name in names}
@@ -240,12 +258,14 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     taken_rows: set[int] = set()
     taken_hashes: set[str] = set()
     done: dict[str, set[int]] = {name: set() for name in names}  # source indices decided
+    data_blocks = [b.name for b in policy.blocks if b.source in DATA_SOURCES]
 
     def take(name: str, limit: int, *, top_up: bool) -> None:
         block = policy.block(name)
         assert block is not None
         source = _source_of(policy, material, name)
         header = _header_cost(policy, material, name)
+        is_data = block.source in DATA_SOURCES
         min_units = policy.min_recent_messages if block.source == "recent" else 0
         for index, cand in enumerate(source):
             if index in done[name]:
@@ -262,6 +282,8 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
                 done[name].add(index)
                 continue
             cost = cand.tokens + (header if not chosen[name] else 0)
+            if is_data and not any(chosen[n] for n in data_blocks):
+                cost += material.frame
             forced = len(chosen[name]) < min_units
             if used[name] + cost > limit and not (
                 forced and sum(used.values()) + cost <= available
@@ -331,26 +353,50 @@ def block_reports(policy: BudgetPolicy, plan: Plan) -> tuple[BlockReport, ...]:
     )
 
 
-def system_message_text(
-    policy: BudgetPolicy, plan: Plan, system: str | None
-) -> tuple[str | None, list[tuple[str, Memory]]]:
-    """The system message (prompt plus text blocks) and the memories it holds, in order."""
+def text_segments(
+    policy: BudgetPolicy, plan: Plan, *, data: bool
+) -> tuple[list[str], list[tuple[str, Memory]]]:
+    """The segments (block headers and candidate texts) of the system message's blocks
+    (``data`` false) or of the memory-data message's (``data`` true), in rendered order, and
+    the memories they hold."""
     parts: list[str] = []
     held: list[tuple[str, Memory]] = []
     for block in policy.blocks:
         if block.source == "recent" or not plan.chosen[block.name]:
             continue
+        if (block.source in DATA_SOURCES) != data:
+            continue
         parts.append(render.block_header(block.title or block.name))
         cands = plan.chosen[block.name]
-        if block.source in {"retrieval", "summaries"}:
+        if block.source in DATA_SOURCES:
             cands = sorted(cands, key=lambda c: (c.memories[0].created_at, c.memories[0].rowid))
         for cand in cands:
             parts.append(cand.text)
             held.extend((block.name, m) for m in cand.memories)
+    return parts, held
+
+
+def system_message_text(
+    policy: BudgetPolicy, plan: Plan, system: str | None
+) -> tuple[str | None, list[tuple[str, Memory]]]:
+    """The system message (prompt plus persistent and items blocks) and the memories it holds,
+    in order. Retrieved blocks are not in it: see :func:`data_message_text`."""
+    parts, held = text_segments(policy, plan, data=False)
     if not parts:
         return system, held
     prefix = render.system_prefix(system) if system else ""
     return prefix + "".join(parts), held
+
+
+def data_message_text(
+    policy: BudgetPolicy, plan: Plan
+) -> tuple[str | None, list[tuple[str, Memory]]]:
+    """The memory-data message (intro plus summaries and related blocks) and the memories it
+    holds, in order; None when no data block took anything."""
+    parts, held = text_segments(policy, plan, data=True)
+    if not parts:
+        return None, held
+    return render.data_intro() + "".join(parts), held
 
 
 def recent_messages(plan: Plan, policy: BudgetPolicy) -> list[tuple[str, Candidate]]:

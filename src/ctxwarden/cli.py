@@ -469,6 +469,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body.")] = 1 << 20,
     max_concurrency: Annotated[int, typer.Option(help="Requests run at once (429 above).")] = 16,
+    threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
@@ -478,7 +479,12 @@ def serve(
 
     with _engine() as engine:
         config = _server_config(
-            engine, host, no_auth, max_body_bytes=max_body_bytes, max_concurrency=max_concurrency
+            engine,
+            host,
+            no_auth,
+            max_body_bytes=max_body_bytes,
+            max_concurrency=max_concurrency,
+            threads=threads,
         )
         uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
 

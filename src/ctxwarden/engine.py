@@ -28,15 +28,18 @@ import xxhash
 from ctxwarden import compact as compaction
 from ctxwarden import render, tokens
 from ctxwarden.assemble import (
+    DATA_SOURCES,
     Candidate,
     Material,
     Plan,
     block_reports,
+    data_message_text,
     fill,
     memory_message,
     query_terms,
     recent_messages,
     system_message_text,
+    text_segments,
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key, exact_scopes
@@ -847,7 +850,8 @@ class Engine:
 
     def delete_tenant(self, *, tenant: str | None = None, reason: str = "tenant deleted") -> int:
         """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; how many
-        memories were removed. Its API keys stay until revoked."""
+        memories were removed. Its API keys are revoked in the same transaction. Tool keys
+        (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
         tenant = tenant or self.config.tenant
         with self.store.write() as writer:
             erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
@@ -1112,7 +1116,10 @@ class Engine:
         fixed = sum(fixed_parts.values())
         available = max(0, limits.cap - fixed)
 
-        material = Material(count=tok.count)
+        material = Material(
+            count=tok.count,
+            frame=fmt.message_overhead(render.DATA_ROLE) + tok.count(render.data_intro()),
+        )
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
             material.related = self._related(tenant, query_text, tok, notes, available)
@@ -1141,35 +1148,44 @@ class Engine:
         included: list[str] = []
         inclusions: list[Inclusion] = []
         total = 0
-        system_text, held, system_cost = self._system_message(
-            policy, plan, system, system_prefix_tokens, tok, fmt
-        )
+        data_intro_tokens = tok.count(render.data_intro())
         recent_cost = sum(c.tokens for _, c in recent_messages(plan, policy))
         others = fixed - fixed_parts["system"] - fixed_parts["template"]
-        while (
-            system_text is not None
-            and held
-            and (
-                fmt.request_overhead(has_system=True) + system_cost + recent_cost + others
+        while True:
+            system_text, held = system_message_text(policy, plan, system)
+            system_cost = self._block_message_cost(
+                policy, plan, system_text, held, "system", system_prefix_tokens, tok, fmt
+            )
+            data_text, data_held = data_message_text(policy, plan)
+            data_cost = self._block_message_cost(
+                policy, plan, data_text, data_held, render.DATA_ROLE, data_intro_tokens, tok, fmt
+            )
+            over = (
+                fmt.request_overhead(has_system=system_text is not None)
+                + system_cost
+                + data_cost
+                + recent_cost
+                + others
                 > limits.cap
             )
-        ):
-            # Only a template that trims the system text can push it past the plan (its last
-            # line loses the newline it was counted with): give up that block's last line.
-            last = next(
-                b for b in reversed(policy.blocks) if b.source != "recent" and plan.chosen[b.name]
-            )
-            plan.chosen[last.name].pop()
-            notes.append(f"{last.name}: last line dropped, the template's trim made it longer")
-            system_text, held, system_cost = self._system_message(
-                policy, plan, system, system_prefix_tokens, tok, fmt
+            blocks = [b for b in policy.blocks if b.source != "recent" and plan.chosen[b.name]]
+            if not over or not blocks:
+                break
+            # Only a template that trims message text can push it past the plan (a message's
+            # last line loses the newline it was counted with): give up that block's last line.
+            plan.chosen[blocks[-1].name].pop()
+            notes.append(
+                f"{blocks[-1].name}: last line dropped, the template's trim made it longer"
             )
         has_system = system_text is not None
         if has_system:
             assert system_text is not None
             messages.append({"role": "system", "content": system_text})
             total += system_cost
-        for name, memory in held:
+        if data_text is not None:
+            messages.append({"role": render.DATA_ROLE, "content": data_text})
+            total += data_cost
+        for name, memory in [*held, *data_held]:
             if memory.rowid >= 0:
                 included.append(memory.id)
                 inclusions.append(Inclusion(rowid=memory.rowid, id=memory.id, block=name, tokens=0))
@@ -1234,43 +1250,42 @@ class Engine:
         )
 
     @staticmethod
-    def _system_message(
+    def _block_message_cost(
         policy: BudgetPolicy,
         plan: Plan,
-        system: str | None,
+        text: str | None,
+        held: Sequence[tuple[str, Memory]],
+        role: str,
         prefix_tokens: int,
         tok: tokens.Tokenizer,
         fmt: tokens.ChatFormat,
-    ) -> tuple[str | None, list[tuple[str, Memory]], int]:
-        """The system message's text, the memories it holds, and its exact cost.
+    ) -> int:
+        """The exact cost of the system message (``role`` "system") or of the memory-data
+        message (``render.DATA_ROLE``) whose ``text`` :mod:`ctxwarden.assemble` rendered.
 
         Block segments end in a newline before a non-space character, where BPE always splits,
         so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
         the last segment's newline, so that segment (which may span lines) alone is counted
         again without it.
         """
-        text, held = system_message_text(policy, plan, system)
         if text is None:
-            return None, held, 0
-        if not held:  # the caller's prompt alone
-            return text, held, fmt.message_tokens("system", text)
-        cost = fmt.message_overhead("system") + (prefix_tokens if system else 0)
+            return 0
+        if not held:  # the caller's system prompt alone
+            return fmt.message_tokens(role, text)
+        data = role != "system"
+        cost = fmt.message_overhead(role) + prefix_tokens
         for block in policy.blocks:
             chosen = plan.chosen[block.name]
-            if block.source == "recent" or not chosen:
+            if block.source == "recent" or not chosen or (block.source in DATA_SOURCES) != data:
                 continue
             cost += tok.count(render.block_header(block.title or block.name))
             cost += sum(c.tokens for c in chosen)
-        # The last segment starts after the last newline followed by a non-space character (a
-        # memory's own lines may start with spaces, and "\n " is no BPE boundary).
-        start = len(text) - 1
-        while (start := text.rfind("\n", 0, start)) >= 0 and text[start + 1].isspace():
-            pass
-        last = text[start + 1 :]
-        trimmed = fmt.content_text("system", last)
+        # the last segment, whole: a line may hold inner newlines ("0\n 0" is one memory)
+        last = text_segments(policy, plan, data=data)[0][-1]
+        trimmed = fmt.content_text(role, last)
         if trimmed != last:
             cost += tok.count(trimmed) - tok.count(last)
-        return text, held, cost
+        return cost
 
     def _counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
         """Cached counts for these memories, counting (and caching) the missing ones."""

@@ -418,7 +418,7 @@ def test_delete_session_and_tenant(store: Store) -> None:
 
 
 def test_key_store(store: Store) -> None:
-    from ctxwarden.errors import ConflictError
+    from ctxwarden.errors import AuthError, ConflictError
     from ctxwarden.server.auth import KeyAuth, issue_key
     from ctxwarden.store.base import ApiKey, KeyStore
 
@@ -440,6 +440,15 @@ def test_key_store(store: Store) -> None:
     assert store.revoke_api_key("k1", 10.0)  # idempotent: the first time is kept
     assert store.api_key("k1").revoked_at == 9.0  # type: ignore[union-attr]
     assert not store.revoke_api_key("nope", 9.0)
+    # deleting a tenant revokes its keys in the same transaction, and only its keys
+    other = issue_key(store, tenant="gamma", scopes={"read"}, now=7.0)
+    with store.write() as w:
+        w.delete_tenant("beta", deleted_at=20.0, reason="tenant deleted")
+    assert [k.revoked_at for k in store.api_keys("beta")] == [20.0]
+    assert store.api_key("k1").revoked_at == 9.0  # type: ignore[union-attr]
+    with pytest.raises(AuthError, match="revoked"):
+        KeyAuth(store)(issued)
+    assert KeyAuth(store)(other).tenant == "gamma"
 
 
 # -- compaction: Writer.retire, Store.compaction_candidates / tombstones / vacuum ---------------

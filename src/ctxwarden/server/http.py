@@ -33,10 +33,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -103,14 +105,18 @@ class ServerConfig:
     """Limits of the HTTP server.
 
     ``max_body_bytes``: larger request bodies get 413. ``max_concurrency``: requests running at
-    once; more get 429 with ``Retry-After: retry_after_seconds``. ``authenticate``: maps the
-    bearer token (or None) to a :class:`Principal`; None serves every request as the engine's
-    default tenant with every scope (a loopback development server).
+    once; more get 429 with ``Retry-After: retry_after_seconds``. ``threads``: worker threads
+    that run the engine's (synchronous) work; admitted requests beyond it wait for one. The GIL
+    and the store's one connection serialise most of that work, so a few threads answer as
+    many requests per second as forty, without forty requests interleaving (bench/serve.py).
+    ``authenticate``: maps the bearer token (or None) to a :class:`Principal`; None serves every
+    request as the engine's default tenant with every scope (a loopback development server).
     """
 
     max_body_bytes: int = 1 << 20
     max_concurrency: int = 16
     retry_after_seconds: int = 1
+    threads: int = 4
     authenticate: Callable[[str | None], Principal] | None = None
 
     def __post_init__(self) -> None:
@@ -118,6 +124,8 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes: {self.max_body_bytes} must be at least 1")
         if self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency: {self.max_concurrency} must be at least 1")
+        if self.threads < 1:
+            raise ConfigError(f"threads: {self.threads} must be at least 1")
         if self.retry_after_seconds < 0:
             raise ConfigError(f"retry_after_seconds: {self.retry_after_seconds} is negative")
 
@@ -303,6 +311,17 @@ class CompactBody(BaseModel):
         return CompactionPolicy(older_than=self.older_than, access_threshold=self.access_threshold)
 
 
+def _json(body: Any) -> Response:
+    """A JSON response serialised in one ``json.dumps`` call.
+
+    Endpoint results are plain JSON values already (``to_dict()``); FastAPI's default path
+    (``jsonable_encoder`` over the whole tree, then a dump) took about four times as long for
+    an assembled context with its report (bench/serve.py).
+    """
+    data = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return Response(data.encode("utf-8"), media_type="application/json")
+
+
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
     body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, InputError) and exc.field is not None:
@@ -336,7 +355,14 @@ Caller = Annotated[Principal, Depends(principal_of)]
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI application serving ``engine``. Run it with uvicorn."""
     config = config or ServerConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = config.threads
+        yield
+
     app = FastAPI(
+        lifespan=lifespan,
         title="ctxwarden",
         version="0.1.0",
         description="Context and memory engine for long-lived LLM agents.",
@@ -377,7 +403,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.post("/v1/ingest")
-    def ingest(body: IngestBody, caller: Caller) -> dict[str, Any]:
+    def ingest(body: IngestBody, caller: Caller) -> Response:
         """Ingest records into the caller's tenant; all or nothing."""
         caller.require("write")
         for number, record in enumerate(body.records, start=1):
@@ -389,13 +415,15 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                 )
         result = engine.ingest(body.records, tenant=caller.tenant, session=body.session)
         metrics.observe_ingest(result.counts)
-        return {
-            "outcomes": [o.to_dict() for o in result.outcomes],
-            "counts": result.counts,
-        }
+        return _json(
+            {
+                "outcomes": [o.to_dict() for o in result.outcomes],
+                "counts": result.counts,
+            }
+        )
 
     @app.post("/v1/assemble")
-    def assemble(body: AssembleBody, caller: Caller) -> dict[str, Any]:
+    def assemble(body: AssembleBody, caller: Caller) -> Response:
         """Assemble the context of one turn."""
         caller.require("read")
         began = time.perf_counter()
@@ -411,14 +439,14 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             tenant=caller.tenant,
         )
         metrics.observe_context(context, time.perf_counter() - began)
-        return context.to_dict()
+        return _json(context.to_dict())
 
     @app.post("/v1/search")
-    def search(body: SearchBody, caller: Caller) -> dict[str, Any]:
+    def search(body: SearchBody, caller: Caller) -> Response:
         """Full-text search of the caller's memories."""
         caller.require("read")
         hits = engine.search(body.query, tenant=caller.tenant, limit=body.limit)
-        return {"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]}
+        return _json({"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]})
 
     @app.get("/v1/memories/{memory_id}")
     def get_memory(memory_id: str, caller: Caller) -> dict[str, Any]:
@@ -453,7 +481,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.delete("/v1/tenant")
     def delete_tenant(caller: Caller) -> dict[str, Any]:
-        """Erase every memory of the caller's tenant (its API keys stay until revoked)."""
+        """Erase every memory of the caller's tenant and revoke its API keys (this one too)."""
         caller.require("delete")
         return {"tenant": caller.tenant, "deleted": engine.delete_tenant(tenant=caller.tenant)}
 

@@ -18,6 +18,14 @@ proxy:
 6. stores the reply and answers with the upstream body, plus an ``x-ctxwarden-report``
    header: session, context size, ingest counts, and every repair and gate.
 
+Provenance of relayed tool results: the agent's client ran its tools, not the proxy, so the
+``tool`` messages in a conversation are stored unsigned, hence untrusted
+(:mod:`ctxwarden.provenance`), even when the tenant has a tool key configured: signing what it
+merely relays would claim a verification nobody made. A tool that wants its results trusted
+signs them itself and posts them through the HTTP API. Untrusted content never enters the
+system message; in the context a relayed result goes back only as a ``tool`` message paired
+with its call in recent history (its role marks it as data); retrieval leaves tool messages out.
+
 The upstream URL and key come from configuration only. Request fields that would redirect the
 proxy (``api_base``, ``base_url``, ``api_key``...) are refused, the agent's ``Authorization``
 header is never forwarded, and the client follows no redirects.

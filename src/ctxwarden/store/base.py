@@ -277,7 +277,8 @@ class Writer(Protocol):
 
     def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
         """:meth:`delete` every memory of ``tenant`` and its inclusion log; the rowids removed.
-        Tombstones remain; API keys are left to revoke."""
+        Tombstones remain; the tenant's API keys are revoked (``revoked_at = deleted_at``) in
+        the same transaction."""
 
     def retire(
         self,

@@ -422,6 +422,11 @@ class _PostgresWriter:
         ]
         erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
         self._conn.execute("DELETE FROM contexts WHERE tenant = %s", (tenant,))
+        # A deleted tenant's API keys must stop working in the same transaction.
+        self._conn.execute(
+            "UPDATE api_keys SET revoked_at = %s WHERE tenant = %s AND revoked_at IS NULL",
+            (deleted_at, tenant),
+        )
         return erased
 
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------

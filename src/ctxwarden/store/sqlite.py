@@ -475,6 +475,11 @@ class _SQLiteWriter:
         ]
         erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
         self._conn.execute("DELETE FROM contexts WHERE tenant = ?", (tenant,))
+        # A deleted tenant's API keys must stop working in the same transaction.
+        self._conn.execute(
+            "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+            (deleted_at, tenant),
+        )
         return erased
 
     def retire(
