@@ -11,9 +11,10 @@ BM25 as FTS5 computes it, in one SQL statement per search::
 - ``tf(t, d)``: ``ts_rank_cd('{1,1,1,1}', content_tsv, phraseto_tsquery(t), 0)``: with every
   weight 1 and no normalisation, cover density of a one-word query is the word's count in the
   message (of a phrase, the count of its occurrences), read from the stored ``tsvector``.
-- ``|d|``: the message's length in characters, and ``avg|d|`` the mean over the tenant's newest
-  2,000 messages (FTS5 counts tokens; only the ratio enters the formula, and characters per
-  token vary little within one store).
+- ``|d|``: the message's distinct lexemes, ``length(content_tsv)``, and ``avg|d|`` their mean
+  over the tenant's newest 2,000 messages. FTS5 counts every token; only the ratio enters the
+  formula, and it is read from the stored vector at no cost (the message's characters, tried
+  first, broke FTS5's ties between template messages: top-1 agreement 0.70 against 0.96).
 - ``N``: the tenant's rows; ``n(t)``: rows of the tenant holding ``t``, counted with a bound
   (``SELECT count(*) FROM (SELECT 1 ... WHERE content_tsv @@ q LIMIT COMMON_TERM_ROWS)``).
   Statistics are per tenant (FTS5's are per file): one tenant's words never shift another's
@@ -104,7 +105,8 @@ _TERM_ROWS = (
 )
 _TENANT = (
     "SELECT (SELECT count(*) FROM memories WHERE tenant = %(tenant)s), "
-    "(SELECT avg(length(content)) FROM (SELECT content FROM memories WHERE tenant = %(tenant)s "
+    "(SELECT avg(length(content_tsv)) FROM (SELECT content_tsv FROM memories "
+    "WHERE tenant = %(tenant)s "
     "ORDER BY created_at DESC, rowid DESC LIMIT %(sample)s) s)"
 )
 
@@ -166,7 +168,7 @@ class Lexical:
         cols = ", ".join(_COLUMNS)
         sql = (
             f"SELECT {cols}, ({' + '.join(score_terms)}) AS score FROM ("
-            f"SELECT {cols}, length(content)::float8 AS dl, {', '.join(tf_columns)} "
+            f"SELECT {cols}, length(content_tsv)::float8 AS dl, {', '.join(tf_columns)} "
             f"FROM memories WHERE tenant = %(tenant)s AND content_tsv @@ ({match}){bounded}) c "
             "ORDER BY score DESC, rowid LIMIT %(limit)s"
         )
