@@ -1,6 +1,7 @@
 """How closely PostgreSQL's lexical ranking follows SQLite's FTS5 BM25, question by question.
 
     python bench/lexical_agreement.py DATA [--dsn postgresql://...] [--k 20] [--limit N]
+    python bench/lexical_agreement.py --scale 1000000 [--dsn postgresql://...]
 
 ``DATA`` is a chatbench directory or a LoCoMo file (the readers of evidence_recall.py). Both
 backends ingest the same records through the engine (same de-dup, each conversation its own
@@ -13,6 +14,10 @@ both and the two top-k lists of memory ids are compared:
 - **evidence@k**: the share of each question's evidence ids in A and in B (what the ranking is
   for).
 
+``--scale ROWS`` instead fills the PostgreSQL store with ROWS synthetic 12-word messages (in
+SQL: a vocabulary of 5,000 words drawn with a Zipf-like skew, so a few words are in most rows)
+and prints search latency, p50 / max of 20 runs, for queries of rare, common and mixed words.
+
 Without ``--dsn`` it starts a throw-away PostgreSQL 18 + pgvector (scripts/pg.py); with one, it
 uses that database as is (give a fresh schema: ``?options=-c%20search_path%3Dname``).
 """
@@ -24,6 +29,7 @@ import importlib.util
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -104,9 +110,56 @@ def run(data: Path, dsn: str, k: int, limit: int | None) -> dict[str, float]:
     }
 
 
+_FILL = """
+INSERT INTO memories (id, tenant, session, channel, author_kind, role, content, created_at, kind,
+                      content_hash, last_seen_at)
+SELECT 'x' || g, 'scale', 's', 'c', 'human', 'user', words, g, 'message', md5(words), g
+FROM (SELECT g, (SELECT string_agg('w' || floor(power(random(), 3) * 5000)::int, ' ')
+                 FROM generate_series(1, 12) WHERE g > 0) AS words
+      FROM generate_series(1, %s) g) s
+"""
+
+
+def scale(dsn: str, rows: int) -> None:
+    import psycopg
+
+    from ctxwarden.store.postgres import PostgresStore
+
+    store = PostgresStore(dsn)
+    start = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_FILL, (rows,))
+        conn.execute("ANALYZE memories")
+    print(f"# {rows:,} rows filled in {time.perf_counter() - start:.0f}s", file=sys.stderr)
+    queries = {
+        "1 rare word": ["w4990"],
+        "3 rare words": ["w4990", "w4801", "w4650"],
+        "2 common words": ["w0", "w1"],
+        "4 common + 2 rare": ["w0", "w1", "w2", "w3", "w4990", "w4801"],
+        "12 common words": [f"w{i}" for i in range(12)],
+    }
+    print(f"PostgreSQL search latency at {rows:,} rows (limit 100)")
+    print("| query | rows holding the words (capped) | p50 | max |")
+    print("|---|---:|---:|---:|")
+    for name, terms in queries.items():
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            store.search("scale", terms, limit=100)
+            times.append(time.perf_counter() - start)
+        counts = store._lexical._term_rows(store._query, "scale", terms, 0.0, fresh=True)
+        held = "+".join(str(counts[t][0]) for t in terms)
+        print(
+            f"| {name} | {held} | {1000 * statistics.median(times):.1f} ms | "
+            f"{1000 * max(times):.1f} ms |"
+        )
+    store.close()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("data", type=Path)
+    parser.add_argument("data", type=Path, nargs="?")
+    parser.add_argument("--scale", type=int, default=0, help="time searches at this many rows")
     parser.add_argument("--dsn", help="a PostgreSQL URL (default: start an embedded server)")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
@@ -118,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         pg_dir = Path(tempfile.mkdtemp(prefix="ctxwarden-lexical-pg-"))
         dsn = script.start(pg_dir)
     try:
+        if args.scale:
+            scale(dsn, args.scale)
+            return
+        if args.data is None:
+            parser.error("give DATA (a chatbench directory or LoCoMo file) or --scale ROWS")
         result = run(args.data, dsn, args.k, args.limit)
     finally:
         if script is not None:

@@ -161,8 +161,10 @@ class Lexical:
             )
         match = " || ".join(f"phraseto_tsquery('english', %(t{i})s)" for i in range(len(kept)))
         bounded = ""
-        if sum(frequency[t] for t in kept) > _sqlite.SEARCH_ROW_BUDGET:
-            # Only common words: rank the newest matches within the budget, not every match.
+        common = any(frequency[t] >= _sqlite.COMMON_TERM_ROWS for t in kept)  # count capped
+        if common or sum(frequency[t] for t in kept) > _sqlite.SEARCH_ROW_BUDGET:
+            # Common words kept (the two rarest are): rank the newest matches within the
+            # budget, not every match.
             bounded = " ORDER BY rowid DESC LIMIT %(budget)s"
             params["budget"] = _sqlite.SEARCH_ROW_BUDGET
         cols = ", ".join(_COLUMNS)
