@@ -11,16 +11,15 @@ Folds decided from rows read earlier in the transaction are written as increment
 (the record is ``known``), so no update is lost. A deadlock between two writers' row locks is
 raised as :class:`~ctxwarden.errors.ConflictError`, which the engine retries.
 
-Lexical search: a stored ``tsvector`` (``english``) with a GIN index, ranked by ``ts_rank_cd``
-(cover density). Unlike FTS5's BM25 it has no inverse document frequency (a rare term weighs
-what a common one weighs) and normalises length only through its flag (we use 1: divide by
-``1 + log(length)``); ranking is close on short chat messages, not identical.
+Lexical search: a stored ``tsvector`` (``english``) with a GIN index, ranked by BM25 computed in
+SQL with per-tenant document frequencies (:mod:`ctxwarden.store.pg_lexical`), dropping common
+terms as the SQLite backend does.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,6 +40,7 @@ from ctxwarden.store.base import (
     TokenCount,
     Tombstone,
 )
+from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite import (
     _MERGE_COLUMNS,
@@ -555,6 +555,7 @@ class PostgresStore(MemoryReads):
         except psycopg.Error as exc:
             raise StoreError(f"cannot open PostgreSQL database: {exc}") from exc
         self._closed = False
+        self._lexical = Lexical()
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -628,7 +629,7 @@ class PostgresStore(MemoryReads):
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._query(sql.replace("?", "%s"), params)
 
-    def _query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
         self._check_open()
         try:
             with self._pool.connection() as conn:
@@ -639,17 +640,14 @@ class PostgresStore(MemoryReads):
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
     ) -> list[tuple[Memory, float]]:
-        """tsvector/GIN search, any term (a phrase each), ranked by ``ts_rank_cd``."""
-        terms = [t for t in terms if t.strip()]
-        if not terms:
+        """tsvector/GIN search, any term (a phrase each), ranked by BM25 as FTS5 ranks it
+        (per-tenant IDF, saturated term frequency, length normalisation; common terms dropped
+        as on SQLite): see :mod:`ctxwarden.store.pg_lexical`. Positive scores, higher is better.
+        """
+        plan = self._lexical.statement(self._query, tenant, terms, limit)
+        if plan is None:
             return []
-        query = " || ".join(["phraseto_tsquery('english', %s)"] * len(terms))
-        rows = self._query(
-            f"SELECT {MEMORY_COLUMNS}, ts_rank_cd(content_tsv, q, 1) AS rank "
-            f"FROM memories, ({'SELECT ' + query}) AS t (q) "
-            "WHERE content_tsv @@ q AND tenant = %s ORDER BY rank DESC, rowid LIMIT %s",
-            [*terms, tenant, limit],
-        )
+        rows = self._query(*plan)
         return [(memory_of(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows]
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:

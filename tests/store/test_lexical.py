@@ -1,0 +1,94 @@
+"""Lexical search ranks like BM25 on every backend: observable properties, run on SQLite and
+PostgreSQL alike (the ``store`` fixture of the conformance suite)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ctxwarden.store import sqlite as sqlite_module
+from ctxwarden.store.base import NewMemory, Store
+from ctxwarden.store.pg_lexical import choose_terms, idf
+from ctxwarden.store.sqlite import SQLiteStore
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "sqlite":
+        backend: Store = SQLiteStore(":memory:")
+    else:
+        from ctxwarden.store.postgres import PostgresStore
+
+        backend = PostgresStore(request.getfixturevalue("pg_schema_dsn"))
+    yield backend
+    backend.close()
+
+
+def _memory(id: str, content: str, *, tenant: str = "t") -> NewMemory:
+    return NewMemory(
+        id=id, tenant=tenant, session="s", channel="c", author="ana", author_kind="human",
+        role="user", content=content, created_at=100.0, thread_id=None, reply_to=None,
+        kind="message", pinned=False, name=None, tool_calls=(), tool_call_id=None,
+        attachments=(), metadata={}, content_hash=f"h-{id}", near_key=None,
+    )  # fmt: skip
+
+
+def _ids(store: Store, terms: list[str], tenant: str = "t") -> list[str]:
+    return [m.id for m, _ in store.search(tenant, terms)]
+
+
+def test_a_rare_term_outranks_a_common_one(store: Store) -> None:
+    # Same length, one matching term each: only the inverse document frequency separates them.
+    # The rare one is stored last, so a rank without IDF (ties broken by rowid) puts it last.
+    with store.write() as w:
+        for i in range(12):
+            w.insert(_memory(f"c{i}", f"the deploy went out at stage {i:02d} today"))
+        for i in range(20):  # neither term: 'deploy' stays in fewer than half the rows
+            w.insert(_memory(f"n{i}", f"lunch is at noon on floor {i:02d}"))
+        w.insert(_memory("both", "the deploy of kafka went out at stage 99"))
+        w.insert(_memory("rare", "the kafka went out at stage 77 today"))
+    hits = store.search("t", ["deploy", "kafka"])
+    assert [m.id for m, _ in hits][:2] == ["both", "rare"]
+    assert all(score > 0 for _, score in hits)
+    scores = [score for _, score in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert len(hits) == 14
+
+
+def test_rarity_is_per_tenant_on_postgres_and_shorter_matches_rank_first(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("long", "kafka " + " ".join(f"word{i}" for i in range(40))))
+        w.insert(_memory("short", "kafka lag"))
+        w.insert(_memory("other", "kafka again", tenant="u"))
+    # Length normalisation: the same term once, in a shorter message, weighs more.
+    assert _ids(store, ["kafka"]) == ["short", "long"]
+    assert _ids(store, ["kafka"], tenant="u") == ["other"]
+
+
+def test_common_terms_are_dropped_from_long_queries(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thresholds are lowered so that a handful of rows makes a term "common".
+    monkeypatch.setattr(sqlite_module, "COMMON_TERM_ROWS", 4)
+    monkeypatch.setattr(sqlite_module, "SEARCH_ROW_BUDGET", 6)
+    with store.write() as w:
+        for i in range(5):
+            w.insert(_memory(f"w{i}", f"weekly status note {i}"))
+        w.insert(_memory("k", "kafka broker restarted"))
+        w.insert(_memory("r", "redis failover done"))
+    # Three terms: 'weekly' matches 5 rows >= 4, so it is dropped; the two rarest are kept.
+    assert sorted(_ids(store, ["weekly", "kafka", "redis"])) == ["k", "r"]
+    # Two terms are always searched, however common.
+    assert set(_ids(store, ["weekly", "kafka"])) == {"w0", "w1", "w2", "w3", "w4", "k"}
+    # Only common words: the two rarest still answer.
+    assert len(_ids(store, ["weekly", "status", "note"])) == 5
+
+
+def test_idf_and_term_choice() -> None:
+    assert idf(100, 1) > idf(100, 10) > idf(100, 40)
+    assert idf(100, 60) == 1e-6  # FTS5 floors a term in most rows
+    assert choose_terms({"a": 1, "b": 2}) == ["a", "b"]
+    assert choose_terms({"x": 5000, "y": 1, "z": 3000, "w": 2}) == ["y", "w"]
+    assert choose_terms({"x": 10, "y": 5999, "z": 1}) == ["x", "z"]  # budget 6,000 rows
+    assert choose_terms({}) == []
