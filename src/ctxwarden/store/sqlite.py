@@ -610,9 +610,12 @@ class SQLiteStore(MemoryReads):
         match = " OR ".join(quoted)
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
+        # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
+        # whose own sorter keeps every matching row (~1.5x the time).
         page = limit * 2
         ranked_rows = self._query(
-            "SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?",
+            "SELECT rowid, bm25(memories_fts) AS score FROM memories_fts "
+            "WHERE memories_fts MATCH ? ORDER BY score, rowid LIMIT ?",
             (match, page),
         )
         rank = {int(r[0]): float(r[1]) for r in ranked_rows}
