@@ -360,13 +360,18 @@ class VectorIndex:
     # -- reads ---------------------------------------------------------------------------------
 
     def search(
-        self, vector: npt.ArrayLike, k: int, *, allowed: set[int] | None = None
+        self,
+        vector: npt.ArrayLike,
+        k: int,
+        *,
+        allowed: set[int] | npt.NDArray[np.int64] | None = None,
     ) -> list[tuple[int, float]]:
         """The ``k`` live ids most similar to ``vector``: ``(id, cosine)``, best first.
 
-        Equal scores are ordered by id. With ``allowed``, only those ids are returned (ids in
-        ``allowed`` that are not in the index are ignored). Exact for small indexes and small
-        scopes, approximate otherwise (see ``expansion_search`` and ``oversample``).
+        Equal scores are ordered by id. With ``allowed`` (a set, or an array of distinct ids),
+        only those ids are returned (ids in ``allowed`` that are not in the index are ignored).
+        Exact for small indexes and small scopes, approximate otherwise (see
+        ``expansion_search`` and ``oversample``).
         """
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if query.shape != (self._dim,):
@@ -396,13 +401,19 @@ class VectorIndex:
         graph.expansion_search = max(self._expansion_search, count)
         return np.asarray(graph.search(query, count, threads=1).keys, dtype=np.uint64)
 
-    def _allowed_slots(self, allowed: set[int]) -> npt.NDArray[np.int64]:
+    def _allowed_slots(self, allowed: set[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         dense = self._dense
+        if isinstance(allowed, np.ndarray) and dense is None:
+            allowed = set(allowed.tolist())
         if dense is not None:
-            try:
-                wanted = np.fromiter(allowed, dtype=np.int64, count=len(allowed))
-            except (OverflowError, TypeError, ValueError):
-                wanted = None
+            wanted: npt.NDArray[np.int64] | None
+            if isinstance(allowed, np.ndarray):
+                wanted = allowed.astype(np.int64, copy=False)
+            else:
+                try:
+                    wanted = np.fromiter(allowed, dtype=np.int64, count=len(allowed))
+                except (OverflowError, TypeError, ValueError):
+                    wanted = None
             if wanted is not None:
                 wanted = wanted[(wanted >= 0) & (wanted < len(dense))]
                 found = dense[wanted].astype(np.int64)
@@ -417,7 +428,9 @@ class VectorIndex:
         slot = self._slot
         return np.fromiter((slot[int(key)] for key in keys if int(key) in slot), dtype=np.int64)
 
-    def _search_allowed(self, query: Vector, k: int, allowed: set[int]) -> list[tuple[int, float]]:
+    def _search_allowed(
+        self, query: Vector, k: int, allowed: set[int] | npt.NDArray[np.int64]
+    ) -> list[tuple[int, float]]:
         size = len(self._slot)
         # Ask the graph for enough candidates that k of them are likely allowed (x scope_oversample
         # for recall).
@@ -434,6 +447,8 @@ class VectorIndex:
             exhaustive_limit = max(self.exact_scope, _EXHAUSTIVE_PER_CANDIDATE * count)
             if len(allowed) <= exhaustive_limit or size <= self.exact_below:
                 return self._rescore(query, k, self._allowed_slots(allowed))
+            if isinstance(allowed, np.ndarray):
+                allowed = set(allowed.tolist())
             keys = [int(key) for key in self._candidates(query, count) if int(key) in allowed]
             if len(keys) >= k:
                 return self._rescore(query, k, self._slots_of(keys))

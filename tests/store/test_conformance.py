@@ -6,6 +6,7 @@ The ``store`` fixture yields a fresh ``SQLiteStore(":memory:")`` and, when a ser
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sqlite3
 from collections.abc import Iterator
@@ -611,6 +612,34 @@ def test_vectors_round_trip_scoped_by_tenant_and_session(store: Store) -> None:
     in_s2 = store.vector_search("t", "m1", _unit(0), k=10, session="s2")
     assert {m.id for m, _ in in_s2} == {"v4", "v5"}
     assert store.vector_models() == {"m1": len(ids)}
+
+
+def test_author_scoped_vector_search_follows_inserts_and_deletes(store: Store) -> None:
+    def add(id: str, author: str, seed: int) -> None:
+        memory = dataclasses.replace(_memory(id, content=f"text {id}"), author=author)
+        with store.write() as w:
+            rowid = w.insert(memory)
+        store.put_vectors("m1", [rowid], _unit(seed)[None, :])
+
+    def by(author: str, seed: int) -> list[str]:
+        found = store.vector_search("t", "m1", _unit(seed), k=10, author=author)
+        return sorted(m.id for m, _ in found)
+
+    add("a1", "ana", 1)
+    add("b1", "bo", 2)
+    assert by("ana", 1) == ["a1"]
+    add("a2", "ana", 3)  # a search after an insert sees the new row
+    assert by("ana", 3) == ["a1", "a2"]
+    add("b2", "bo", 4)
+    with store.write() as w:  # the newest rows go; a later insert may reuse their rowids
+        assert w.delete("t", "a2", deleted_at=200.0, reason="test")
+        assert w.delete("t", "b2", deleted_at=200.0, reason="test")
+    assert by("ana", 3) == ["a1"]
+    add("b3", "bo", 5)
+    add("a3", "ana", 6)
+    assert by("ana", 5) == ["a1", "a3"]
+    assert by("bo", 6) == ["b1", "b3"]
+    assert by("nobody", 1) == []
 
 
 def test_vectors_of_another_model_are_never_mixed(store: Store) -> None:

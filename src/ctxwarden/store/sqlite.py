@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import threading
 import time
@@ -612,6 +613,7 @@ class SQLiteStore(MemoryReads):
         self._closed = False
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
+        self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -731,16 +733,27 @@ class SQLiteStore(MemoryReads):
         match = " OR ".join(quoted)
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
+        # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
+        # whose own sorter keeps every matching row (~1.5x the time).
         page = limit * 2
         ranked_rows = self._query(
-            "SELECT rowid, rank FROM memories_fts WHERE memories_fts MATCH ? ORDER BY rank LIMIT ?",
+            "SELECT rowid, bm25(memories_fts) AS score FROM memories_fts "
+            "WHERE memories_fts MATCH ? ORDER BY score, rowid LIMIT ?",
             (match, page),
         )
         rank = {int(r[0]): float(r[1]) for r in ranked_rows}
         found: list[tuple[Memory, float]] = []
         ids = list(rank)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
+        # Rows are read in rank order, only as many as the tenant's best `limit` need (with a
+        # single tenant, the first `limit`): each read row costs more than ranking it.
+        start = 0
+        while start < len(ids) and len(found) < limit:
+            chunk = ids[start : start + min(500, max(limit - len(found), 16))]
+            start += len(chunk)
+            # Rows tied with the last one read come too: ties are broken by rowid below.
+            while start < len(ids) and rank[ids[start]] == rank[chunk[-1]]:
+                chunk.append(ids[start])
+                start += 1
             marks = ",".join("?" * len(chunk))
             for row in self._query(
                 f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
@@ -1027,16 +1040,25 @@ class SQLiteStore(MemoryReads):
         want = k
         where = "tenant = ?" + (" AND session = ?" if session is not None else "")
         scope: list[Any] = [tenant] + ([session] if session is not None else [])
-        allowed: set[int] | None = None
+        allowed: set[int] | npt.NDArray[np.int64] | None = None
         if author is not None:
-            allowed = {
-                int(r[0])
-                for r in self._query(
-                    f"SELECT rowid FROM memories WHERE {where} AND author = ?", [*scope, author]
-                )
-            }
-            if not allowed:
+            if session is None:
+                allowed = self._author_rows(tenant, author)
+            else:
+                allowed = {
+                    int(r[0])
+                    for r in self._query(
+                        f"SELECT rowid FROM memories WHERE {where} AND author = ?",
+                        [*scope, author],
+                    )
+                }
+            if not len(allowed):
                 return []
+            # Re-checked as the rows are read (a rowid freed and reused by another author).
+            where += " AND author = ?"
+            scope.append(author)
+        # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
+        plus = re.sub(r"\b(tenant|session|author) =", r"+\1 =", where)
         while True:
             hits = self._vectors.search(model, query, want, allowed=allowed)
             if not hits:
@@ -1047,10 +1069,8 @@ class SQLiteStore(MemoryReads):
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
                 for row in self._query(
-                    f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) "
-                    f"AND {where.replace('tenant', '+tenant').replace('session', '+session')}",
+                    f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND {plus}",
                     [*chunk, *scope],
                 ):
                     found.append((memory_of(row), score[int(row[0])]))
@@ -1058,6 +1078,50 @@ class SQLiteStore(MemoryReads):
                 found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
                 return found[:k]
             want *= 8
+
+    def _author_rows(self, tenant: str, author: str) -> npt.NDArray[np.int64]:
+        """The rowids of ``author``'s memories in ``tenant``, ascending (cached per author).
+
+        The cache is checked against the author's row count and highest rowid (one count over
+        the ``memories_author`` index, in C); new rows are read alone when the rows above the
+        cached highest make up the difference, everything is read again otherwise (deletes).
+        """
+        key = (tenant, author)
+        with self._lock:
+            count, high = self._query(
+                "SELECT count(*), max(rowid) FROM memories WHERE author = ? AND tenant = ?",
+                (author, tenant),
+            )[0]
+            if not count:
+                self._scope_cache.pop(key, None)
+                return np.zeros(0, dtype=np.int64)
+            cached = self._scope_cache.get(key)
+            if cached is not None and len(cached) == count and int(cached[-1]) == high:
+                return cached
+            last = int(cached[-1]) if cached is not None and len(cached) else -1
+            if cached is None or high <= last:
+                cached, last = np.zeros(0, dtype=np.int64), -1
+            new = self._query(
+                "SELECT rowid FROM memories WHERE author = ? AND tenant = ? AND rowid > ? "
+                "ORDER BY rowid",
+                (author, tenant, last),
+            )
+            rows: npt.NDArray[np.int64] = np.concatenate(
+                [cached, np.fromiter((r[0] for r in new), dtype=np.int64)]
+            )
+            if len(rows) != count:  # rows below the cached highest went: read them all again
+                rows = np.fromiter(
+                    (r[0] for r in self._query(
+                        "SELECT rowid FROM memories WHERE author = ? AND tenant = ? "
+                        "ORDER BY rowid",
+                        (author, tenant),
+                    )),
+                    dtype=np.int64,
+                )  # fmt: skip
+            if len(self._scope_cache) >= 256 and key not in self._scope_cache:
+                self._scope_cache.clear()
+            self._scope_cache[key] = rows
+            return rows
 
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted."""

@@ -164,7 +164,7 @@ class VectorCache:
         vector: npt.NDArray[np.float32],
         k: int,
         *,
-        allowed: set[int] | None = None,
+        allowed: set[int] | npt.NDArray[np.int64] | None = None,
     ) -> list[tuple[int, float]]:
         """The ``k`` nearest rowids of ``model``'s vectors (every tenant), best first."""
         entry = self._entry(model)
