@@ -15,17 +15,20 @@ them):
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
    scales that do not compare.
 3. **Score.** ``score = relevance + recency * 0.5^(age / half_life) + access * (1 - e^-a) +
-   author * [the memory's author is named in the query] * relevance``, where ``a`` is the memory's
-   time-decayed access score (kept from the inclusion log). Newer wins among equals (an updated
-   decision over the first one); memories assembled often before weigh a little more; a message
-   by the person the question names ("what does omar use?") is preferred.
+   author * [the memory's author is named in the query] * relevance + entity * share *
+   relevance``, where ``a`` is the memory's time-decayed access score (kept from the inclusion
+   log) and ``share`` the part of the query's entities (names, acronyms, identifiers, numbers;
+   :func:`_entities`) the memory names verbatim. Newer wins among equals (an updated decision
+   over the first one); memories assembled often before weigh a little more; a message by the
+   person the question names ("what does omar use?") is preferred.
 4. **Diversity.** Maximal marginal relevance over word sets: each pick pays
    ``(1 - mmr_lambda) * max Jaccard(similar picked memory)``, so near-identical memories do not
    crowd the block.
-5. **Neighbours.** For the best ``expand`` hits, the turn just before in the same channel and
-   the message a hit replies to (the other side of a question/answer pair) join with
-   ``neighbours * parent score``: they come after every direct hit of higher value, so they are
-   packed only when the budget allows.
+5. **Neighbours.** Around the best ``expand`` hits, read in one store statement
+   (:meth:`~ctxwarden.store.base.Store.neighbours`): the turns before and after, the answers of
+   a question and the question of an answer, replies, siblings and the thread root join with a
+   share of their hit's score (:func:`_relations`); they are packed by value per token like any
+   candidate, so they join only when the budget allows.
 6. **Packing order.** Value per token: ``score / tokens ^ density``; the assembler walks this order
    and skips what does not fit.
 
