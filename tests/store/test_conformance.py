@@ -881,6 +881,10 @@ def test_neighbours_turns_replies_threads_and_tenants(store: Store) -> None:
     every = {link.memory.id for link in links}
     assert not every & {"elsewhere", "fact", "c2-foreign"}
     assert store.neighbours("t", []) == []
+    many = store.neighbours("t", [c2] * 45 + [r1], turns=1, replies=0)  # several statements
+    assert {(link.anchor, link.relation, link.memory.id) for link in many} >= {
+        (44, "after", "c3"), (45, "parent", "c2")
+    }  # fmt: skip
     assert {link.memory.id for link in store.neighbours("u", [c2])} == {"c2-foreign"}
 
 

@@ -229,7 +229,16 @@ class MemoryReads:
         """The conversation around each anchor (see :meth:`Store.neighbours`): one statement,
         a ``UNION ALL`` of small index range scans (``memories_channel_recent``,
         ``memories_thread``, ``memories_reply``, the ``(tenant, id)`` key), each bounded by its
-        own ``LIMIT``, so a message with thousands of replies costs ``replies`` rows."""
+        own ``LIMIT``, so a message with thousands of replies costs ``replies`` rows. Beyond
+        40 anchors, one statement per 40 (SQLite allows 500 terms in a compound SELECT)."""
+        if len(anchors) > 40:
+            return [
+                Link(start + link.anchor, link.relation, link.memory)
+                for start in range(0, len(anchors), 40)
+                for link in self.neighbours(
+                    tenant, anchors[start : start + 40], turns=turns, replies=replies
+                )
+            ]
         branches: list[str] = []
         params: list[Any] = []
 
