@@ -168,3 +168,129 @@ def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:
         context = engine.assemble(session="s", query="deploy key", budget=500)
         assert "x" in context.included
         assert any("words only" in note for note in context.report.notes)
+
+
+def _hits(engine: Engine, query: str, now: float, **weights: Any) -> dict[str, Any]:
+    found = retrieve(engine.store, tenant="default", query=query, now=now,
+                     cost=lambda ms: {m.rowid: 12 for m in ms},
+                     weights=RetrievalWeights(**weights))  # fmt: skip
+    return {h.memory.id: h for h in found}
+
+
+def test_a_question_hit_brings_its_answers_the_turns_after(clock: Clock) -> None:
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("before", "morning all", now - 10 * DAY - 60, author="cy"),
+            _msg("q", "which port does the staging database listen on?", now - 10 * DAY),
+            _msg("a1", "5433, since the upgrade", now - 10 * DAY + 30, author="bo"),
+            _msg("a2", "and the replica is on 5434", now - 10 * DAY + 40, author="cy"),
+            _msg("again", "thanks! noted", now - 10 * DAY + 50),  # the asker again: not an answer
+            *_filler(30, now - DAY),
+        ])  # fmt: skip
+        by_id = _hits(engine, "staging database port", now)
+        q = by_id["q"].score
+        assert by_id["a1"].components["neighbour_answer"] == pytest.approx(0.8)
+        assert by_id["a1"].score == pytest.approx(0.8 * q)
+        assert by_id["a2"].components["neighbour_answer"] == pytest.approx(0.4)
+        assert "neighbour_answer" not in by_id["again"].components
+        assert by_id["before"].components["neighbour_before"] == pytest.approx(0.5)
+        context = engine.assemble(session="new", query="staging database port?", budget=300)
+        assert {"q", "a1"} <= set(_related(context))
+
+
+def test_a_statement_hit_brings_the_turn_after_and_the_question_before(clock: Clock) -> None:
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("ask", "what is the office wifi password now?", now - 5 * DAY, author="bo"),
+            _msg("tell", "it is hunter2 until friday", now - 5 * DAY + 20),
+            _msg("next", "great, works for me", now - 5 * DAY + 40, author="bo"),
+            *_filler(30, now - DAY),
+        ])  # fmt: skip
+        by_id = _hits(engine, "is hunter2 still valid", now)
+        tell = by_id["tell"].score
+        assert by_id["ask"].components["neighbour_question"] == pytest.approx(0.8)
+        assert by_id["ask"].score == pytest.approx(0.8 * tell)
+        assert by_id["next"].components["neighbour_after"] == pytest.approx(0.5)
+        # Without the pair weight the question is only the turn before.
+        plain = _hits(engine, "is hunter2 still valid", now, answer=0.0)
+        assert "neighbour_question" not in plain["ask"].components
+        assert plain["ask"].components["neighbour_before"] == pytest.approx(0.5)
+
+
+def test_replies_siblings_and_the_thread_root_join(clock: Clock) -> None:
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("root", "release checklist for the quarter", now - 9 * DAY),
+            _msg("t1", "docs are done", now - 9 * DAY + 10, thread_id="root", author="bo"),
+            _msg("t2", "the canary rollout uses ring zero", now - 9 * DAY + 20,
+                 thread_id="root", author="cy"),
+            _msg("t3", "signed off", now - 9 * DAY + 30, thread_id="root", author="di"),
+            _msg("p", "who owns the pager this week?", now - 8 * DAY, channel="ops"),
+            _msg("s1", "omar does", now - 8 * DAY + 10, channel="ops", reply_to="p", author="bo"),
+            *[_msg(f"x{i}", f"unrelated chatter {i}", now - 8 * DAY + 11 + i, channel="ops",
+                   author="eve") for i in range(4)],
+            _msg("s2", "the pager rotation moved to opsgenie", now - 8 * DAY + 20,
+                 channel="ops", reply_to="p", author="cy"),
+            *[_msg(f"y{i}", f"other chatter {i}", now - 8 * DAY + 21 + i, channel="ops",
+                   author="eve") for i in range(4)],
+            _msg("r", "since monday", now - 8 * DAY + 30, channel="ops", reply_to="s2"),
+            *_filler(30, now - DAY),
+        ])  # fmt: skip
+        by_id = _hits(engine, "canary rollout ring", now)
+        assert by_id["root"].components["neighbour_root"] == pytest.approx(0.3)
+        assert by_id["t1"].components["neighbour_before"] == pytest.approx(0.5)  # in the thread
+        assert by_id["t3"].components["neighbour_after"] == pytest.approx(0.5)
+        by_id = _hits(engine, "rotation opsgenie", now)
+        assert by_id["s1"].components["neighbour_sibling"] == pytest.approx(0.3)
+        assert by_id["r"].components["neighbour_reply"] == pytest.approx(0.5)
+        assert "neighbour_question" in by_id["p"].components  # s2 answers p
+        # Switched off: no neighbour at all.
+        off = _hits(engine, "rotation opsgenie", now, neighbours=0.0, answer=0.0, thread=0.0)
+        assert not any(k.startswith("neighbour") for h in off.values() for k in h.components)
+
+
+def test_neighbours_pay_their_tokens(clock: Clock) -> None:
+    now = clock.now
+    long_answer = " ".join(f"step{i} check the valve and the gauge" for i in range(60))
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("q", "how do we restart the boiler?", now - 3 * DAY),
+            _msg("a", long_answer, now - 3 * DAY + 30, author="bo"),
+            *_filler(10, now - DAY),
+        ])  # fmt: skip
+        small = engine.assemble(session="new", query="restart boiler", budget=250)
+        assert "q" in _related(small)
+        assert "a" not in _related(small)  # its hundreds of tokens do not fit
+        large = engine.assemble(session="new", query="restart boiler", budget=3000)
+        assert {"q", "a"} <= set(_related(large))
+
+
+def test_entities_of_the_query_are_matched_verbatim(clock: Clock) -> None:
+    from ctxwarden.retrieve import _entities
+
+    assert _entities("When did Caroline visit Lake Tahoe with the SSO team?") == [
+        "Caroline", "Lake Tahoe", "SSO"
+    ]  # fmt: skip
+    assert _entities("What changed in config_v2.yaml and kafkaConsumer at 10GB?") == [
+        "config_v2.yaml", "kafkaConsumer", "10GB"
+    ]  # fmt: skip
+    assert _entities("where do we meet?") == []  # the opening word is no name
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("phrase", "the trip to lake tahoe is booked", now - 3 * DAY),
+            _msg("apart", "the lake was cold, tahoe trip booked later", now - 3 * DAY + 1),
+            _msg("none", "the trip is booked", now - 3 * DAY + 2),
+            *_filler(10, now - DAY),
+        ])  # fmt: skip
+        by_id = _hits(engine, "is the trip to Lake Tahoe booked?", now, neighbours=0.0,
+                      answer=0.0, thread=0.0)  # fmt: skip
+        assert by_id["phrase"].components["entity"] == 1.0
+        assert by_id["apart"].components["entity"] == 0.0  # both words, not the name
+        assert by_id["phrase"].score > by_id["apart"].score
+        off = _hits(engine, "is the trip to Lake Tahoe booked?", now, entity=0.0)
+        assert off["phrase"].components["value"] < by_id["phrase"].components["value"]
+        assert "entity" not in _hits(engine, "is the trip booked?", now)["none"].components

@@ -15,17 +15,20 @@ them):
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
    scales that do not compare.
 3. **Score.** ``score = relevance + recency * 0.5^(age / half_life) + access * (1 - e^-a) +
-   author * [the memory's author is named in the query] * relevance``, where ``a`` is the memory's
-   time-decayed access score (kept from the inclusion log). Newer wins among equals (an updated
-   decision over the first one); memories assembled often before weigh a little more; a message
-   by the person the question names ("what does omar use?") is preferred.
+   author * [the memory's author is named in the query] * relevance + entity * share *
+   relevance``, where ``a`` is the memory's time-decayed access score (kept from the inclusion
+   log) and ``share`` the part of the query's entities (names, acronyms, identifiers, numbers;
+   :func:`_entities`) the memory names verbatim. Newer wins among equals (an updated decision
+   over the first one); memories assembled often before weigh a little more; a message by the
+   person the question names ("what does omar use?") is preferred.
 4. **Diversity.** Maximal marginal relevance over word sets: each pick pays
    ``(1 - mmr_lambda) * max Jaccard(similar picked memory)``, so near-identical memories do not
    crowd the block.
-5. **Neighbours.** For the best ``expand`` hits, the turn just before in the same channel and
-   the message a hit replies to (the other side of a question/answer pair) join with
-   ``neighbours * parent score``: they come after every direct hit of higher value, so they are
-   packed only when the budget allows.
+5. **Neighbours.** Around the best ``expand`` hits, read in one store statement
+   (:meth:`~ctxwarden.store.base.Store.neighbours`): the turns before and after, the answers of
+   a question and the question of an answer, replies, siblings and the thread root join with a
+   share of their hit's score (:func:`_relations`); they are packed by value per token like any
+   candidate, so they join only when the budget allows.
 6. **Packing order.** Value per token: ``score / tokens ^ density``; the assembler walks this order
    and skips what does not fit.
 
@@ -39,7 +42,7 @@ True
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import math
 import re
 import zlib
@@ -50,8 +53,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ctxwarden.assemble import _STOPWORDS as _STOP
 from ctxwarden.assemble import query_terms
-from ctxwarden.errors import ConfigError, NotFound
+from ctxwarden.errors import ConfigError
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
 
@@ -84,10 +88,17 @@ class RetrievalWeights:
     mmr_top: int = 100
     expand: int = 8
     neighbours: float = 0.5
+    answer: float = 0.8
+    thread: float = 0.3
+    neighbour_decay: float = 0.5
+    turns: int = 3
+    replies: int = 4
+    entity: float = 0.3
     density: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "density"):
+        for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
+                     "thread", "neighbour_decay", "entity", "density"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
         if self.rrf_k <= 0 or self.half_life_days <= 0:
@@ -96,6 +107,8 @@ class RetrievalWeights:
             raise ConfigError(f"retrieval mmr_lambda: {self.mmr_lambda} must be within [0, 1]")
         if self.candidates < 1 or self.expand < 0:
             raise ConfigError("retrieval candidates must be >= 1 and expand >= 0")
+        if self.turns < 0 or self.replies < 0:
+            raise ConfigError("retrieval turns and replies must be >= 0")
 
 
 @dataclass(slots=True)
@@ -228,6 +241,7 @@ def retrieve(
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
+    entities = _entity_patterns(query)
     scored: dict[int, dict[str, float]] = {}
     for rowid, entry in ranks.items():
         memory = memories[rowid]
@@ -241,6 +255,10 @@ def retrieve(
         components["value"] = (
             relevance + w.recency * recency + w.access * access + w.author * author * relevance
         )
+        if entities:
+            entity = _entity_share(entities, memory.content)
+            components["entity"] = entity
+            components["value"] += w.entity * entity * relevance
         scored[rowid] = components
 
     # MMR over word sets, greedy, among the best `mmr_top` (the rest keep their value order).
@@ -266,21 +284,38 @@ def retrieve(
         scored[rowid]["score"] = scored[rowid]["value"]
         picked.append(rowid)
 
-    # Neighbours of the best hits: the turn before in the channel, the message replied to.
+    # Neighbours of the best hits: the turns around each, its thread, the other side of its
+    # question/answer pair (see _relations). One store statement for all of them.
+    expanding = w.neighbours + w.answer + w.thread > 0
+    anchors = [memories[r] for r in picked[: w.expand]] if expanding else []
+    links = store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies) if anchors else []
+    grouped: dict[int, dict[str, list[Memory]]] = {}
+    for link in links:
+        grouped.setdefault(link.anchor, {}).setdefault(link.relation, []).append(link.memory)
     extra: dict[int, tuple[Memory, dict[str, float]]] = {}
-    for rowid in picked[: w.expand] if w.neighbours > 0 else []:
-        hit = memories[rowid]
-        parent = scored[rowid]["score"]
-        for neighbour in _neighbours(store, tenant, hit):
-            if neighbour.rowid in scored or (keep is not None and not keep(neighbour)):
+    for index, anchor in enumerate(anchors):
+        parent = scored[anchor.rowid]["score"]
+        for neighbour, kind, weight in _relations(anchor, grouped.get(index, {}), w):
+            if keep is not None and not keep(neighbour):
                 continue
+            entity = _entity_share(entities, neighbour.content) if entities else 0.0
+            score = weight * parent * (1.0 + w.entity * entity)
             known = extra.get(neighbour.rowid)
-            score = w.neighbours * parent
-            if known is None or known[1]["score"] < score:
-                extra[neighbour.rowid] = (neighbour, {"neighbour": parent, "score": score})
+            direct = scored.get(neighbour.rowid)
+            if score <= 0 or (known and known[1]["score"] >= score):
+                continue
+            if direct is not None and direct["score"] >= score:
+                continue
+            components = {"neighbour": parent, f"neighbour_{kind}": weight, "score": score}
+            if entities:
+                components["entity"] = entity
+            extra[neighbour.rowid] = (neighbour, components)
     for rowid, (memory, components) in extra.items():
-        memories[rowid] = memory
-        scored[rowid] = components
+        memories.setdefault(rowid, memory)
+        if rowid in scored:  # a weak direct hit raised by its neighbour: keep both stories
+            scored[rowid].update(components)
+        else:
+            scored[rowid] = components
 
     costs = cost(list(memories.values()))
     hits = []
@@ -294,16 +329,134 @@ def retrieve(
     return hits
 
 
-def _neighbours(store: Store, tenant: str, hit: Memory) -> list[Memory]:
-    out: list[Memory] = []
-    before = store.recent(
-        tenant, hit.session, channel=hit.channel, before=(hit.created_at, hit.rowid), limit=1
-    )
-    out.extend(before)
-    if hit.reply_to and not any(m.id == hit.reply_to for m in out):
-        with contextlib.suppress(NotFound):
-            out.append(store.get(tenant, hit.reply_to))
+# A question: a "?" that ends a sentence (not one inside a URL's query string).
+_QUESTION = re.compile(r"\?+(?=[\s\"')\]]|$)")
+
+
+def _is_question(text: str) -> bool:
+    return _QUESTION.search(text) is not None
+
+
+def _relations(
+    hit: Memory, links: Mapping[str, Sequence[Memory]], w: RetrievalWeights
+) -> list[tuple[Memory, str, float]]:
+    """A hit's neighbours as ``(memory, kind, weight)``: what each is to the hit and the share
+    of the hit's score it gets. Pure.
+
+    - ``before`` / ``after``: the nearest turn on either side (``neighbours``).
+    - ``answer``: the hit asks (ends a sentence with "?"): the turns after it by other people
+      until the asker speaks again, and replies by others (``answer``, the first in full, each
+      next one ``neighbour_decay`` times less).
+    - ``question``: the hit is not a question: the message it replies to, or else the nearest
+      earlier turn by someone else, when that one asks (``answer``).
+    - ``parent`` / ``reply``: the message it replies to, replies to it (``neighbours``).
+    - ``root`` / ``sibling`` / ``turn``: its thread's first message, other replies to its
+      parent, the further turns on either side (``thread``, each next one ``neighbour_decay``
+      times less).
+    """
+    out: list[tuple[Memory, str, float]] = []
+    decay = w.neighbour_decay
+    before = sorted(links.get("before", ()), key=lambda m: (-m.created_at, -m.rowid))
+    after = sorted(links.get("after", ()), key=lambda m: (m.created_at, m.rowid))
+    replies = sorted(links.get("reply", ()), key=lambda m: (m.created_at, m.rowid))
+    asks = _is_question(hit.content)
+
+    def other(m: Memory) -> bool:
+        return m.author is None or hit.author is None or m.author != hit.author
+
+    for rank, turn in enumerate(before):
+        out.append((turn, "before" if rank == 0 else "turn", w.neighbours if rank == 0
+                    else w.thread * decay ** (rank - 1)))  # fmt: skip
+    for rank, turn in enumerate(after):
+        out.append((turn, "after" if rank == 0 else "turn", w.neighbours if rank == 0
+                    else w.thread * decay ** (rank - 1)))  # fmt: skip
+    if asks:
+        for rank, turn in enumerate(after):
+            if not other(turn):
+                break  # the asker speaks again: what follows answers something else
+            out.append((turn, "answer", w.answer * decay**rank))
+    for rank, reply in enumerate(replies):
+        if asks and other(reply):
+            out.append((reply, "answer", w.answer * decay**rank))
+        else:
+            out.append((reply, "reply", w.neighbours * decay**rank))
+    for parent in links.get("parent", ())[:1]:
+        asked = not asks and other(parent) and _is_question(parent.content)
+        out.append((parent, "question" if asked else "parent", w.answer if asked
+                    else w.neighbours))  # fmt: skip
+    if not asks and not links.get("parent"):
+        earlier = next((turn for turn in before if other(turn)), None)
+        if earlier is not None and _is_question(earlier.content):
+            out.append((earlier, "question", w.answer))
+    for root in links.get("root", ())[:1]:
+        out.append((root, "root", w.thread))
+    siblings = sorted(links.get("sibling", ()), key=lambda m: (m.created_at, m.rowid))
+    for rank, sibling in enumerate(siblings):
+        out.append((sibling, "sibling", w.thread * decay**rank))
     return out
+
+
+# Names of people and things in a query: runs of capitalised words not opening a sentence
+# ("Lake Tahoe"), acronyms ("SSO"), words with digits ("v2.3", "p99", "10gb"), numbers of two
+# or more digits, code identifiers (snake_case, camelCase, dotted.names, paths), quoted text.
+_QUOTED = re.compile(r"[\"`\u201c]([^\"`\u201d]{2,60})[\"`\u201d]")
+_TOKEN = re.compile(r"[\w][\w.\-/:@#+]*[\w+#]|\w", re.UNICODE)
+_SENTENCE_END = re.compile(r"[.!?:;]\s*$")
+
+
+def _entities(query: str) -> list[str]:
+    """The query's names of people and things, as phrases (see the comment above). Pure.
+
+    >>> _entities("Did Ana move the deploy to Lake Tahoe after the v2.3 SSO outage?")
+    ['Ana', 'Lake Tahoe', 'v2.3', 'SSO']
+    """
+    found: dict[str, str] = {}
+
+    def add(phrase: str) -> None:
+        phrase = phrase.strip(".-/:")
+        if phrase:
+            found.setdefault(phrase.casefold(), phrase)
+
+    for match in _QUOTED.finditer(query):
+        if len(match.group(1).split()) <= 5:
+            add(match.group(1))
+    run: list[str] = []
+    for match in _TOKEN.finditer(query):
+        token = match.group()
+        opens = match.start() == 0 or bool(_SENTENCE_END.search(query[: match.start()]))
+        has_digit = any(c.isdigit() for c in token)
+        code = (
+            "_" in token
+            or any(c in token[1:-1] for c in "./:@#")
+            or any(a.islower() and b.isupper() for a, b in itertools.pairwise(token))
+        )
+        acronym = len(token) > 1 and token.isupper() and token.isalpha()
+        capital = token[:1].isupper() and token[1:2].islower()
+        if capital and not opens and token.casefold() not in _STOP:
+            run.append(token)
+            continue
+        if run:
+            add(" ".join(run))
+            run = []
+        if acronym or code or (has_digit and (len(token) > 1 or not token.isdigit())):
+            add(token)
+    if run:
+        add(" ".join(run))
+    return list(found.values())
+
+
+def _entity_patterns(query: str) -> list[re.Pattern[str]]:
+    """One case-insensitive, whole-word pattern per entity of the query."""
+    patterns = []
+    for entity in _entities(query):
+        body = r"\s+".join(re.escape(part) for part in entity.split())
+        patterns.append(re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE))
+    return patterns
+
+
+def _entity_share(patterns: Sequence[re.Pattern[str]], text: str) -> float:
+    """The share of the query's entities that ``text`` names verbatim."""
+    return sum(1 for p in patterns if p.search(text)) / len(patterns) if patterns else 0.0
 
 
 def describe(weights: RetrievalWeights) -> dict[str, Any]:

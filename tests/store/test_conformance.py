@@ -834,3 +834,69 @@ def test_vector_window_scopes_by_tenant_channel_author_and_time(store: Store) ->
         store.vector_window("t", "m2", channel="c", author="ana", seen_since=0.0, created_until=1e9)
         == []
     )
+
+
+def test_neighbours_turns_replies_threads_and_tenants(store: Store) -> None:
+    def add(id: str, at: float, *, channel: str | None = "c", tenant: str = "t",
+            thread: str | None = None, reply: str | None = None,
+            kind: str = "message") -> None:  # fmt: skip
+        memory = dataclasses.replace(_memory(id, tenant=tenant, content=f"text {id}", at=at,
+                                             channel=channel, kind=kind),
+                                     thread_id=thread, reply_to=reply)  # fmt: skip
+        with store.write() as w:
+            w.insert(memory)
+
+    for i in range(6):  # the channel's turns c0..c5
+        add(f"c{i}", 100.0 + i)
+    add("elsewhere", 102.5, channel="d")  # another channel: never a turn of c
+    add("fact", 102.6, kind="fact")  # not a message: never a turn
+    add("c2-foreign", 102.5, tenant="u")  # another tenant: never returned
+    add("r1", 110.0, reply="c2")
+    add("r2", 111.0, reply="c2")
+    add("r3", 112.0, reply="r1")
+    add("t0", 120.0)  # a thread's root (starts the thread, thread_id unset)
+    for i in range(1, 5):
+        add(f"t{i}", 120.0 + i, thread="t0")
+    add("n0", 130.0, channel=None)
+    add("n1", 131.0, channel=None)
+    c2, r1, t2, t0, n0 = (store.get("t", i) for i in ("c2", "r1", "t2", "t0", "n0"))
+
+    links = store.neighbours("t", [c2, r1, t2, t0, n0], turns=2, replies=3)
+    got: dict[tuple[int, str], list[str]] = {}
+    for link in links:
+        got.setdefault((link.anchor, link.relation), []).append(link.memory.id)
+    got = {key: sorted(ids) for key, ids in got.items()}
+    assert got[(0, "before")] == ["c0", "c1"]
+    assert got[(0, "after")] == ["c3", "c4"]
+    assert got[(0, "reply")] == ["r1", "r2"]
+    assert got[(1, "parent")] == ["c2"]
+    assert got[(1, "sibling")] == ["r2"]
+    assert got[(1, "reply")] == ["r3"]
+    assert got[(2, "before")] == ["t1"]  # a thread reply's turns are its thread's
+    assert got[(2, "after")] == ["t3", "t4"]
+    assert got[(2, "root")] == ["t0"]
+    assert got[(3, "reply")] == ["t1", "t2", "t3"]  # at most `replies`, oldest first
+    assert got[(4, "after")] == ["n1"]  # no channel: the session's messages without one
+    assert (4, "before") not in got
+    every = {link.memory.id for link in links}
+    assert not every & {"elsewhere", "fact", "c2-foreign"}
+    assert store.neighbours("t", []) == []
+    many = store.neighbours("t", [c2] * 45 + [r1], turns=1, replies=0)  # several statements
+    assert {(link.anchor, link.relation, link.memory.id) for link in many} >= {
+        (44, "after", "c3"), (45, "parent", "c2")
+    }  # fmt: skip
+    assert {link.memory.id for link in store.neighbours("u", [c2])} == {"c2-foreign"}
+
+
+def test_neighbours_follow_a_folded_parent(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("keep", content="the aggregate", at=100.0))
+    keep = store.get("t", "keep")
+    with store.write() as w:
+        w.add_aliases([Alias(tenant="t", id="folded", rowid=keep.rowid,
+                             status="duplicate", created_at=101.0)])  # fmt: skip
+        w.insert(dataclasses.replace(_memory("child", content="a reply", at=102.0),
+                                     reply_to="folded"))  # fmt: skip
+    child = store.get("t", "child")
+    links = store.neighbours("t", [child], turns=0)
+    assert [(link.relation, link.memory.id) for link in links] == [("parent", "keep")]

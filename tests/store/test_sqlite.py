@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +30,11 @@ def test_migrations_plan_then_apply(tmp_path: Path) -> None:
     names = [m.name for m in migrations.plan(conn)]
     assert names[0] == "initial"
     assert "serve_api_keys" in names
-    assert [m.version for m in migrations.apply(conn)] == list(range(1, len(names) + 1))
+    versions = [m.version for m in migrations.MIGRATIONS]
+    assert versions == sorted(set(versions))
+    assert [m.version for m in migrations.apply(conn)] == versions
     assert migrations.plan(conn) == []
-    assert migrations.current_version(conn) == len(names)
+    assert migrations.current_version(conn) == versions[-1]
 
 
 def test_later_migrations_upgrade_a_version_1_database(tmp_path: Path) -> None:
@@ -102,4 +106,35 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     assert [m.id for m, _ in found] == ["hit"]
     # With two terms or fewer every term is searched.
     assert len(store.search("t", ["status", "zeppelin"], limit=5)) == 5
+    store.close()
+
+
+def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        w.insert(_memory("a", content="a question?", at=1.0))
+        w.insert(dataclasses.replace(_memory("b", content="an answer", at=2.0), reply_to="a",
+                                     thread_id="a"))  # fmt: skip
+        w.insert(_memory("n", content="no channel", at=3.0, channel=None))
+    statements: list[str] = []
+    plan: list[str] = []
+    read = store._read
+
+    def explained(sql: str, params: Any) -> list[Any]:
+        statements.append(sql)
+        plan.extend(r[-1] for r in store._query("EXPLAIN QUERY PLAN " + sql, params))
+        return read(sql, params)
+
+    store._read = explained  # type: ignore[method-assign]
+    anchors = [store.get("t", i) for i in ("a", "b", "n")]
+    statements.clear()
+    plan.clear()
+    links = store.neighbours("t", anchors)
+    assert {(link.anchor, link.relation, link.memory.id) for link in links} >= {
+        (0, "reply", "b"), (1, "parent", "a")
+    }  # fmt: skip
+    assert len(statements) == 1
+    touching = [step for step in plan if " memories " in f"{step} " or " aliases " in step]
+    assert touching
+    assert all(step.startswith("SEARCH") for step in touching), plan
     store.close()

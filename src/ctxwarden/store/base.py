@@ -43,6 +43,7 @@ __all__ = [
     "FoldTarget",
     "Inclusion",
     "KeyStore",
+    "Link",
     "NewMemory",
     "Store",
     "TokenCount",
@@ -324,6 +325,21 @@ class Writer(Protocol):
         """
 
 
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A memory next to an anchor in its conversation (:meth:`Store.neighbours`).
+
+    ``relation``: ``"before"`` / ``"after"`` (the nearest turns in the anchor's thread, or in
+    its session and channel when it is in no thread), ``"parent"`` (the message it replies to),
+    ``"root"`` (its thread's first message), ``"reply"`` (a message replying to it or in the
+    thread it starts), ``"sibling"`` (another reply to its parent).
+    """
+
+    anchor: int  # index into the anchors asked for
+    relation: str
+    memory: Memory
+
+
 @runtime_checkable
 class Store(Protocol):
     """A storage backend. Implementations: ``SQLiteStore``, ``PostgresStore``."""
@@ -436,6 +452,15 @@ class Store(Protocol):
 
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""
+
+    def neighbours(
+        self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
+    ) -> list[Link]:
+        """The conversation around each anchor, in one indexed statement: up to ``turns``
+        ``message`` memories before and after it in its place (its thread when it replies in
+        one, else its session and channel), its parent (through an alias if the parent was
+        folded) and thread root, and the first ``replies`` replies to it and to its parent
+        (siblings). An anchor is never its own neighbour; a memory may come in several links."""
 
     # -- semantic de-dup (ctxwarden.semantic) ------------------------------------------------
 

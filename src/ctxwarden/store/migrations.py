@@ -302,6 +302,20 @@ MIGRATIONS: tuple[Migration, ...] = (
                ON memories (tenant, channel, last_seen_at, near_key) WHERE near_key IS NOT NULL""",
         ),
     ),
+    Migration(
+        version=7,
+        name="neighbour_indexes",
+        statements=(
+            # Retrieval's neighbour expansion (``Store.neighbours``): a hit's replies, its
+            # siblings and the turns of its thread, each an index range scan in time order.
+            # Partial: most chat messages reply to nothing and start no thread.
+            """CREATE INDEX memories_reply ON memories (tenant, reply_to, kind, created_at, rowid)
+               WHERE reply_to IS NOT NULL""",
+            """CREATE INDEX memories_thread
+               ON memories (tenant, thread_id, kind, created_at, rowid)
+               WHERE thread_id IS NOT NULL""",
+        ),
+    ),
 )
 
 

@@ -232,6 +232,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         name="retrieve_author_index",
         statements=("CREATE INDEX memories_author ON memories (tenant, author)",),
     ),
+    Migration(
+        version=7,
+        name="neighbour_indexes",
+        statements=(
+            # Retrieval's neighbour expansion (``Store.neighbours``): see SQLite migration 7.
+            """CREATE INDEX memories_reply ON memories (tenant, reply_to, kind, created_at, rowid)
+               WHERE reply_to IS NOT NULL""",
+            """CREATE INDEX memories_thread
+               ON memories (tenant, thread_id, kind, created_at, rowid)
+               WHERE thread_id IS NOT NULL""",
+        ),
+    ),
 )
 
 _VERSION_TABLE = """

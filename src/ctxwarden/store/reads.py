@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound
+from ctxwarden.store.base import Link
 from ctxwarden.types import Memory
 
 __all__ = ["MEMORY_COLUMNS", "MemoryReads", "memory_of"]
@@ -221,6 +222,74 @@ class MemoryReads:
             )
             out.extend(memory_of(r) for r in rows)
         return out
+
+    def neighbours(
+        self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
+    ) -> list[Link]:
+        """The conversation around each anchor (see :meth:`Store.neighbours`): one statement,
+        a ``UNION ALL`` of small index range scans (``memories_channel_recent``,
+        ``memories_thread``, ``memories_reply``, the ``(tenant, id)`` key), each bounded by its
+        own ``LIMIT``, so a message with thousands of replies costs ``replies`` rows. Beyond
+        40 anchors, one statement per 40 (SQLite allows 500 terms in a compound SELECT)."""
+        if len(anchors) > 40:
+            return [
+                Link(start + link.anchor, link.relation, link.memory)
+                for start in range(0, len(anchors), 40)
+                for link in self.neighbours(
+                    tenant, anchors[start : start + 40], turns=turns, replies=replies
+                )
+            ]
+        branches: list[str] = []
+        params: list[Any] = []
+
+        def branch(index: int, relation: str, where: str, args: Sequence[Any], order: str,
+                   limit: int) -> None:  # fmt: skip
+            # Literal anchor index and relation (ints and fixed words, never user text).
+            branches.append(
+                f"SELECT {index} AS anchor, '{relation}' AS relation, b{len(branches)}.* FROM "
+                f"(SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND {where} "
+                f"ORDER BY {order} LIMIT {int(limit)}) AS b{len(branches)}"
+            )
+            params.extend((tenant, *args))
+
+        forward, backward = "created_at, rowid", "created_at DESC, rowid DESC"
+        for index, anchor in enumerate(anchors):
+            at = (anchor.created_at, anchor.rowid)
+            in_thread = anchor.thread_id is not None and anchor.thread_id != anchor.id
+            if in_thread:
+                place, place_args = "thread_id = ?", [anchor.thread_id]
+            elif anchor.channel is None:
+                place, place_args = "session = ? AND channel IS NULL", [anchor.session]
+            else:
+                place, place_args = "session = ? AND channel = ?", [anchor.session, anchor.channel]
+            if turns > 0:
+                branch(index, "before", f"{place} AND kind = 'message' AND (created_at, rowid) "
+                       "< (?, ?)", [*place_args, *at], backward, turns)  # fmt: skip
+                branch(index, "after", f"{place} AND kind = 'message' AND (created_at, rowid) "
+                       "> (?, ?)", [*place_args, *at], forward, turns)  # fmt: skip
+            if anchor.reply_to is not None:
+                branch(index, "parent", "id = ?", [anchor.reply_to], "rowid", 1)
+                alias = "rowid = (SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)"
+                branch(index, "parent", alias, [tenant, anchor.reply_to], "rowid", 1)
+                if replies > 0:
+                    branch(index, "sibling", "reply_to = ? AND kind = 'message' AND rowid <> ?",
+                           [anchor.reply_to, anchor.rowid], forward, replies)  # fmt: skip
+            if in_thread and anchor.thread_id != anchor.reply_to:
+                branch(index, "root", "id = ?", [anchor.thread_id], "rowid", 1)
+            if replies > 0:
+                branch(index, "reply", "reply_to = ? AND kind = 'message'", [anchor.id], forward,
+                       replies)  # fmt: skip
+                if not in_thread:
+                    branch(index, "reply", "thread_id = ? AND kind = 'message'", [anchor.id],
+                           forward, replies)  # fmt: skip
+        if not branches:
+            return []
+        links: list[Link] = []
+        for row in self._read(" UNION ALL ".join(branches), params):
+            memory, index = memory_of(row[2:]), int(row[0])
+            if memory.rowid != anchors[index].rowid:
+                links.append(Link(index, str(row[1]), memory))
+        return links
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""
