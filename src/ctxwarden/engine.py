@@ -425,6 +425,7 @@ class Engine:
             by_tenant.setdefault(item.record.tenant, []).append(item)
         config = self.config.dedupe
         index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
+        heads_of: dict[tuple[str, str | None], tuple[str, ...]] = {}
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
             for tenant_name, items in by_tenant.items():
@@ -480,16 +481,20 @@ class Engine:
                             )
                         )
                         continue
-                heads: list[str] = []
+                heads: tuple[str, ...] = ()
                 since = item.created_at
                 if candidate is not None:
                     assert config is not None
-                    heads = [
-                        f"{kind}:{value or ''}"
-                        for kind, value in exact_scopes(
-                            config, session=record.session, channel=record.channel
+                    scope = (record.session, record.channel)
+                    cached_heads = heads_of.get(scope)
+                    if cached_heads is None:
+                        cached_heads = heads_of[scope] = tuple(
+                            f"{kind}:{value or ''}"
+                            for kind, value in exact_scopes(
+                                config, session=record.session, channel=record.channel
+                            )
                         )
-                    ]
+                    heads = cached_heads
                     since -= config.exact_ttl_seconds
                 # A concurrent writer (PostgreSQL) may have committed a verbatim copy since the
                 # targets were read: the store folds into it then, or reports the id as known.
@@ -587,19 +592,27 @@ class Engine:
         index: FoldIndex,
     ) -> None:
         """Load every stored message the batch's records of ``tenant`` may fold into."""
-        exact: dict[str, list[tuple[str | None, str]]] = {}
+        kinds = [kind for kind, _ in exact_scopes(config, session="", channel=None)]
+        exact: dict[str, list[tuple[str | None, str]]] = {kind: [] for kind in kinds}
+        by_channel = exact.get("channel")
+        by_session = exact.get("session")
         near: list[tuple[str | None, str]] = []
+        use_near = config.near
         oldest = None
         for item in items:
             candidate = item.candidate
             if candidate is None:
                 continue
             record = item.record
-            for kind, value in exact_scopes(config, session=record.session, channel=record.channel):
-                exact.setdefault(kind, []).append((value, candidate.exact_key))
-            if config.near and candidate.near_key is not None:
+            key = candidate.exact_key
+            if by_channel is not None:
+                by_channel.append((record.channel, key))
+            if by_session is not None:
+                by_session.append((record.session, key))
+            if use_near and candidate.near_key is not None:
                 near.append((record.channel, candidate.near_key))
-            oldest = item.created_at if oldest is None else min(oldest, item.created_at)
+            if oldest is None or item.created_at < oldest:
+                oldest = item.created_at
         if oldest is None:
             return
         # One lookup per scope kind (channel, session); the near keys ride with the first.
