@@ -47,6 +47,7 @@ from typing import Final, Literal
 
 import xxhash
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.errors import ConfigError
 from ctxwarden.normalize import attachment_text, canonical, mask_volatile_values
 
@@ -169,6 +170,7 @@ def near_key(*, author: str | None, tokens: Sequence[str]) -> str | None:
     return _digest64(author or "", " ".join(tokens))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DedupeCandidate:
     """A message analysed for de-duplication: its keys and what :func:`may_fold` compares.

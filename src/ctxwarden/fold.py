@@ -30,6 +30,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_scopes, may_fold
 from ctxwarden.store.base import FoldTarget
 
@@ -39,6 +40,7 @@ __all__ = ["NEAR_CANDIDATES", "Aggregate", "Analysed", "FoldIndex"]
 NEAR_CANDIDATES = 4
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Analysed:
     """An aggregate as the rule sees it: its first member's slot values and its newest member's

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.errors import InputError
 
 __all__ = [
@@ -160,6 +161,7 @@ def _content_text(value: object, line: int | None) -> str:
     )
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Record:
     """One event to ingest: a chat message, an OpenAI-style message, a fact or a pinned note.
@@ -474,6 +476,7 @@ class Memory(NamedTuple):
         }
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IngestOutcome:
     """What became of one record: stored, folded into an aggregate, or already known."""
