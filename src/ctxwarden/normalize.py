@@ -119,6 +119,53 @@ def canonical_url(url: str) -> str:
     """
     if "://" not in url:
         return url
+    fast = _simple_url(url)
+    if fast is not None:
+        return fast
+    return _general_url(url)
+
+
+# An http(s)/ftp URL whose query needs no decoding or re-encoding: every key and value is
+# made only of characters that ``quote(safe="")`` leaves alone. For these the result is what
+# _general_url returns (a property test holds it to that) without urllib's parsing.
+_SIMPLE_URL_RE: Final = re.compile(
+    r"(?i)(https?|ftp)://([^/?#\[\]\\%\s]+)(/[^?#\s]*)?(?:\?([A-Za-z0-9_.~&=-]*))?(?:#\S*)?"
+)
+
+
+def _simple_url(url: str) -> str | None:
+    if not url.isascii() or not url.isprintable():
+        return None
+    match = _SIMPLE_URL_RE.fullmatch(url)
+    if match is None:
+        return None
+    scheme_text, netloc, path, query = match.groups()
+    scheme = scheme_text.lower()
+    netloc = netloc.lower()
+    default_port = _DEFAULT_PORTS[scheme]
+    if netloc.endswith(default_port):
+        netloc = netloc[: -len(default_port)]
+        if not netloc:
+            return None
+    path = (path or "").rstrip("/")
+    if not query:
+        return f"{scheme}://{netloc}{path}"
+    kept: list[tuple[str, str]] = []
+    for pair in query.split("&"):
+        if not pair:
+            continue
+        key, _, value = pair.partition("=")
+        if "=" in value:
+            return None  # urlencode would quote it
+        if not _is_tracking(key):
+            kept.append((key, value))
+    if not kept:
+        return f"{scheme}://{netloc}{path}"
+    kept.sort()
+    return f"{scheme}://{netloc}{path}?" + "&".join(f"{key}={value}" for key, value in kept)
+
+
+def _general_url(url: str) -> str:
     try:
         parts = urlsplit(url)
     except ValueError:  # e.g. an unbalanced IPv6 bracket: leave the text alone rather than guess
