@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ctxwarden._fastinit import fast_init
-from ctxwarden.dedupe import DedupeCandidate
+from ctxwarden.dedupe import DedupeCandidate, FoldDecision
 from ctxwarden.fold import Analysed
 from ctxwarden.store.base import Alias, FoldTarget, NewMemory
 from ctxwarden.types import IngestOutcome, Record
@@ -69,7 +69,8 @@ def test_refuses_what_it_cannot_copy() -> None:
 
 
 @pytest.mark.parametrize(
-    "cls", [Record, IngestOutcome, NewMemory, FoldTarget, Alias, DedupeCandidate, Analysed]
+    "cls",
+    [Record, IngestOutcome, NewMemory, FoldTarget, Alias, DedupeCandidate, FoldDecision, Analysed],
 )
 def test_ingest_types_use_it_and_set_every_field(cls: type) -> None:
     assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"

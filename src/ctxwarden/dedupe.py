@@ -237,6 +237,7 @@ class DedupeCandidate:
         )
 
 
+@fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FoldDecision:
     """Whether a new message folds into an old one, by which layer, and why.
@@ -333,10 +334,11 @@ def _slot_types(tokens: tuple[str, ...]) -> list[str]:
 
 
 def _speaks_of_change(candidate: DedupeCandidate) -> str | None:
-    for token in candidate.tokens:
-        if token in BOT_CHANGE_WORDS:
-            return token
-    if _FROM_TO_RE.search(candidate.masked):
+    if not BOT_CHANGE_WORDS.isdisjoint(candidate.tokens):  # one test in C, then which word
+        for token in candidate.tokens:
+            if token in BOT_CHANGE_WORDS:
+                return token
+    if "from <" in candidate.masked and _FROM_TO_RE.search(candidate.masked):
         return "from ... to ..."
     return None
 
