@@ -426,8 +426,9 @@ class Engine:
         fresh: dict[int, Analysed] = {}
         index.analysed(fresh)
         for rowid, analysed in fresh.items():
-            cache[rowid] = analysed
-            cache.move_to_end(rowid)
+            if rowid in cache:
+                cache.move_to_end(rowid)
+            cache[rowid] = analysed  # a new key goes to the end
         while len(cache) > CANDIDATE_CACHE_SIZE:
             cache.popitem(last=False)
         if cache and prepared and self.config.dedupe is not None:
@@ -439,10 +440,12 @@ class Engine:
             horizon = max(item.created_at for item in prepared) - max(
                 dedupe.exact_ttl_seconds, dedupe.near_window_seconds
             )
-            while cache:
-                rowid, oldest = next(iter(cache.items()))
+            stale: list[int] = []
+            for rowid, oldest in cache.items():
                 if oldest.seen_at >= horizon:
                     break
+                stale.append(rowid)
+            for rowid in stale:
                 del cache[rowid]
         return prepared, outcomes
 
