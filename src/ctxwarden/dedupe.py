@@ -39,6 +39,7 @@ The rule (:func:`may_fold`), from principles rather than from any data set:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -329,8 +330,19 @@ def _within(new: DedupeCandidate, old: DedupeCandidate, seconds: float) -> bool:
     return abs(new.created_at - old.created_at) <= seconds
 
 
-def _slot_types(tokens: tuple[str, ...]) -> list[str]:
-    return [token for token in tokens if token.startswith("<") and token.endswith(">")]
+# A bot family's messages share one skeleton: its slots are worked out once.
+@functools.lru_cache(maxsize=1024)
+def _slot_types(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(token for token in tokens if token.startswith("<") and token.endswith(">"))
+
+
+def _differing(old: DedupeCandidate, new: DedupeCandidate) -> str:
+    """The slot values that differ, ``"before -> after"``, comma-separated."""
+    return ", ".join(
+        f"{before} -> {after}"
+        for before, after in zip(old.values, new.values, strict=True)
+        if before != after
+    )
 
 
 def _speaks_of_change(candidate: DedupeCandidate) -> str | None:
@@ -376,19 +388,19 @@ def may_fold(
     if len(new.values) != len(old.values):
         # Only possible when a text spells a placeholder literally ("<num>"): not comparable.
         return FoldDecision(fold=False, layer=None, reason="different-text")
-    differing = [
-        (before, after)
-        for before, after in zip(old.values, new.values, strict=True)
-        if before != after
-    ]
-    detail = ", ".join(f"{before} -> {after}" for before, after in differing)
     if new.author_kind != "bot" or old.author_kind != "bot":
-        return FoldDecision(fold=False, layer=None, reason=f"person-values-differ: {detail}")
+        return FoldDecision(
+            fold=False, layer=None, reason=f"person-values-differ: {_differing(old, new)}"
+        )
     if not config.fold_bot_values:
-        return FoldDecision(fold=False, layer=None, reason=f"bot-values-differ: {detail}")
+        return FoldDecision(
+            fold=False, layer=None, reason=f"bot-values-differ: {_differing(old, new)}"
+        )
     change = _speaks_of_change(new) or _speaks_of_change(old)
     if change is not None:
-        return FoldDecision(fold=False, layer=None, reason=f"change-language ({change}): {detail}")
+        return FoldDecision(
+            fold=False, layer=None, reason=f"change-language ({change}): {_differing(old, new)}"
+        )
     slots = _slot_types(new.tokens)
     kinds = " ".join(
         slot
