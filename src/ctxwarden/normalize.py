@@ -389,7 +389,11 @@ def _volatile_spans(text: str) -> list[tuple[int, int, str]]:
             while start > position and text[start - 1] in _HEX_RUN:
                 start -= 1
             match = match_at(text, start)
-        elif index >= position + 2 and text[index - 1] == " ":
+        elif (
+            index >= position + 2
+            and text[index - 1] == " "
+            and (text[index - 2].isalpha() or text[index - 2] == ".")  # a month word's end
+        ):
             start = max(position, text.rfind(" ", position, index - 1) + 1)
             if text[start : index - 1].rstrip(".").lower() in _MONTH_WORDS:
                 match = match_at(text, start)
