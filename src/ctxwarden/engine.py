@@ -345,20 +345,28 @@ class Engine:
         # bench/ingest.py): collections wait until the batch is decided and written.
         with _collections_paused():
             prepared, outcomes = self._ingest_batch(records, tenant=tenant, session=session)
-        result = IngestResult(outcomes=tuple(outcomes))
-        if self.config.auto_summarize:
-            touched = {
-                (item.record.tenant, item.record.session)
-                for item, outcome in zip(prepared, outcomes, strict=True)
-                if outcome.status == "stored"
-            }
-            for tenant_name, session_name in sorted(touched):
-                self.summarize_session(session_name, tenant=tenant_name)
-        for item in prepared:  # keep the author cache of retrieval current
-            cached = self._author_cache.get(item.record.tenant)
-            if cached is not None and item.record.author and item.record.author not in cached[1]:
-                cached[1].append(item.record.author)
-        if self.config.embed != "off" and any(o.status == "stored" for o in outcomes):
+            result = IngestResult(outcomes=tuple(outcomes))
+            touched: set[tuple[str, str]] = set()
+            if self.config.auto_summarize:
+                touched = {
+                    (item.record.tenant, item.record.session)
+                    for item, outcome in zip(prepared, outcomes, strict=True)
+                    if outcome.status == "stored"
+                }
+            for item in prepared:  # keep the author cache of retrieval current
+                cached = self._author_cache.get(item.record.tenant)
+                if (
+                    cached is not None
+                    and item.record.author
+                    and item.record.author not in cached[1]
+                ):
+                    cached[1].append(item.record.author)
+            embed = self.config.embed != "off" and any(o.status == "stored" for o in outcomes)
+            # Dropped before collections resume, so the next one need not walk them.
+            del prepared, outcomes
+        for tenant_name, session_name in sorted(touched):
+            self.summarize_session(session_name, tenant=tenant_name)
+        if embed:
             self._after_ingest()
         return result
 
