@@ -19,8 +19,8 @@ Round 1: token counts on first use, one executemany per batch, time-first de-dup
 | round | load average | before: CPU us/msg (first -> last 10k) | after |
 |---|---:|---:|---:|
 | 1 | ~12 | 130 (103 -> 146) | 69 (65 -> 73) |
-| 2 | ~20 | 74 (71 -> 74) | 56 (53 -> 57) |
-| 2, 50k messages | ~3 | 65-68 | 50-51 |
+| 2 | ~20 | 74 (71 -> 77) | 56 (52 -> 58) |
+| 2 | ~9 | 74 (69 -> 78) | 54 (49 -> 54) |
 
 Round 2 (same outcomes, same de-dup quality): ``fast_init`` gives the frozen dataclasses made
 per record (Record, NewMemory, DedupeCandidate, IngestOutcome, ...) an ``__init__`` that sets
@@ -31,11 +31,12 @@ percent-coding (bots' fresh tracking ids missed its LRU every time); the de-dup 
 digits and weekdays by substring, strips one-line bullets by ``match``, and translates
 formatting characters as bytes; ``FoldIndex`` keys layer A by (tenant, key) and computes scopes
 once per (session, channel); ``may_fold`` builds the differing-values detail only for a refusal;
-new rows reach FTS5 by rowid range. At load ~20 that is 18,000 messages per CPU second: the 50 us
-target is met only on a quiet machine (load ~3: 50-51 us measured on 50k messages), not under
-the usual load of this shared machine.
+new rows reach FTS5 by rowid range. That is ~18,400 messages per CPU second: still short of the
+50 us target (only the first 10k slice, on a small store, is under it). A 50k run at load ~3
+(before the last three of those changes) gave 50-51 us against 65-68 before, so a quieter machine
+does not close the gap either: CPU time barely moves with the load here.
 
-Where the ~55 us go now (load ~17, per message): SQLite ~19 (the insert with its nine indexes
+Where the ~54 us go now (load ~17, per message): SQLite ~19 (the insert with its nine indexes
 ~10, FTS ~3, commit ~2, de-dup lookups ~2, aliases and id resolution ~1.5), the de-dup
 analysis (``DedupeCandidate.build``) ~12 (bots' messages ~14: matching their volatile tokens),
 engine and fold bookkeeping ~10, Record validation ~4, GC ~1. Every index serves a query
