@@ -208,3 +208,27 @@ def test_plain_dict_fast_path_matches_full_validation(
             return (type(exc).__name__, getattr(exc, "field", None))
 
     assert build(dict(data)) == build(MappingProxyType(data))
+
+
+def test_ingest_pauses_the_garbage_collector_only_while_it_runs(engine: Engine) -> None:
+    import gc
+
+    seen: list[bool] = []
+
+    def records() -> Any:
+        seen.append(gc.isenabled())
+        yield _msg(0, "hello")
+
+    assert gc.isenabled()
+    engine.ingest(records())
+    assert seen == [False]
+    assert gc.isenabled()
+    with pytest.raises(InputError):
+        engine.ingest([{"content": ""}])
+    assert gc.isenabled()  # restored after an error too
+    gc.disable()
+    try:
+        engine.ingest([_msg(1, "world")])
+        assert not gc.isenabled()  # a caller's choice is left alone
+    finally:
+        gc.enable()

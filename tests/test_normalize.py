@@ -222,3 +222,56 @@ def test_canonical_is_stable_across_calls() -> None:
     assert canonical("• Deploy #12 DONE https://X.io/a/?utm_source=z&b=1#top") == (
         "deploy #12 done https://x.io/a?b=1"
     )
+
+
+_URL_PIECES = st.text(alphabet="aZ09_.~-=&?#/:%+@[] \\é\t", max_size=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.sampled_from(["http", "HTTPS", "ftp", "Https", "mailto", "ws"]),
+    st.text(alphabet="aZ09.-:@[]%", min_size=0, max_size=10),
+    _URL_PIECES,
+    st.lists(
+        st.tuples(
+            st.sampled_from(["utm_source", "ref", "a", "B", "", "x=y", "fbclid", "q"]),
+            _URL_PIECES,
+        ),
+        max_size=4,
+    ),
+    st.sampled_from(["", "#", "#top", "#a?b", "?"]),
+)
+def test_simple_url_path_agrees_with_urllib(
+    scheme: str, host: str, path: str, query: list[tuple[str, str]], tail: str
+) -> None:
+    # The fast path (no urllib parsing) must give urllib's answer whenever it answers at all.
+    from ctxwarden.normalize import _general_url, _simple_url
+
+    joined = "&".join(f"{k}={v}" if v != "=" else k for k, v in query)
+    url = f"{scheme}://{host}/{path}" + (f"?{joined}" if query else "") + tail
+    fast = _simple_url(url)
+    if fast is not None:
+        assert fast == _general_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://blog.example.com/post-7?utm_source=feed&utm_campaign=c1&ref=x9",
+        "http://News.Example.org:80/item/5?b=2&a=1&fbclid=abc#frag",
+        "https://x.io?a&b=&=c&&d=1",
+        "https://x.io/a//?z=1",
+        "ftp://Files.Example.com:21/pub/",
+        "https://x.io/p?a=b=c",
+        "https://x.io/p?q=a+b",
+        "https://x.io/p?q=%41",
+        "https://:443/p",
+        "https://[::1]:443/p",
+    ],
+)
+def test_canonical_url_fast_and_general_agree(url: str) -> None:
+    from ctxwarden.normalize import _general_url, _simple_url
+
+    fast = _simple_url(url)
+    assert fast is None or fast == _general_url(url)
+    assert canonical_url(url) == _general_url(url)

@@ -30,6 +30,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_scopes, may_fold
 from ctxwarden.store.base import FoldTarget
 
@@ -39,6 +40,7 @@ __all__ = ["NEAR_CANDIDATES", "Aggregate", "Analysed", "FoldIndex"]
 NEAR_CANDIDATES = 4
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Analysed:
     """An aggregate as the rule sees it: its first member's slot values and its newest member's
@@ -141,30 +143,35 @@ class FoldIndex:
     def __init__(self, config: DedupeConfig, *, cache: Mapping[int, Analysed]) -> None:
         self.config = config
         self._cache = cache
-        self._exact: dict[tuple[str, str, str | None, str], list[Aggregate]] = {}
+        kinds = {kind for kind, _ in exact_scopes(config, session="", channel=None)}
+        self._by_channel = "channel" in kinds
+        self._by_session = "session" in kinds
+        # Layer A by (tenant, key) only: a key's bucket holds a handful of aggregates, and
+        # testing their channel and session is cheaper than building a key per scope.
+        self._exact: dict[tuple[str, str], list[Aggregate]] = {}
         self._near: dict[tuple[str, str | None, str], list[Aggregate]] = {}
         self._rows: dict[int, Aggregate] = {}
-
-    def _exact_keys(
-        self, tenant: str, session: str, channel: str | None, content_hash: str
-    ) -> list[tuple[str, str, str | None, str]]:
-        return [
-            (tenant, kind, value, content_hash)
-            for kind, value in exact_scopes(self.config, session=session, channel=channel)
-        ]
+        self._changed: list[Aggregate] = []
 
     def add(self, aggregate: Aggregate) -> None:
         """Index a prefetched or newly stored aggregate (a rowid already indexed is ignored)."""
-        if aggregate.rowid in self._rows:
+        rows = self._rows
+        if aggregate.rowid in rows:
             return
-        self._rows[aggregate.rowid] = aggregate
-        for key in self._exact_keys(
-            aggregate.tenant, aggregate.session, aggregate.channel, aggregate.content_hash
-        ):
-            self._exact.setdefault(key, []).append(aggregate)
+        rows[aggregate.rowid] = aggregate
+        key = (aggregate.tenant, aggregate.content_hash)
+        bucket = self._exact.get(key)
+        if bucket is None:
+            self._exact[key] = [aggregate]
+        else:
+            bucket.append(aggregate)
         if aggregate.near_key is not None:
             near = (aggregate.tenant, aggregate.channel, aggregate.near_key)
-            self._near.setdefault(near, []).append(aggregate)
+            bucket = self._near.get(near)
+            if bucket is None:
+                self._near[near] = [aggregate]
+            else:
+                bucket.append(aggregate)
 
     def find(
         self,
@@ -178,32 +185,36 @@ class FoldIndex:
         aggregate's first member's values; None when it is to be stored."""
         config = self.config
         created = candidate.created_at if candidate.created_at is not None else 0.0
-        since = created - config.exact_ttl_seconds
-        hits = [
-            a
-            for key in self._exact_keys(tenant, session, channel, candidate.exact_key)
-            for a in self._exact.get(key, ())
-            if a.last_seen_at >= since
-        ]
-        if hits:
-            hit = max(hits, key=lambda a: (a.last_seen_at, a.rowid))
-            # Equal exact keys mean equal (author, canonical text, attachments), and a candidate
-            # is a function of those: the stored one differs only in its kind and time.
-            old = dataclasses.replace(
-                candidate, author_kind=hit.author_kind, created_at=hit.last_seen_at
-            )
-            decision = may_fold(candidate, old, config)
-            if decision.fold:
-                return hit, decision, candidate.values
+        bucket = self._exact.get((tenant, candidate.exact_key))
+        if bucket:
+            since = created - config.exact_ttl_seconds
+            by_channel, by_session = self._by_channel, self._by_session
+            hits = [
+                a
+                for a in bucket
+                if a.last_seen_at >= since
+                and ((by_channel and a.channel == channel) or (by_session and a.session == session))
+            ]
+            if hits:
+                hit = max(hits, key=lambda a: (a.last_seen_at, a.rowid))
+                # Equal exact keys mean equal (author, canonical text, attachments), and a
+                # candidate is a function of those: the stored one differs only in its kind
+                # and time.
+                old = dataclasses.replace(
+                    candidate, author_kind=hit.author_kind, created_at=hit.last_seen_at
+                )
+                decision = may_fold(candidate, old, config)
+                if decision.fold:
+                    return hit, decision, candidate.values
         if not config.near or candidate.near_key is None:
             return None
+        found = self._near.get((tenant, channel, candidate.near_key))
+        if not found:
+            return None
         since = created - config.near_window_seconds
-        near = [
-            a
-            for a in self._near.get((tenant, channel, candidate.near_key), ())
-            if a.last_seen_at >= since
-        ]
-        near.sort(key=lambda a: (a.last_seen_at, a.rowid), reverse=True)
+        near = [a for a in found if a.last_seen_at >= since]
+        if len(near) > 1:
+            near.sort(key=lambda a: (a.last_seen_at, a.rowid), reverse=True)
         for aggregate in near[:NEAR_CANDIDATES]:
             analysed = self._analyse(aggregate)
             decision = may_fold(candidate, analysed.latest, config)
@@ -226,7 +237,9 @@ class FoldIndex:
         created = candidate.created_at if candidate.created_at is not None else 0.0
         aggregate.dup_count += 1
         aggregate.folded += 1
-        aggregate.changed = True
+        if not aggregate.changed:
+            aggregate.changed = True
+            self._changed.append(aggregate)
         if created >= aggregate.last_seen_at:
             aggregate.latest_content = content if candidate.values != first_values else None
             aggregate.last_seen_at = created
@@ -237,7 +250,7 @@ class FoldIndex:
 
     def changed(self) -> list[Aggregate]:
         """Aggregates whose dup_count, last_seen_at or latest_content this batch changed."""
-        return [a for a in self._rows.values() if a.changed]
+        return sorted(self._changed, key=lambda a: a.rowid)
 
     def analysed(self, into: MutableMapping[int, Analysed]) -> None:
         """Copy every current analysis into ``into`` (the caller's cache, after commit)."""

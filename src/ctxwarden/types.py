@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.errors import InputError
 
 __all__ = [
@@ -160,6 +161,7 @@ def _content_text(value: object, line: int | None) -> str:
     )
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Record:
     """One event to ingest: a chat message, an OpenAI-style message, a fact or a pinned note.
@@ -308,10 +310,6 @@ class Record:
         )
 
 
-_PLAIN_STRINGS = ("tenant", "session", "channel", "author", "thread_id", "reply_to", "name",
-                  "tool_call_id")  # fmt: skip
-
-
 def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
     """The common record (plain strings, a number or nothing for the time, no tool calls,
     attachments or metadata) built without the general checks; None for anything else, which
@@ -338,8 +336,15 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
         or type(pinned) is not bool
     ):
         return None
-    for name in _PLAIN_STRINGS:
-        value = get(name)
+    tenant = get("tenant")
+    session = get("session")
+    channel = get("channel")
+    author = get("author")
+    thread_id = get("thread_id")
+    reply_to = get("reply_to")
+    name = get("name")
+    tool_call_id = get("tool_call_id")
+    for value in (tenant, session, channel, author, thread_id, reply_to, name, tool_call_id):
         if value is not None and (type(value) is not str or len(value) > 512):
             return None
     record_id = get("id")
@@ -361,19 +366,19 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
         id=record_id,
         content=content,
         role=role,
-        tenant=get("tenant") or "default",
-        session=get("session") or "default",
-        channel=get("channel"),
-        author=get("author"),
+        tenant=tenant or "default",
+        session=session or "default",
+        channel=channel,
+        author=author,
         author_kind=author_kind,
         created_at=created,
-        thread_id=get("thread_id"),
-        reply_to=get("reply_to"),
+        thread_id=thread_id,
+        reply_to=reply_to,
         kind="pinned" if pinned and kind == "message" else kind,
         pinned=pinned or kind == "pinned",
-        name=get("name"),
+        name=name,
         tool_calls=(),
-        tool_call_id=get("tool_call_id"),
+        tool_call_id=tool_call_id,
         attachments=(),
         metadata={},
     )
@@ -474,6 +479,7 @@ class Memory(NamedTuple):
         }
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IngestOutcome:
     """What became of one record: stored, folded into an aggregate, or already known."""

@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from ctxwarden._fastinit import fast_init
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class NewMemory:
     """A memory about to be inserted (ingest has validated it and made its keys)."""
@@ -80,6 +82,7 @@ class NewMemory:
     time_range: tuple[float, float] | None = None
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FoldTarget:
     """A stored memory that a new record may fold into: what the de-dup rule compares.
@@ -117,6 +120,7 @@ class AggregateUpdate:
     latest_content: str | None
 
 
+@fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Alias:
     """An id folded into (or compacted into) the memory at ``rowid``."""

@@ -202,13 +202,20 @@ class _SQLiteWriter:
 
     def flush(self) -> None:
         """Add the rows inserted so far to the full-text index (one statement per chunk)."""
-        pending, self._unindexed = self._unindexed, []
-        for start in range(0, len(pending), _CHUNK):
-            chunk = pending[start : start + _CHUNK]
+        pending, self._unindexed = sorted(set(self._unindexed)), []
+        # Ingest allocates consecutive rowids: one range scan per run of them (cheaper than
+        # probing each rowid of an IN list). Rows deleted meanwhile are simply not found.
+        runs: list[tuple[int, int]] = []
+        for rowid in pending:
+            if runs and runs[-1][1] == rowid - 1:
+                runs[-1] = (runs[-1][0], rowid)
+            else:
+                runs.append((rowid, rowid))
+        for first, last in runs:
             self._conn.execute(
                 "INSERT INTO memories_fts (rowid, content) SELECT rowid, content FROM memories "
-                f"WHERE rowid IN ({','.join('?' * len(chunk))})",
-                chunk,
+                "WHERE rowid BETWEEN ? AND ?",
+                (first, last),
             )
 
     def resolve(self, tenant: str, id: str) -> str | None:
