@@ -54,7 +54,7 @@ from ctxwarden.errors import (
     InputError,
     NotFound,
 )
-from ctxwarden.fold import Aggregate, Analysed, FoldIndex
+from ctxwarden.fold import NEAR_CANDIDATES, Aggregate, Analysed, FoldIndex
 from ctxwarden.models import ModelSpec, default_registry
 from ctxwarden.provenance import (
     PROVENANCE_KEY,
@@ -673,6 +673,8 @@ class Engine:
                 exact_since=oldest - config.exact_ttl_seconds,
                 near=near if number == 0 else (),
                 near_since=oldest - config.near_window_seconds,
+                # FoldIndex.find tries the newest NEAR_CANDIDATES of a near key, no more.
+                near_limit=NEAR_CANDIDATES,
             ):
                 index.add(Aggregate.of(target))
 

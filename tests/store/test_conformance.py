@@ -209,6 +209,11 @@ def test_find_targets_near_keys_and_null_channels(store: Store) -> None:
         assert near([("other", "k1")], 0.0) == []
         assert _targets(w, exact=[(None, "h-dm")]) == ["dm"]
         assert _targets(w, exact=[("c", "h-dm")]) == []
+        # The newest per (channel, near key) only, each channel on its own.
+        pairs = [("c", "k1"), (None, "k1"), ("c", "k2")]
+        assert _targets(w, near=pairs, near_limit=1) == ["n1", "x", "z"]
+        assert _targets(w, near=pairs, near_limit=2) == ["n1", "n2", "x", "z"]
+        assert _targets(w, near=pairs, near_since=250.0, near_limit=2) == ["n1"]
 
 
 def test_insert_or_fold_stores_what_no_one_else_stored(store: Store) -> None:

@@ -232,11 +232,15 @@ class Writer(Protocol):
         exact_since: float,
         near: Sequence[tuple[str | None, str]],
         near_since: float,
+        near_limit: int | None = None,
     ) -> list[FoldTarget]:
         """Every message that a batch's records may fold into, in indexed lookups: those whose
         (session or channel, per ``exact_scope``; content_hash) is in ``exact`` and were last seen
         at or after ``exact_since``, and those whose (channel, near_key) is in ``near`` and were
-        last seen at or after ``near_since``. Each memory at most once, in no particular order."""
+        last seen at or after ``near_since`` (only the newest ``near_limit`` of each (channel,
+        near_key) when given: a person's messages that differ in values share a near key and
+        never fold, and would otherwise all be read). Each memory at most once, in no particular
+        order."""
 
     def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
         """Add ``folded`` to dup_count; take last_seen_at and latest_content when newer."""

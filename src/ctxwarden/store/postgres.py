@@ -155,6 +155,7 @@ class _PostgresWriter:
         exact_since: float,
         near: Sequence[tuple[str | None, str]],
         near_since: float,
+        near_limit: int | None = None,
     ) -> list[FoldTarget]:
         found: dict[int, FoldTarget] = {}
         scope_column = "session" if exact_scope == "session" else "channel"
@@ -174,11 +175,19 @@ class _PostgresWriter:
             if any(p[0] is None for p in wanted):
                 arms.append((f"{scope} IS NULL", []))
             for arm, arm_params in arms:
-                rows = self._conn.execute(
+                sql = (
                     f"SELECT {_TARGET_COLUMNS} FROM memories WHERE tenant = %s AND {arm} "
-                    f"AND {key} = ANY(%s) AND last_seen_at >= %s AND kind = 'message'",
-                    [tenant, *arm_params, keys, since],
-                ).fetchall()
+                    f"AND {key} = ANY(%s) AND last_seen_at >= %s AND kind = 'message'"
+                )
+                params = [tenant, *arm_params, keys, since]
+                if key == "near_key" and near_limit is not None:
+                    sql = (
+                        f"SELECT {_TARGET_COLUMNS} FROM (SELECT *, row_number() OVER "
+                        "(PARTITION BY channel, near_key ORDER BY last_seen_at DESC, rowid DESC) "
+                        f"AS newest FROM ({sql}) AS lookup) AS ranked WHERE newest <= %s"
+                    )
+                    params.append(near_limit)
+                rows = self._conn.execute(sql, params).fetchall()
                 for row in rows:
                     target = _target(row)
                     scope_value = target.session if scope == "session" else target.channel

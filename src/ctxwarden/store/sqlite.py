@@ -147,6 +147,16 @@ _INSERT_MEMORY = (
 )
 
 
+def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[Any]]:
+    """``sql`` (a near-key lookup) keeping the newest ``limit`` rows per (channel, near_key)."""
+    return (
+        f"SELECT {_TARGET_COLUMNS} FROM (SELECT *, row_number() OVER (PARTITION BY channel, "
+        f"near_key ORDER BY last_seen_at DESC, rowid DESC) AS newest FROM ({sql})) "
+        "WHERE newest <= ?",
+        [*params, limit],
+    )
+
+
 def _memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
     return (
         rowid,
@@ -273,6 +283,7 @@ class _SQLiteWriter:
         exact_since: float,
         near: Sequence[tuple[str | None, str]],
         near_since: float,
+        near_limit: int | None = None,
     ) -> list[FoldTarget]:
         found: dict[int, FoldTarget] = {}
         scope_column = "session" if exact_scope == "session" else "channel"
@@ -302,13 +313,15 @@ class _SQLiteWriter:
                 chunk = keys[start : start + _CHUNK]
                 for arm in arms:
                     params = [tenant, *(values if "IN" in arm else ()), *chunk, since]
-                    for row in self._conn.execute(
+                    sql = (
                         f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
                         f"WHERE tenant = ? AND {arm} "
                         f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
-                        "AND kind = 'message'",
-                        params,
-                    ):
+                        "AND kind = 'message'"
+                    )
+                    if key == "near_key" and near_limit is not None:
+                        sql, params = _newest_per_key(sql, params, near_limit)
+                    for row in self._conn.execute(sql, params):
                         target = _target(row)
                         scope_value = target.session if scope == "session" else target.channel
                         pair = (
