@@ -105,55 +105,6 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     store.close()
 
 
-def test_reads_do_not_wait_for_a_write_transaction_of_another_thread(tmp_path: Path) -> None:
-    import threading
-
-    store = SQLiteStore(tmp_path / "x.db")
-    with store.write() as w:
-        w.insert(_memory("a", content="zebra one"))
-    opened, release = threading.Event(), threading.Event()
-    seen: dict[str, object] = {}
-
-    def writer() -> None:
-        with store.write() as w:
-            w.insert(_memory("b", content="zebra two"))
-            w.set_pinned("t", "a", True)
-            opened.set()
-            release.wait(30)
-
-    def reader() -> None:
-        # while the other thread's transaction is open: the last committed state
-        seen["ids"] = sorted(m.id for m, _ in store.search("t", ["zebra"]))
-        seen["pinned"] = store.get("t", "a").pinned
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    assert opened.wait(30)
-    other = threading.Thread(target=reader)
-    other.start()
-    other.join(30)
-    finished = not other.is_alive()
-    release.set()
-    thread.join(30)
-    assert finished  # a read behind the store's lock would still be waiting here
-    assert seen == {"ids": ["a"], "pinned": False}
-    assert sorted(m.id for m, _ in store.search("t", ["zebra"])) == ["a", "b"]
-    assert store.get("t", "a").pinned
-    store.close()
-    with pytest.raises(StoreError, match="closed"):
-        store.get("t", "a")
-
-
-def test_a_write_transaction_reads_its_own_changes(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "x.db")
-    with store.write() as w:
-        w.insert(_memory("a", content="zebra one"))
-    with store.write() as w:
-        w.set_pinned("t", "a", True)
-        assert store.get("t", "a").pinned  # the writer's connection, not a reader's snapshot
-    store.close()
-
-
 def test_contexts_logged_from_many_threads_are_all_written(tmp_path: Path) -> None:
     import threading
 

@@ -2,11 +2,8 @@
 
 WAL journal (readers never block the writer), ``synchronous=NORMAL`` (durable across process
 crashes; a power loss may drop the last commits but never corrupts), foreign keys on, a busy
-timeout instead of "database is locked" errors, FTS5 for lexical search. A store object may be
-shared between threads: writes go through one connection guarded by a lock; reads outside a
-write transaction use a read-only connection of the reading thread (file databases), so they
-run beside a write and beside each other (SQLite releases the GIL while it steps) instead of
-queueing behind the lock. Each read statement sees the last committed state, as before.
+timeout instead of "database is locked" errors, FTS5 for lexical search. One connection per
+store object, guarded by a lock, so a store may be shared between threads.
 """
 
 from __future__ import annotations
@@ -614,14 +611,6 @@ class SQLiteStore(MemoryReads):
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
-        # Reads outside a write use per-thread read-only connections (not for ":memory:",
-        # which is private to its connection); the writing thread reads its own transaction.
-        self._shared_file = self.path not in (":memory:", "") and not self.path.startswith("file:")
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._writer_thread: int | None = None
-        self._cache_lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
         self._vectors = VectorCache(self.path, self._query)
@@ -640,22 +629,17 @@ class SQLiteStore(MemoryReads):
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"cannot start a write transaction: {exc}") from exc
             writer = _SQLiteWriter(self._conn)
-            outer = self._writer_thread
-            self._writer_thread = threading.get_ident()
             try:
-                try:
-                    yield writer
-                    writer.flush()
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
-                try:
-                    self._conn.execute("COMMIT")
-                except sqlite3.DatabaseError as exc:
-                    self._conn.execute("ROLLBACK")
-                    raise StoreError(f"commit failed: {exc}") from exc
-            finally:
-                self._writer_thread = outer
+                yield writer
+                writer.flush()
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                self._conn.execute("ROLLBACK")
+                raise StoreError(f"commit failed: {exc}") from exc
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Cache token counts computed after ingest."""
@@ -745,42 +729,12 @@ class SQLiteStore(MemoryReads):
         return self._query(sql, params)
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        reader = self._reader()
-        if reader is not None:
-            try:
-                return reader.execute(sql, params).fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"query failed: {exc}") from exc
         with self._lock:
             self._check_open()
             try:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:
                 raise StoreError(f"query failed: {exc}") from exc
-
-    def _reader(self) -> sqlite3.Connection | None:
-        """This thread's read-only connection, or None to read through the writer's (an
-        in-memory database, or this thread is inside a write transaction)."""
-        self._check_open()
-        if not self._shared_file or self._writer_thread == threading.get_ident():
-            return None
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-                )
-                conn.execute("PRAGMA query_only = ON")
-                conn.execute("PRAGMA busy_timeout = 30000")
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
-            with self._readers_lock:  # not the writer's lock: a write may be open
-                if self._closed:
-                    conn.close()
-                    self._check_open()
-                self._readers.append(conn)
-            self._local.conn = conn
-        return conn
 
     def search(
         self, tenant: str, terms: Sequence[str], *, limit: int = 100
@@ -994,11 +948,7 @@ class SQLiteStore(MemoryReads):
         with self._lock:
             if not self._closed:
                 self._vectors.save()
-                with self._readers_lock:
-                    self._closed = True
-                    for reader in self._readers:
-                        reader.close()
-                    self._readers.clear()
+                self._closed = True
                 self._conn.close()
 
     def _check_open(self) -> None:
@@ -1170,7 +1120,7 @@ class SQLiteStore(MemoryReads):
         cached highest make up the difference, everything is read again otherwise (deletes).
         """
         key = (tenant, author)
-        with self._cache_lock:
+        with self._lock:
             count, high = self._query(
                 "SELECT count(*), max(rowid) FROM memories WHERE author = ? AND tenant = ?",
                 (author, tenant),
