@@ -679,6 +679,8 @@ class SQLiteStore(MemoryReads):
                             results[number] = exc
                 for (_, owner), result in zip(batch, results, strict=True):
                     owner.append(result)
+        if not ticket:  # the thread writing the group was interrupted (BaseException)
+            raise StoreError("the inclusion log was not written (interrupted): assemble again")
         if ticket[0] is not None:
             raise ticket[0]
 
