@@ -1,18 +1,29 @@
 """Load on the HTTP API over loopback: throughput, p50/p99 and errors per operation.
 
-    python bench/serve.py [--requests 20000] [--connections 32] [--sessions 50] [--seed 2000]
+    python bench/serve.py [--requests 20000] [--saturation-requests 20000] [--rate R]
+                          [--rate-share 0.5] [--connections 32] [--seed 2000] [--report summary]
 
 Starts ``ctxwarden serve --no-auth`` on 127.0.0.1 (a free port, a temporary database) in its own
-process, seeds ``--seed`` messages over ``--sessions`` sessions, then sends ``--requests``
-requests over ``--connections`` keep-alive connections (one thread each): 70 % assemble, 25 %
-ingest, 5 % search. Targets (issue 6): 0 errors, assemble p50 <= 10 ms, p99 <= 100 ms. The load
-generator shares the machine with the server, so on a small machine it measures both.
+process, seeds ``--seed`` messages over ``--sessions`` sessions, then runs two phases over
+``--connections`` keep-alive connections (one thread each), each in the mix 70 % assemble
+(budget 4,000), 25 % ingest (one record), 5 % search. Targets (issue 6): 0 errors, assemble
+p50 <= 10 ms, p99 <= 100 ms.
 
-Client latency with N connections always waiting on the server is queueing: by Little's law its
-mean is N / throughput, so it also prints the server process's CPU time per request (from
-/proc, Linux) and the load average, and ``--connections 1`` shows the latency of one request
-alone. ``--breakdown N`` skips the server and assembles N times in process on the same kind of
-store, printing the CPU time of each phase (timers wrapped around the engine's own functions).
+(a) Saturation: ``--saturation-requests`` in a closed loop (each connection sends its next
+request when the last is answered). This measures throughput; its latency is the queue (by
+Little's law the mean is connections / throughput), not what a client at a sane load sees.
+
+(b) Latency at a fixed offered rate: ``--requests`` in an open loop, request i due at
+``start + i / rate`` (``--rate``, default ``--rate-share`` of (a)'s throughput), like wrk2.
+Latency runs from the due time, so a server that falls behind is charged for the requests it
+delayed (no coordinated omission).
+
+Each phase prints answered req/s, p50/p99 and errors per operation, the mean of
+``engine.assemble`` inside the server (from ``/metrics``), the server process's CPU time per
+request (from /proc, Linux) and the load average. The load generator shares the machine with
+the server. ``--breakdown N`` skips the server and assembles N times in process on the same kind
+of store, printing the CPU time of each phase (timers wrapped around the engine's own
+functions).
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -57,7 +70,26 @@ def percentile(values: list[float], share: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--requests", type=int, default=20_000, help="open-loop phase")
+    parser.add_argument(
+        "--saturation-requests",
+        type=int,
+        default=20_000,
+        help="closed-loop phase (0 skips it; then --rate is needed)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop's offered req/s (default: --rate-share of saturation)",
+    )
+    parser.add_argument("--rate-share", type=float, default=0.5)
+    parser.add_argument(
+        "--report",
+        choices=["summary", "full"],
+        default="summary",
+        help="assemble's report (full: every retrieval candidate)",
+    )
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seed", type=int, default=2000, help="messages stored before the run")
@@ -65,8 +97,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="server's worker threads")
     parser.add_argument("--breakdown", type=int, default=0, help="in-process phase CPU times")
     args = parser.parse_args()
-    if not 1 <= args.requests <= MAX_REQUESTS:
-        parser.error(f"--requests must be between 1 and {MAX_REQUESTS}")
+    for name in ("requests", "saturation_requests"):
+        if not 0 <= getattr(args, name) <= MAX_REQUESTS:
+            parser.error(f"--{name.replace('_', '-')} must be between 0 and {MAX_REQUESTS}")
+    if (args.rate is not None and args.rate <= 0) or not 0 < args.rate_share <= 1:
+        parser.error("--rate must be positive and --rate-share in (0, 1]")
     if not 1 <= args.connections <= 256:
         parser.error("--connections must be between 1 and 256")
 
@@ -95,7 +130,6 @@ def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
     """CPU time per phase of ``Engine.assemble`` on a store seeded like the load run's."""
     from collections import defaultdict
     from collections.abc import Callable
-    from typing import Any
 
     import ctxwarden.engine as engine_module
     from ctxwarden import Engine
@@ -154,6 +188,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Phase:
+    """What one load phase measured."""
+
+    wall: float
+    latencies: dict[str, list[float]]
+    errors: dict[str, int]
+    statuses: dict[int, int]
+    server_cpu: float
+    load: tuple[float, float]
+    inside: float
+
+
 def run(
     args: argparse.Namespace, rng: random.Random, base: str, server: subprocess.Popen[bytes]
 ) -> None:
@@ -176,78 +223,142 @@ def run(
             ]  # fmt: skip
             client.post("/v1/ingest", json={"records": records}).raise_for_status()
 
-    plan = rng.choices(["assemble", "ingest", "search"], weights=[70, 25, 5], k=args.requests)
-    bodies = []
+    print(f"{args.seed} messages seeded over {args.sessions} sessions; "
+          f"{args.connections} connections; assemble budget 4000, report={args.report}; "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
+    rate = args.rate
+    if args.saturation_requests:
+        plan, bodies = workload(args, rng, sessions, args.saturation_requests)
+        closed = load(args, base, server, plan, bodies, rate=None)
+        report(f"(a) saturation, closed loop ({args.connections} connections always waiting)",
+               closed, len(plan))  # fmt: skip
+        if rate is None:
+            rate = args.rate_share * len(plan) / closed.wall
+    if rate is None:
+        raise SystemExit("--rate is needed when the saturation phase is skipped")
+    if args.requests:
+        plan, bodies = workload(args, rng, sessions, args.requests)
+        opened = load(args, base, server, plan, bodies, rate=rate)
+        how = "given" if args.rate else f"{args.rate_share:.0%} of saturation"
+        report(f"(b) open loop at {rate:.1f} req/s offered ({how}); latency from the scheduled "
+               "send time", opened, len(plan))  # fmt: skip
+
+
+def workload(
+    args: argparse.Namespace, rng: random.Random, sessions: list[str], count: int
+) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
+    """``count`` requests in the mix (70 % assemble, 25 % ingest, 5 % search)."""
+    plan = rng.choices(["assemble", "ingest", "search"], weights=[70, 25, 5], k=count)
+    bodies: list[tuple[str, dict[str, Any]]] = []
+    path = "/v1/assemble" + ("?report=full" if args.report == "full" else "")
     for op in plan:
         session = rng.choice(sessions)
         if op == "assemble":
-            bodies.append(("/v1/assemble", {"session": session, "query": sentence(rng, 8),
-                                            "budget": 4000}))  # fmt: skip
+            bodies.append((path, {"session": session, "query": sentence(rng, 8),
+                                  "budget": 4000}))  # fmt: skip
         elif op == "ingest":
             bodies.append(("/v1/ingest", {"session": session,
                                           "records": [{"content": sentence(rng)}]}))  # fmt: skip
         else:
             bodies.append(("/v1/search", {"query": sentence(rng, 4), "limit": 20}))
+    return plan, bodies
+
+
+def load(
+    args: argparse.Namespace,
+    base: str,
+    server: subprocess.Popen[bytes],
+    plan: list[str],
+    bodies: list[tuple[str, dict[str, Any]]],
+    *,
+    rate: float | None,
+) -> Phase:
+    """Send ``plan`` over ``args.connections`` keep-alive connections, one thread each.
+
+    ``rate`` None: closed loop, each connection sends its next request when the last one is
+    answered. Otherwise open loop: request i is due at ``start + i / rate``; a free connection
+    waits for its request's due time, and latency runs from the due time, not from when a busy
+    server let the connection send it, so queueing is not hidden (coordinated omission).
+    """
     latencies: dict[str, list[float]] = {"assemble": [], "ingest": [], "search": []}
     errors: dict[str, int] = dict.fromkeys(latencies, 0)
     statuses: dict[int, int] = {}
     lock = threading.Lock()
-    cursor = iter(range(args.requests))
+    cursor = iter(range(len(plan)))
+    began = 0.0
 
     def worker() -> None:
-        with httpx.Client(base_url=base, timeout=30) as client:
+        with httpx.Client(base_url=base, timeout=60) as client:
             while True:
                 with lock:
                     index = next(cursor, None)
                 if index is None:
                     return
                 path, body = bodies[index]
-                op = plan[index]
-                began = time.perf_counter()
+                if rate is None:
+                    due = time.perf_counter()
+                else:
+                    due = began + index / rate
+                    wait = due - time.perf_counter()
+                    if wait > 0:
+                        time.sleep(wait)
                 try:
                     status = client.post(path, json=body).status_code
                 except httpx.HTTPError:
                     status = 0
-                took = time.perf_counter() - began
+                took = time.perf_counter() - due
                 with lock:
-                    latencies[op].append(took)
+                    latencies[plan[index]].append(took)
                     statuses[status] = statuses.get(status, 0) + 1
                     if status != 200:
-                        errors[op] += 1
+                        errors[plan[index]] += 1
 
-    load_before = os.getloadavg()
+    count_before, sum_before = assemble_metrics(base)
+    load_before = os.getloadavg()[0]
     cpu_before = cpu_seconds(server.pid)
-    began = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(args.connections)]
+    began = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - began
     server_cpu = cpu_seconds(server.pid) - cpu_before
-    load_after = os.getloadavg()
+    load_after = os.getloadavg()[0]
+    count_after, sum_after = assemble_metrics(base)
+    inside = (sum_after - sum_before) / max(1.0, count_after - count_before)
+    return Phase(wall, latencies, errors, statuses, server_cpu, (load_before, load_after), inside)
 
-    rate = args.requests / wall
-    print(f"{args.requests} requests over {args.connections} connections in {wall:.1f} s: "
-          f"{rate:.0f} req/s; statuses {dict(sorted(statuses.items()))}")  # fmt: skip
-    print(f"{'operation':<10} {'count':>7} {'errors':>7} {'p50 ms':>8} {'p99 ms':>8}")
-    for op, values in latencies.items():
-        print(
-            f"{op:<10} {len(values):>7} {errors[op]:>7} "
-            f"{percentile(values, 0.5) * 1000:>8.1f} {percentile(values, 0.99) * 1000:>8.1f}"
-        )
+
+def assemble_metrics(base: str) -> tuple[float, float]:
+    """Count and sum of ``ctxwarden_assemble_seconds`` from ``/metrics``."""
     metrics = dict(
         line.rsplit(" ", 1)
         for line in httpx.get(base + "/metrics").text.splitlines()
         if line.startswith("ctxwarden_assemble_seconds_")
     )
-    count = float(metrics.get("ctxwarden_assemble_seconds_count", "nan"))
-    inside = float(metrics.get("ctxwarden_assemble_seconds_sum", "nan")) / count
-    print(f"assemble inside the server (engine.assemble, wall, mean): {inside * 1000:.1f} ms")
+    return (
+        float(metrics.get("ctxwarden_assemble_seconds_count", "nan")),
+        float(metrics.get("ctxwarden_assemble_seconds_sum", "nan")),
+    )
+
+
+def report(title: str, phase: Phase, requests: int) -> None:
+    print()
+    print(title)
+    print(f"{requests} requests in {phase.wall:.1f} s: {requests / phase.wall:.1f} req/s "
+          f"answered; statuses {dict(sorted(phase.statuses.items()))}")  # fmt: skip
+    print(f"{'operation':<10} {'count':>7} {'errors':>7} {'p50 ms':>8} {'p99 ms':>8}")
+    for op, values in phase.latencies.items():
+        print(
+            f"{op:<10} {len(values):>7} {phase.errors[op]:>7} "
+            f"{percentile(values, 0.5) * 1000:>8.1f} {percentile(values, 0.99) * 1000:>8.1f}"
+        )
+    print(f"assemble inside the server (engine.assemble, wall, mean): {phase.inside * 1000:.1f} ms")
     print(
-        f"server CPU {server_cpu:.1f} s = {server_cpu / args.requests * 1000:.1f} ms per request "
-        f"(all operations); load average (1 min) {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after, {os.cpu_count()} CPUs"
+        f"server CPU {phase.server_cpu:.1f} s = {phase.server_cpu / requests * 1000:.1f} ms per "
+        f"request (all operations), {phase.server_cpu / phase.wall:.2f} cores; load average "
+        f"(1 min) {phase.load[0]:.1f} before, {phase.load[1]:.1f} after"
     )
 
 

@@ -274,3 +274,20 @@ def test_compact_plan_apply_and_metrics() -> None:
         text = client.get("/metrics").text
         assert "ctxwarden_compacted_memories_total 5.0" in text
         assert "ctxwarden_compaction_summaries_total 1.0" in text
+
+
+def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
+        body = {"session": "other", "query": "who owns the release checklist?"}
+        short = client.post("/v1/assemble", json=body)
+        full = client.post("/v1/assemble", params={"report": "full"}, json=body)
+        bad = client.post("/v1/assemble", params={"report": "everything"}, json=body)
+    assert short.status_code == full.status_code == 200
+    summary, detailed = short.json()["report"], full.json()["report"]
+    assert "candidates" not in summary
+    assert summary["candidate_count"] == len(detailed["candidates"]) > 0
+    assert summary["blocks"] == detailed["blocks"]
+    assert {c["id"] for c in detailed["candidates"]} >= {"m3"}
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "query.report"

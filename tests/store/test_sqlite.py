@@ -138,3 +138,45 @@ def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
     assert touching
     assert all(step.startswith("SEARCH") for step in touching), plan
     store.close()
+
+
+def test_contexts_logged_from_many_threads_are_all_written(tmp_path: Path) -> None:
+    import threading
+
+    from ctxwarden.store.base import ContextLog, Inclusion
+
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        rowid = w.insert(_memory("a"))
+
+    def entry(id: str) -> ContextLog:
+        return ContextLog(
+            id=id, tenant="t", session="s", created_at=200.0, model="m", tokenizer="x",
+            exact=True, cap=100, tokens=10, blocks={"recent": {"budget": 50, "used": 10}},
+            inclusions=[Inclusion(rowid=rowid, id="a", block="recent", tokens=5)],
+        )  # fmt: skip
+
+    failures: list[BaseException] = []
+
+    def log(number: int) -> None:
+        try:
+            for i in range(10):
+                store.log_context(entry(f"c{number}-{i}"))
+        except BaseException as exc:  # collected for the assert below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=log, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+    assert store._query("SELECT count(*) FROM contexts", ())[0][0] == 80
+    assert store._query("SELECT count(*) FROM inclusions", ())[0][0] == 80
+    assert store.get("t", "a").access_count == 80
+    # an entry that cannot be written fails its own caller only (a duplicate context id)
+    with pytest.raises(sqlite3.IntegrityError):
+        store.log_context(entry("c0-0"))
+    store.log_context(entry("fresh"))
+    assert store.get("t", "a").access_count == 81
+    store.close()

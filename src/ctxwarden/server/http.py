@@ -4,7 +4,7 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
 
     GET    /health                      liveness
     POST   /v1/ingest                   {"records": [...], "session"?} -> outcomes
-    POST   /v1/assemble                 {"session", "query"?, "model"?, "budget"?, ...} -> context
+    POST   /v1/assemble[?report=full]   {"session", "query"?, "model"?, "budget"?, ...} -> context
     POST   /v1/search                   {"query", "limit"?} -> hits
     GET    /v1/memories/{id}            one memory
     POST   /v1/memories/{id}/pin        pin
@@ -29,6 +29,7 @@ next one gets 429 with ``Retry-After`` rather than queueing without bound.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -36,10 +37,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -64,8 +65,9 @@ from ctxwarden.errors import (
     UpstreamError,
 )
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+from ctxwarden.types import Context
 
-__all__ = ["STATUS_BY_ERROR", "ServerConfig", "create_app", "status_for"]
+__all__ = ["STATUS_BY_ERROR", "ServerConfig", "context_body", "create_app", "status_for"]
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +324,19 @@ def _json(body: Any) -> Response:
     return Response(data.encode("utf-8"), media_type="application/json")
 
 
+def context_body(context: Context, *, full: bool) -> dict[str, Any]:
+    """The JSON of an assembled context. Without ``full`` the report leaves out the list of
+    retrieval candidates and says how many there were (``candidate_count``)."""
+    if full:
+        return context.to_dict()
+    count = len(context.report.candidates)
+    body = dataclasses.replace(context, report=dataclasses.replace(context.report, candidates=()))
+    shaped = body.to_dict()
+    del shaped["report"]["candidates"]
+    shaped["report"]["candidate_count"] = count
+    return shaped
+
+
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
     body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
     if isinstance(exc, InputError) and exc.field is not None:
@@ -423,8 +438,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         )
 
     @app.post("/v1/assemble")
-    def assemble(body: AssembleBody, caller: Caller) -> Response:
-        """Assemble the context of one turn."""
+    def assemble(
+        body: AssembleBody,
+        caller: Caller,
+        report: Annotated[Literal["summary", "full"], Query()] = "summary",
+    ) -> Response:
+        """Assemble the context of one turn.
+
+        The report says, per block, its budget, what it used and the ids it holds; with
+        ``?report=full`` it also lists every retrieval candidate with its score components
+        (hundreds for a large budget, most of the response).
+        """
         caller.require("read")
         began = time.perf_counter()
         context = engine.assemble(
@@ -439,7 +463,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             tenant=caller.tenant,
         )
         metrics.observe_context(context, time.perf_counter() - began)
-        return _json(context.to_dict())
+        return _json(context_body(context, full=report == "full"))
 
     @app.post("/v1/search")
     def search(body: SearchBody, caller: Caller) -> Response:

@@ -631,6 +631,8 @@ class SQLiteStore(MemoryReads):
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
+        self._log_lock = threading.Lock()
+        self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
@@ -669,46 +671,79 @@ class SQLiteStore(MemoryReads):
     def log_context(self, entry: ContextLog) -> None:
         """Write the inclusion log and bump access stats (count, time, decayed score, tokens).
 
-        Set-based: the inclusions travel as one JSON array and SQLite expands it with
-        ``json_each``, so logging costs three statements whatever the context's size.
+        Group commit: entries that arrive while another thread holds the write lock are written
+        together in one transaction by whichever caller takes the lock next, so a busy server
+        pays one commit (and one write of each touched page) for several contexts. Every call
+        still returns only once its own entry is committed, and raises its own entry's error (a
+        failed group is written again one entry per transaction, so one bad entry fails only
+        its caller).
         """
+        ticket: list[Exception | None] = []
+        with self._log_lock:
+            self._pending_logs.append((entry, ticket))
+        with self._lock:
+            with self._log_lock:
+                batch, self._pending_logs = self._pending_logs, []
+            if batch:  # else a caller that held the lock before us committed ours
+                results: list[Exception | None] = [None] * len(batch)
+                try:
+                    with self.write():
+                        for queued, _ in batch:
+                            self._log_one(queued)
+                except Exception:  # the batch may hold other callers' entries: one by one
+                    for number, (queued, _) in enumerate(batch):
+                        try:
+                            with self.write():
+                                self._log_one(queued)
+                        except Exception as exc:
+                            results[number] = exc
+                for (_, owner), result in zip(batch, results, strict=True):
+                    owner.append(result)
+        if not ticket:  # the thread writing the group was interrupted (BaseException)
+            raise StoreError("the inclusion log was not written (interrupted): assemble again")
+        if ticket[0] is not None:
+            raise ticket[0]
+
+    def _log_one(self, entry: ContextLog) -> None:
+        """One context's statements, inside a write transaction. Set-based: the inclusions
+        travel as one JSON array and SQLite expands it with ``json_each``, so logging costs
+        three statements whatever the context's size."""
         rows = json.dumps(
             [[i.rowid, i.id, i.block, i.tokens] for i in entry.inclusions], separators=(",", ":")
         )
         now = entry.created_at
-        with self.write():
-            cursor = self._conn.execute(
-                "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
-                "cap, tokens, blocks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    entry.id,
-                    entry.tenant,
-                    entry.session,
-                    entry.created_at,
-                    entry.model,
-                    entry.tokenizer,
-                    int(entry.exact),
-                    entry.cap,
-                    entry.tokens,
-                    json.dumps(entry.blocks, separators=(",", ":")),
-                ),
-            )
-            self._conn.execute(
-                "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
-                "SELECT ?, key, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
-                (cursor.lastrowid, rows),
-            )
-            # One row per memory even if a caller lists it twice: sum its tokens.
-            self._conn.execute(
-                "WITH inc(rowid, tokens) AS (SELECT value ->> 0, sum(value ->> 3) "
-                "FROM json_each(?) GROUP BY 1) "
-                "UPDATE memories SET access_count = access_count + 1, last_accessed_at = ?, "
-                "access_score = access_score * exp(-max(0.0, ? - coalesce(access_score_at, ?)) "
-                "/ ?) + 1.0, access_score_at = ?, "
-                "included_tokens_total = included_tokens_total + inc.tokens "
-                "FROM inc WHERE memories.rowid = inc.rowid",
-                (rows, now, now, now, ACCESS_TAU_SECONDS, now),
-            )
+        cursor = self._conn.execute(
+            "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
+            "cap, tokens, blocks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                entry.id,
+                entry.tenant,
+                entry.session,
+                entry.created_at,
+                entry.model,
+                entry.tokenizer,
+                int(entry.exact),
+                entry.cap,
+                entry.tokens,
+                json.dumps(entry.blocks, separators=(",", ":")),
+            ),
+        )
+        self._conn.execute(
+            "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
+            "SELECT ?, key, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
+            (cursor.lastrowid, rows),
+        )
+        # One row per memory even if a caller lists it twice: sum its tokens.
+        self._conn.execute(
+            "WITH inc(rowid, tokens) AS (SELECT value ->> 0, sum(value ->> 3) "
+            "FROM json_each(?) GROUP BY 1) "
+            "UPDATE memories SET access_count = access_count + 1, last_accessed_at = ?, "
+            "access_score = access_score * exp(-max(0.0, ? - coalesce(access_score_at, ?)) "
+            "/ ?) + 1.0, access_score_at = ?, "
+            "included_tokens_total = included_tokens_total + inc.tokens "
+            "FROM inc WHERE memories.rowid = inc.rowid",
+            (rows, now, now, now, ACCESS_TAU_SECONDS, now),
+        )
 
     # -- reads ------------------------------------------------------------------------------
 
