@@ -115,27 +115,30 @@ def _words(text: str) -> frozenset[str]:
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
-    Python integers as bit sets: no BLAS call, whose thread pool costs more than the work.
+    The bit sets are 16 uint64 words a text, intersected for every pair at once and counted
+    with ``np.bitwise_count``: no BLAS call (whose thread pool costs more than the work), ~3x
+    less than a Python loop over the pairs, and the same values.
     """
-    masks = []
-    for text in texts:
-        mask = 0
+    count = len(texts)
+    rows: list[int] = []
+    cols: list[int] = []
+    slot: dict[str, int] = {}
+    for i, text in enumerate(texts):
         for word in _words(text):
-            mask |= 1 << (zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
-        masks.append(mask)
-    sizes = [m.bit_count() for m in masks]
-    count = len(masks)
-    similarity = np.zeros((count, count), dtype=np.float64)
-    for i in range(count):
-        a, size_a = masks[i], sizes[i]
-        if not size_a:
-            continue
-        for j in range(i + 1, count):
-            inter = (a & masks[j]).bit_count()
-            if inter:
-                value = inter / (size_a + sizes[j] - inter)
-                similarity[i, j] = value
-                similarity[j, i] = value
+            bit = slot.get(word)
+            if bit is None:
+                bit = slot[word] = zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023
+            rows.append(i)
+            cols.append(bit)
+    bits = np.zeros((count, 1024), dtype=bool)
+    bits[rows, cols] = True
+    masks = np.packbits(bits, axis=1).view(np.uint64)
+    sizes = bits.sum(axis=1, dtype=np.int64)
+    inter = np.bitwise_count(masks[:, None, :] & masks[None, :, :]).sum(axis=2, dtype=np.int64)
+    union = sizes[:, None] + sizes[None, :] - inter
+    similarity: npt.NDArray[np.float64] = np.zeros((count, count), dtype=np.float64)
+    np.divide(inter, union, out=similarity, where=inter > 0)
+    np.fill_diagonal(similarity, 0.0)
     return similarity
 
 
@@ -229,13 +232,16 @@ def retrieve(
     }
     best = max(fused.values()) or 1.0
     scored: dict[int, dict[str, float]] = {}
+    named_author: dict[str | None, float] = {}  # a few authors among hundreds of candidates
     for rowid, entry in ranks.items():
         memory = memories[rowid]
         relevance = fused[rowid] / best
         age_days = max(0.0, now - memory.created_at) / 86400.0
         recency = 0.5 ** (age_days / w.half_life_days)
         access = 1.0 - math.exp(-max(0.0, memory.access_score))
-        author = 1.0 if _named(memory.author, query_words) else 0.0
+        author = named_author.get(memory.author)
+        if author is None:
+            author = named_author[memory.author] = float(_named(memory.author, query_words))
         components = dict(entry)
         components.update(relevance=relevance, recency=recency, access=access, author=author)
         components["value"] = (
