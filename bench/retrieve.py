@@ -24,6 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,12 +84,38 @@ def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, li
     return store, vocab
 
 
+def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
+    """Wrap the store's searches to add up their CPU time (bridge hops ask for 20 results, the
+    main lexical search for ``RetrievalWeights.candidates``, 100)."""
+    search, vector_search = store.search, store.vector_search
+
+    def timed_search(tenant: str, terms: Any, *, limit: int = 100) -> Any:
+        began = time.process_time()
+        found = search(tenant, terms, limit=limit)
+        step = "lexical search (bridge hop)" if limit < 100 else "lexical search"
+        spent.setdefault(step, []).append((time.process_time() - began) * 1000)
+        return found
+
+    def timed_vector_search(*args: Any, **kwargs: Any) -> Any:
+        began = time.process_time()
+        found = vector_search(*args, **kwargs)
+        step = "vector search (author)" if kwargs.get("author") else "vector search"
+        spent.setdefault(step, []).append((time.process_time() - began) * 1000)
+        return found
+
+    store.search = timed_search  # type: ignore[method-assign]
+    store.vector_search = timed_vector_search  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--db", type=Path, default=Path("/tmp/ctxwarden-bench-retrieve.db"))
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also print CPU per query of each store call"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(7)
     if not args.keep:
@@ -111,6 +138,9 @@ def main() -> None:
     store.vector_search("default", embedder.name, vectors[0], k=10)  # load/replay the index
     print(f"vector index loaded in {time.perf_counter() - started:.1f}s")
     authors = store.authors("default")
+    spent: dict[str, list[float]] = {}
+    if args.breakdown:
+        _time_store_calls(store, spent)
     timings = []
     cpu = []
     for query, vector in zip(queries, vectors, strict=True):
@@ -138,6 +168,8 @@ def main() -> None:
             f"retrieve over {args.n:,} memories, {len(queries)} queries, {label} time (query "
             f"embedding excluded): p50 {p50:.1f} ms, p95 {p95:.1f} ms"
         )
+    for step, values in spent.items():
+        print(f"  {step}: {sum(values) / len(queries):.2f} ms CPU per query ({len(values)} calls)")
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
     texts = [_sentence(rng, vocab, weights) for _ in range(512)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
