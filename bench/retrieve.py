@@ -3,6 +3,7 @@
 Usage::
 
     uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
+        [--breakdown]
 
 Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
 (40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
@@ -13,7 +14,10 @@ scoring, MMR, neighbours, token costs) for queries whose embedding is computed b
 timings exclude the query's embedding, which is reported separately with the embedders'
 throughput on 30-word messages. Both wall and CPU time (``time.process_time``) per query are
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
-Targets: p50 <= 20 ms, p95 <= 50 ms; measured numbers are in the README ("Related memory").
+``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
+author-scoped vector). Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"):
+100k CPU p50 16.6 / p95 21.5 ms, 1M 35.2 / 54.7 ms (load 2-5; 1M still over, mostly the
+author-scoped vector search's exact pass over one author's 25k vectors).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
