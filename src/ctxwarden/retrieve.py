@@ -4,9 +4,10 @@ Steps (every number below is a field of :class:`RetrievalWeights`; docs/retrieva
 them):
 
 1. **Candidates.** Lexical: the store's full-text search (FTS5 BM25 on SQLite, BM25 over the
-   ``tsvector`` on PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of the query's
-   embedding, when the store holds vectors of the engine's embedding model. Either list may be
-   empty: without vectors retrieval is BM25 plus recency, so an engine with embedding off works.
+   ``tsvector`` on PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of
+   the query's embedding, when the store holds vectors of the engine's embedding model. Either
+   list may be empty: without vectors retrieval is BM25 plus recency, so an engine with embedding
+   off works.
    Bridge: up to four words of each of the best ``bridge_hits`` hits that the query lacks are
    searched once more with the query's terms (a second hop for questions that need two
    messages).
