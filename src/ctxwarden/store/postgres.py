@@ -38,10 +38,9 @@ from ctxwarden.store.base import (
     FoldTarget,
     NewMemory,
     TokenCount,
-    Tombstone,
 )
 from ctxwarden.store.pg_lexical import Lexical
-from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
+from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
 from ctxwarden.store.sqlite import (
     _MERGE_COLUMNS,
     _MERGE_UPDATE,
@@ -66,36 +65,6 @@ _INSERT_MEMORY = (
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
-
-
-def _params(memory: NewMemory, rowid: int | None) -> tuple[Any, ...]:
-    return (
-        rowid,
-        memory.id,
-        memory.tenant,
-        memory.session,
-        memory.channel,
-        memory.author,
-        memory.author_kind,
-        memory.role,
-        memory.content,
-        memory.created_at,
-        memory.thread_id,
-        memory.reply_to,
-        memory.kind,
-        memory.pinned,
-        memory.name,
-        json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
-        memory.tool_call_id,
-        json.dumps(list(memory.attachments)) if memory.attachments else None,
-        json.dumps(dict(memory.metadata)) if memory.metadata else None,
-        memory.content_hash,
-        memory.near_key,
-        memory.created_at,
-        json.dumps(list(memory.source_ids)) if memory.source_ids else None,
-        memory.time_range[0] if memory.time_range else None,
-        memory.time_range[1] if memory.time_range else None,
-    )
 
 
 class _PostgresWriter:
@@ -234,7 +203,7 @@ class _PostgresWriter:
         return [a.id for a in aliases if (a.tenant, a.id) not in added]
 
     def insert(self, memory: NewMemory) -> int:
-        row = self._one(_INSERT_MEMORY + " RETURNING rowid", _params(memory, None))
+        row = self._one(_INSERT_MEMORY + " RETURNING rowid", memory_row(None, memory))
         assert row is not None
         return int(row[0])
 
@@ -244,7 +213,7 @@ class _PostgresWriter:
         if not heads:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
-                _params(memory, None),
+                memory_row(None, memory),
             )
             if row is not None:
                 return ("stored", int(row[0]), memory.id)
@@ -278,7 +247,7 @@ class _PostgresWriter:
         if target == mine:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
-                _params(memory, mine),
+                memory_row(mine, memory),
             )
             if row is not None:
                 return ("stored", mine, memory.id)
@@ -634,6 +603,7 @@ class PostgresStore(MemoryReads):
     # -- reads ------------------------------------------------------------------------------
 
     _PINNED = "pinned"
+    _CODE_POINT_ORDER = ' COLLATE "C"'
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._query(sql.replace("?", "%s"), params)
@@ -675,43 +645,6 @@ class PostgresStore(MemoryReads):
         }
 
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
-
-    def compaction_candidates(
-        self, tenant: str, *, created_before: float
-    ) -> list[tuple[Memory, float | None]]:
-        """Unpinned messages created and last seen before ``created_before``, oldest first."""
-        rows = self._query(
-            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = %s "
-            "AND kind = 'message' AND NOT pinned AND created_at < %s AND last_seen_at < %s "
-            "ORDER BY created_at, rowid",
-            (tenant, created_before, created_before),
-        )
-        return [(memory_of(r[:-1]), r[-1]) for r in rows]
-
-    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
-        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if summary_id is not None:
-            extra = " AND summary_id = %s"
-            params.append(summary_id)
-        rows = self._query(
-            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
-            f'reason FROM tombstones WHERE tenant = %s{extra} ORDER BY id COLLATE "C"',
-            params,
-        )
-        return [
-            Tombstone(
-                tenant=r[0],
-                id=r[1],
-                deleted_at=r[2],
-                summary_id=r[3],
-                content_hash=r[4],
-                time_range=(r[5], r[6]) if r[5] is not None else None,
-                reason=r[7],
-            )
-            for r in rows
-        ]
 
     def vacuum(self) -> None:
         """Reclaim space after compaction: ``VACUUM (ANALYZE)`` of the tables compaction

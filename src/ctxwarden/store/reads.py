@@ -13,10 +13,10 @@ from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound
-from ctxwarden.store.base import Link
+from ctxwarden.store.base import Link, NewMemory, Tombstone
 from ctxwarden.types import Memory
 
-__all__ = ["MEMORY_COLUMNS", "MemoryReads", "memory_of"]
+__all__ = ["MEMORY_COLUMNS", "MemoryReads", "memory_of", "memory_row"]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -50,11 +50,44 @@ def memory_of(row: Sequence[Any]) -> Memory:
     )  # fmt: skip
 
 
+def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
+    """The insert parameters of ``memory`` (the column order of both backends' insert)."""
+    return (
+        rowid,
+        memory.id,
+        memory.tenant,
+        memory.session,
+        memory.channel,
+        memory.author,
+        memory.author_kind,
+        memory.role,
+        memory.content,
+        memory.created_at,
+        memory.thread_id,
+        memory.reply_to,
+        memory.kind,
+        memory.pinned,
+        memory.name,
+        json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
+        memory.tool_call_id,
+        json.dumps(list(memory.attachments)) if memory.attachments else None,
+        json.dumps(dict(memory.metadata)) if memory.metadata else None,
+        memory.content_hash,
+        memory.near_key,
+        memory.created_at,
+        json.dumps(list(memory.source_ids)) if memory.source_ids else None,
+        memory.time_range[0] if memory.time_range else None,
+        memory.time_range[1] if memory.time_range else None,
+    )
+
+
 class MemoryReads:
     """Memory look-ups, history pages, pinned and summary memories, the inclusion log."""
 
     #: The predicate for pinned rows, as the backend's partial index is written.
     _PINNED = "pinned = 1"
+    #: Makes an ORDER BY on text compare code points (SQLite's BINARY already does).
+    _CODE_POINT_ORDER = ""
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Run one read statement written with ``?`` placeholders."""
@@ -290,6 +323,43 @@ class MemoryReads:
             if memory.rowid != anchors[index].rowid:
                 links.append(Link(index, str(row[1]), memory))
         return links
+
+    def compaction_candidates(
+        self, tenant: str, *, created_before: float
+    ) -> list[tuple[Memory, float | None]]:
+        """Unpinned messages created and last seen before ``created_before``, oldest first."""
+        rows = self._read(
+            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
+            f"AND kind = 'message' AND NOT ({self._PINNED}) AND created_at < ? "
+            "AND last_seen_at < ? ORDER BY created_at, rowid",
+            (tenant, created_before, created_before),
+        )
+        return [(memory_of(r[:-1]), r[-1]) for r in rows]
+
+    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
+        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
+        params: list[Any] = [tenant]
+        extra = ""
+        if summary_id is not None:
+            extra = " AND summary_id = ?"
+            params.append(summary_id)
+        rows = self._read(
+            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
+            f"reason FROM tombstones WHERE tenant = ?{extra} ORDER BY id{self._CODE_POINT_ORDER}",
+            params,
+        )
+        return [
+            Tombstone(
+                tenant=r[0],
+                id=r[1],
+                deleted_at=r[2],
+                summary_id=r[3],
+                content_hash=r[4],
+                time_range=(r[5], r[6]) if r[5] is not None else None,
+                reason=r[7],
+            )
+            for r in rows
+        ]
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""

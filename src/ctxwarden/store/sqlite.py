@@ -32,9 +32,8 @@ from ctxwarden.store.base import (
     FoldTarget,
     NewMemory,
     TokenCount,
-    Tombstone,
 )
-from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
+from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
 from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.types import Memory
 
@@ -169,36 +168,6 @@ def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[
         f"near_key ORDER BY last_seen_at DESC, rowid DESC) AS newest FROM ({sql})) "
         "WHERE newest <= ?",
         [*params, limit],
-    )
-
-
-def _memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
-    return (
-        rowid,
-        memory.id,
-        memory.tenant,
-        memory.session,
-        memory.channel,
-        memory.author,
-        memory.author_kind,
-        memory.role,
-        memory.content,
-        memory.created_at,
-        memory.thread_id,
-        memory.reply_to,
-        memory.kind,
-        int(memory.pinned),
-        memory.name,
-        json.dumps(list(memory.tool_calls)) if memory.tool_calls else None,
-        memory.tool_call_id,
-        json.dumps(list(memory.attachments)) if memory.attachments else None,
-        json.dumps(dict(memory.metadata)) if memory.metadata else None,
-        memory.content_hash,
-        memory.near_key,
-        memory.created_at,
-        json.dumps(list(memory.source_ids)) if memory.source_ids else None,
-        memory.time_range[0] if memory.time_range else None,
-        memory.time_range[1] if memory.time_range else None,
     )
 
 
@@ -368,7 +337,7 @@ class _SQLiteWriter:
         return []
 
     def insert(self, memory: NewMemory) -> int:
-        cursor = self._conn.execute(_INSERT_MEMORY, _memory_row(None, memory))
+        cursor = self._conn.execute(_INSERT_MEMORY, memory_row(None, memory))
         rowid = cursor.lastrowid
         assert rowid is not None
         self._unindexed.append(rowid)
@@ -384,7 +353,7 @@ class _SQLiteWriter:
             (top,) = self._conn.execute("SELECT max(rowid) FROM memories").fetchone()
             rowid = (top or 0) + 1
         self._next_rowid = rowid + 1
-        self._queued.append(_memory_row(rowid, memory))
+        self._queued.append(memory_row(rowid, memory))
         self._unindexed.append(rowid)
         return ("stored", rowid, memory.id)
 
@@ -892,43 +861,6 @@ class SQLiteStore(MemoryReads):
                     rowid=rowid, tokenizer=tokenizer, message=message, line=line
                 )
         return out
-
-    def compaction_candidates(
-        self, tenant: str, *, created_before: float
-    ) -> list[tuple[Memory, float | None]]:
-        """Unpinned messages created and last seen before ``created_before``, oldest first."""
-        rows = self._query(
-            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
-            "AND kind = 'message' AND pinned = 0 AND created_at < ? AND last_seen_at < ? "
-            "ORDER BY created_at, rowid",
-            (tenant, created_before, created_before),
-        )
-        return [(memory_of(r[:-1]), r[-1]) for r in rows]
-
-    def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
-        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if summary_id is not None:
-            extra = " AND summary_id = ?"
-            params.append(summary_id)
-        rows = self._query(
-            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
-            f"reason FROM tombstones WHERE tenant = ?{extra} ORDER BY id",
-            params,
-        )
-        return [
-            Tombstone(
-                tenant=r[0],
-                id=r[1],
-                deleted_at=r[2],
-                summary_id=r[3],
-                content_hash=r[4],
-                time_range=(r[5], r[6]) if r[5] is not None else None,
-                reason=r[7],
-            )
-            for r in rows
-        ]
 
     def vacuum(self) -> None:
         """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
