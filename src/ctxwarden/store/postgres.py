@@ -46,7 +46,6 @@ from ctxwarden.store.sqlite import (
     _MERGE_UPDATE,
     _TARGET_COLUMNS,
     ACCESS_TAU_SECONDS,
-    _api_key,
     _target,
     merge_plan,
 )
@@ -699,25 +698,6 @@ class PostgresStore(MemoryReads):
                 )
         except psycopg.errors.UniqueViolation as exc:
             raise ConflictError(f"api key {key.key_id!r} exists: issue a new one") from exc
-
-    def api_key(self, key_id: str) -> ApiKey | None:
-        """The key with this id, or None."""
-        rows = self._query(
-            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
-            "FROM api_keys WHERE key_id = %s",
-            (key_id,),
-        )
-        return _api_key(rows[0]) if rows else None
-
-    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
-        """Keys of ``tenant`` (all when None), oldest first."""
-        where, params = ("WHERE tenant = %s", (tenant,)) if tenant is not None else ("", ())
-        rows = self._query(
-            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
-            f"FROM api_keys {where} ORDER BY created_at, key_id",
-            params,
-        )
-        return [_api_key(r) for r in rows]
 
     def revoke_api_key(self, key_id: str, at: float) -> bool:
         """Revoke a key; False if unknown."""

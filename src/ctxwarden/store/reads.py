@@ -1,4 +1,4 @@
-"""Read queries the SQL backends share: the same SQL but for the dialect's placeholders.
+"""Reads (and the insert row) the SQL backends share: the same SQL but for the placeholders.
 
 Written with SQLite's ``?`` placeholders; a backend whose driver wants another style (psycopg's
 ``%s``) converts them in :meth:`MemoryReads._read`. None of these statements has a literal ``?``.
@@ -13,10 +13,17 @@ from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound
-from ctxwarden.store.base import Link, NewMemory, Tombstone
+from ctxwarden.store.base import ApiKey, Link, NewMemory, Tombstone
 from ctxwarden.types import Memory
 
-__all__ = ["MEMORY_COLUMNS", "MemoryReads", "memory_of", "memory_row"]
+__all__ = [
+    "API_KEY_COLUMNS",
+    "MEMORY_COLUMNS",
+    "MemoryReads",
+    "api_key_of",
+    "memory_of",
+    "memory_row",
+]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -26,6 +33,9 @@ MEMORY_COLUMNS = (
     "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
     "source_ids, time_start, time_end, attachments, metadata, latest_content"
 )
+
+
+API_KEY_COLUMNS = "key_id, tenant, scopes, secret_hash, name, created_at, revoked_at"
 
 
 def memory_of(row: Sequence[Any]) -> Memory:
@@ -78,6 +88,20 @@ def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
         json.dumps(list(memory.source_ids)) if memory.source_ids else None,
         memory.time_range[0] if memory.time_range else None,
         memory.time_range[1] if memory.time_range else None,
+    )
+
+
+def api_key_of(row: Sequence[Any]) -> ApiKey:
+    """An :class:`ApiKey` from a row of :data:`API_KEY_COLUMNS`."""
+    key_id, tenant, scopes, secret_hash, name, created_at, revoked_at = row
+    return ApiKey(
+        key_id=key_id,
+        tenant=tenant,
+        scopes=frozenset(scopes.split()),
+        secret_hash=secret_hash,
+        name=name,
+        created_at=created_at,
+        revoked_at=revoked_at,
     )
 
 
@@ -360,6 +384,23 @@ class MemoryReads:
             )
             for r in rows
         ]
+
+    def api_key(self, key_id: str) -> ApiKey | None:
+        """The key with this id, or None."""
+        rows = self._read(
+            f"SELECT {API_KEY_COLUMNS} FROM api_keys WHERE key_id = ?",
+            (key_id,),
+        )
+        return api_key_of(rows[0]) if rows else None
+
+    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
+        """Keys of ``tenant`` (all when None), oldest first."""
+        where, params = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
+        rows = self._read(
+            f"SELECT {API_KEY_COLUMNS} FROM api_keys {where} ORDER BY created_at, key_id",
+            params,
+        )
+        return [api_key_of(r) for r in rows]
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""

@@ -139,19 +139,6 @@ def _target(row: tuple[Any, ...]) -> FoldTarget:
     )
 
 
-def _api_key(row: tuple[Any, ...]) -> ApiKey:
-    key_id, tenant, scopes, secret_hash, name, created_at, revoked_at = row
-    return ApiKey(
-        key_id=key_id,
-        tenant=tenant,
-        scopes=frozenset(scopes.split()),
-        secret_hash=secret_hash,
-        name=name,
-        created_at=created_at,
-        revoked_at=revoked_at,
-    )
-
-
 _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
@@ -895,25 +882,6 @@ class SQLiteStore(MemoryReads):
                 )
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(f"api key {key.key_id!r} exists: issue a new one") from exc
-
-    def api_key(self, key_id: str) -> ApiKey | None:
-        """The key with this id, or None."""
-        rows = self._query(
-            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
-            "FROM api_keys WHERE key_id = ?",
-            (key_id,),
-        )
-        return _api_key(rows[0]) if rows else None
-
-    def api_keys(self, tenant: str | None = None) -> list[ApiKey]:
-        """Keys of ``tenant`` (all when None), oldest first."""
-        where, params = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
-        rows = self._query(
-            "SELECT key_id, tenant, scopes, secret_hash, name, created_at, revoked_at "
-            f"FROM api_keys {where} ORDER BY created_at, key_id",
-            params,
-        )
-        return [_api_key(r) for r in rows]
 
     def revoke_api_key(self, key_id: str, at: float) -> bool:
         """Revoke a key; False if unknown."""
