@@ -41,14 +41,8 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
-from ctxwarden.store.sqlite import (
-    _MERGE_COLUMNS,
-    _MERGE_UPDATE,
-    _TARGET_COLUMNS,
-    ACCESS_TAU_SECONDS,
-    _target,
-    merge_plan,
-)
+from ctxwarden.store.sqlite import _TARGET_COLUMNS, _target
+from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
@@ -66,7 +60,9 @@ _INSERT_MEMORY = (
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
-class _PostgresWriter:
+class _PostgresWriter(MemoryWrites):
+    _LOCK_ROWS = " FOR UPDATE"
+
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
 
@@ -472,47 +468,13 @@ class _PostgresWriter:
         self._conn.execute("DELETE FROM memories WHERE rowid = ANY(%s)", (rowids,))
         return len(rows)
 
-    # -- semantic de-dup (ctxwarden.semantic) ---------------------------------------------------
+    # -- what store/writes.py needs -------------------------------------------------------------
 
-    def merge(
-        self,
-        tenant: str,
-        id: str,
-        *,
-        into: str,
-        merged_at: float,
-        status: str,
-        latest_content: str | None,
-    ) -> bool:
-        if id == into:
-            return False
-        # Lock both rows in rowid order (as retire and log_context do): no deadlock with them.
-        rows = {
-            r[1]: r
-            for r in self._conn.execute(
-                f"SELECT {_MERGE_COLUMNS} FROM memories WHERE tenant = %s AND id = ANY(%s) "
-                "ORDER BY rowid FOR UPDATE",
-                (tenant, [id, into]),
-            ).fetchall()
-        }
-        if id not in rows or into not in rows:
-            return False
-        self._conn.execute(_MERGE_UPDATE, merge_plan(rows[id], rows[into], latest_content))
-        source_rowid, target_rowid = rows[id][0], rows[into][0]
-        # Aliases first: deleting the row would cascade them away.
-        self._conn.execute(
-            "UPDATE aliases SET memory_rowid = %s WHERE memory_rowid = %s",
-            (target_rowid, source_rowid),
-        )
-        # token counts, vectors and exact heads go by ON DELETE CASCADE; the tsvector lives
-        # in the row
-        self._conn.execute("DELETE FROM memories WHERE rowid = %s", (source_rowid,))
-        self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (%s, %s, %s, %s, %s)",
-            (tenant, id, target_rowid, status, merged_at),
-        )
-        return True
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._conn.execute(sql.replace("?", "%s"), params).fetchall()
+
+    def _run(self, sql: str, params: Sequence[Any]) -> None:
+        self._conn.execute(sql.replace("?", "%s"), params)
 
 
 class PostgresStore(MemoryReads):

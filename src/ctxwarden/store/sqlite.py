@@ -9,7 +9,6 @@ store object, guarded by a lock, so a store may be shared between threads.
 from __future__ import annotations
 
 import json
-import math
 import re
 import sqlite3
 import threading
@@ -35,6 +34,7 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
 from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
+from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
 from ctxwarden.types import Memory
 
 __all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
@@ -47,24 +47,10 @@ SEARCH_ROW_BUDGET = 6000
 #: A search for ``limit`` results ranks at most ``ROWS_PER_RESULT * limit`` rows (see
 #: :func:`row_budget`): a bridge hop's 20 results need fewer rows ranked than the main search.
 ROWS_PER_RESULT = 60
-#: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
-ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
 
 _TARGET_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
     "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
-)
-
-#: What :func:`merge_plan` reads of the two memories of a semantic merge.
-_MERGE_COLUMNS = (
-    "rowid, id, content, latest_content, dup_count, created_at, last_seen_at, access_count, "
-    "last_accessed_at, access_score, access_score_at, included_tokens_total"
-)
-#: The aggregate's new fields (``%s`` placeholders; SQLite swaps them for ``?``).
-_MERGE_UPDATE = (
-    "UPDATE memories SET dup_count = %s, last_seen_at = %s, latest_content = %s, "
-    "access_count = %s, last_accessed_at = %s, access_score = %s, access_score_at = %s, "
-    "included_tokens_total = %s WHERE rowid = %s"
 )
 
 
@@ -77,38 +63,6 @@ def row_budget(limit: int) -> int:
     (1200, 6000, 6000)
     """
     return max(1, min(SEARCH_ROW_BUDGET, ROWS_PER_RESULT * limit))
-
-
-def merge_plan(
-    source: Sequence[Any], target: Sequence[Any], latest_content: str | None
-) -> tuple[Any, ...]:
-    """The parameters of :data:`_MERGE_UPDATE` folding row ``source`` into row ``target`` (rows
-    of :data:`_MERGE_COLUMNS`): counts add up, times take the later, ``latest_content`` is the
-    caller's when ``source`` was seen last (else the target's stays), and the decayed access
-    scores add up at the later of their two times."""
-    (_, _, _, _, s_dups, _, s_seen, s_access, s_accessed, s_score, s_at,
-     s_tokens) = source  # fmt: skip
-    (t_rowid, _, _, t_latest, t_dups, _, t_seen, t_access, t_accessed, t_score, t_at,
-     t_tokens) = target  # fmt: skip
-    latest = latest_content if s_seen > t_seen else t_latest
-    accessed = max((t for t in (s_accessed, t_accessed) if t is not None), default=None)
-    score_at = max((t for t in (s_at, t_at) if t is not None), default=None)
-    score = 0.0
-    for value, at in ((s_score, s_at), (t_score, t_at)):
-        if value:
-            elapsed = max(0.0, (score_at or 0.0) - (at if at is not None else score_at or 0.0))
-            score += float(value) * math.exp(-elapsed / ACCESS_TAU_SECONDS)
-    return (
-        int(s_dups) + int(t_dups),
-        max(s_seen, t_seen),
-        latest,
-        int(s_access) + int(t_access),
-        accessed,
-        score,
-        score_at,
-        int(s_tokens) + int(t_tokens),
-        t_rowid,
-    )
 
 
 # Keys per lookup statement (SQLite allows 32766 parameters; short statements plan faster).
@@ -158,7 +112,7 @@ def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[
     )
 
 
-class _SQLiteWriter:
+class _SQLiteWriter(MemoryWrites):
     """One write transaction's statements.
 
     ``insert_or_fold`` (the ingest path) does not execute: it allocates the rowid itself and
@@ -535,44 +489,16 @@ class _SQLiteWriter:
             )
         return retired
 
-    # -- semantic de-dup (ctxwarden.semantic) ---------------------------------------------------
+    # -- what store/writes.py needs -------------------------------------------------------------
 
-    def merge(
-        self,
-        tenant: str,
-        id: str,
-        *,
-        into: str,
-        merged_at: float,
-        status: str,
-        latest_content: str | None,
-    ) -> bool:
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def _run(self, sql: str, params: Sequence[Any]) -> None:
+        self._conn.execute(sql, params)
+
+    def _before_delete(self) -> None:
         self.flush()  # the FTS delete trigger needs every row indexed first
-        rows = {
-            r[1]: r
-            for r in self._conn.execute(
-                f"SELECT {_MERGE_COLUMNS} FROM memories WHERE tenant = ? AND id IN (?, ?)",
-                (tenant, id, into),
-            )
-        }
-        if id == into or id not in rows or into not in rows:
-            return False
-        plan = merge_plan(rows[id], rows[into], latest_content)
-        self._conn.execute(_MERGE_UPDATE.replace("%s", "?"), plan)
-        source_rowid, target_rowid = rows[id][0], rows[into][0]
-        # Aliases first: deleting the row would cascade them away.
-        self._conn.execute(
-            "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?",
-            (target_rowid, source_rowid),
-        )
-        # token counts and vectors go by ON DELETE CASCADE, the FTS entry by the trigger
-        self._conn.execute("DELETE FROM memories WHERE rowid = ?", (source_rowid,))
-        self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (tenant, id, target_rowid, status, merged_at),
-        )
-        return True
 
 
 class SQLiteStore(MemoryReads):

@@ -1,0 +1,135 @@
+"""Writes the SQL backends share: the statements of one write transaction written once.
+
+Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.reads` is; a backend whose
+driver wants another style (psycopg's ``%s``) converts them in :meth:`MemoryWrites._rows` and
+:meth:`MemoryWrites._run`. None of these statements has a literal ``?`` or ``%``.
+
+A backend supplies only what differs: how rows read before an update are locked
+(:attr:`MemoryWrites._LOCK_ROWS`) and what must happen before a memory row is deleted
+(:meth:`MemoryWrites._before_delete`: SQLite indexes its queued rows for full-text search, so
+the FTS delete trigger finds them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ACCESS_TAU_SECONDS", "MemoryWrites", "merge_plan"]
+
+#: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
+ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
+
+#: What :func:`merge_plan` reads of the two memories of a semantic merge.
+MERGE_COLUMNS = (
+    "rowid, id, content, latest_content, dup_count, created_at, last_seen_at, access_count, "
+    "last_accessed_at, access_score, access_score_at, included_tokens_total"
+)
+#: The aggregate's new fields, the parameters :func:`merge_plan` gives.
+MERGE_UPDATE = (
+    "UPDATE memories SET dup_count = ?, last_seen_at = ?, latest_content = ?, "
+    "access_count = ?, last_accessed_at = ?, access_score = ?, access_score_at = ?, "
+    "included_tokens_total = ? WHERE rowid = ?"
+)
+
+
+def merge_plan(
+    source: Sequence[Any], target: Sequence[Any], latest_content: str | None
+) -> tuple[Any, ...]:
+    """The parameters of :data:`MERGE_UPDATE` folding row ``source`` into row ``target`` (rows
+    of :data:`MERGE_COLUMNS`): counts add up, times take the later, ``latest_content`` is the
+    caller's when ``source`` was seen last (else the target's stays), and the decayed access
+    scores add up at the later of their two times.
+
+    >>> source = (2, "b", "hi", None, 1, 10.0, 30.0, 0, None, 0.0, None, 0)
+    >>> target = (1, "a", "hi", None, 2, 5.0, 20.0, 1, 25.0, 1.0, 25.0, 7)
+    >>> merge_plan(source, target, "hi!")
+    (3, 30.0, 'hi!', 1, 25.0, 1.0, 25.0, 7, 1)
+    """
+    (_, _, _, _, s_dups, _, s_seen, s_access, s_accessed, s_score, s_at,
+     s_tokens) = source  # fmt: skip
+    (t_rowid, _, _, t_latest, t_dups, _, t_seen, t_access, t_accessed, t_score, t_at,
+     t_tokens) = target  # fmt: skip
+    latest = latest_content if s_seen > t_seen else t_latest
+    accessed = max((t for t in (s_accessed, t_accessed) if t is not None), default=None)
+    score_at = max((t for t in (s_at, t_at) if t is not None), default=None)
+    score = 0.0
+    for value, at in ((s_score, s_at), (t_score, t_at)):
+        if value:
+            elapsed = max(0.0, (score_at or 0.0) - (at if at is not None else score_at or 0.0))
+            score += float(value) * math.exp(-elapsed / ACCESS_TAU_SECONDS)
+    return (
+        int(s_dups) + int(t_dups),
+        max(s_seen, t_seen),
+        latest,
+        int(s_access) + int(t_access),
+        accessed,
+        score,
+        score_at,
+        int(s_tokens) + int(t_tokens),
+        t_rowid,
+    )
+
+
+class MemoryWrites:
+    """Semantic merges of one write transaction (mixed into each backend's writer)."""
+
+    #: Appended to a SELECT (after its ``ORDER BY rowid``) that reads rows the transaction then
+    #: updates: PostgreSQL locks them in rowid order, so two writers never deadlock (SQLite's
+    #: BEGIN IMMEDIATE already makes the writer the only one).
+    _LOCK_ROWS = ""
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run one statement written with ``?`` placeholders; its rows."""
+        raise NotImplementedError
+
+    def _run(self, sql: str, params: Sequence[Any]) -> None:
+        """Run one statement written with ``?`` placeholders that returns no rows."""
+        raise NotImplementedError
+
+    def _before_delete(self) -> None:
+        """Called before memory rows are deleted (nothing to do unless a backend says)."""
+
+    def merge(
+        self,
+        tenant: str,
+        id: str,
+        *,
+        into: str,
+        merged_at: float,
+        status: str,
+        latest_content: str | None,
+    ) -> bool:
+        """Fold memory ``id`` into memory ``into`` (see :meth:`Store.merge`): the aggregate's
+        counts and access stats add up, ``id`` and its aliases become aliases of ``into``, the
+        row of ``id`` goes. False (nothing written) when either is missing or they are one."""
+        if id == into:
+            return False
+        self._before_delete()
+        rows = {
+            r[1]: r
+            for r in self._rows(
+                f"SELECT {MERGE_COLUMNS} FROM memories WHERE tenant = ? AND id IN (?, ?) "
+                f"ORDER BY rowid{self._LOCK_ROWS}",
+                (tenant, id, into),
+            )
+        }
+        if id not in rows or into not in rows:
+            return False
+        self._run(MERGE_UPDATE, merge_plan(rows[id], rows[into], latest_content))
+        source_rowid, target_rowid = rows[id][0], rows[into][0]
+        # Aliases first: deleting the row would cascade them away.
+        self._run(
+            "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?",
+            (target_rowid, source_rowid),
+        )
+        # Token counts, vectors (and PostgreSQL's exact heads) go by ON DELETE CASCADE; the FTS
+        # entry by SQLite's trigger (PostgreSQL's tsvector lives in the row).
+        self._run("DELETE FROM memories WHERE rowid = ?", (source_rowid,))
+        self._run(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (tenant, id, target_rowid, status, merged_at),
+        )
+        return True
