@@ -373,35 +373,6 @@ class _PostgresWriter(MemoryWrites):
         )
         return ordered
 
-    def delete_session(
-        self, tenant: str, session: str, *, deleted_at: float, reason: str
-    ) -> list[int]:
-        rowids = [
-            int(r[0])
-            for r in self._conn.execute(
-                "SELECT rowid FROM memories WHERE tenant = %s AND session = %s", (tenant, session)
-            )
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._conn.execute(
-            "DELETE FROM contexts WHERE tenant = %s AND session = %s", (tenant, session)
-        )
-        return erased
-
-    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
-        rowids = [
-            int(r[0])
-            for r in self._conn.execute("SELECT rowid FROM memories WHERE tenant = %s", (tenant,))
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._conn.execute("DELETE FROM contexts WHERE tenant = %s", (tenant,))
-        # A deleted tenant's API keys must stop working in the same transaction.
-        self._conn.execute(
-            "UPDATE api_keys SET revoked_at = %s WHERE tenant = %s AND revoked_at IS NULL",
-            (deleted_at, tenant),
-        )
-        return erased
-
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
 
     def retire(

@@ -399,35 +399,6 @@ class _SQLiteWriter(MemoryWrites):
             )
         return out
 
-    def delete_session(
-        self, tenant: str, session: str, *, deleted_at: float, reason: str
-    ) -> list[int]:
-        rowids = [
-            r
-            for (r,) in self._conn.execute(
-                "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
-            )
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._conn.execute(
-            "DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session)
-        )
-        return erased
-
-    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
-        rowids = [
-            r
-            for (r,) in self._conn.execute("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._conn.execute("DELETE FROM contexts WHERE tenant = ?", (tenant,))
-        # A deleted tenant's API keys must stop working in the same transaction.
-        self._conn.execute(
-            "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
-            (deleted_at, tenant),
-        )
-        return erased
-
     def retire(
         self,
         tenant: str,

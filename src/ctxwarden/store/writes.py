@@ -73,7 +73,8 @@ def merge_plan(
 
 
 class MemoryWrites:
-    """Semantic merges of one write transaction (mixed into each backend's writer)."""
+    """Deletions and semantic merges of one write transaction (mixed into each backend's
+    writer)."""
 
     #: Appended to a SELECT (after its ``ORDER BY rowid``) that reads rows the transaction then
     #: updates: PostgreSQL locks them in rowid order, so two writers never deadlock (SQLite's
@@ -90,6 +91,42 @@ class MemoryWrites:
 
     def _before_delete(self) -> None:
         """Called before memory rows are deleted (nothing to do unless a backend says)."""
+
+    def erase(
+        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Delete these memories and every summary built from them, each leaving a content-free
+        tombstone; the rowids removed (see :meth:`Store.erase`)."""
+        raise NotImplementedError
+
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Erase every memory of ``session`` and its inclusion logs; the rowids removed."""
+        rowids = [
+            int(r[0])
+            for r in self._rows(
+                "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
+            )
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
+        return erased
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys;
+        the rowids removed."""
+        rowids = [
+            int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
+        ]
+        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
+        # A deleted tenant's API keys must stop working in the same transaction.
+        self._run(
+            "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+            (deleted_at, tenant),
+        )
+        return erased
 
     def merge(
         self,
