@@ -19,7 +19,7 @@ terms as the SQLite backend does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -316,40 +316,32 @@ class _PostgresWriter(MemoryWrites):
         self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
         return True
 
-    # -- erasure ------------------------------------------------------------------------------
+    # -- erasure (the rest in store/writes.py) ----------------------------------------------
 
-    def erase(
-        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
-    ) -> list[int]:
-        """Delete these memories and every summary built from them (transitively), each leaving
-        a content-free tombstone; the rowids removed."""
-        doomed = set(rowids)
-        frontier = list(doomed)
-        summaries: set[int] = set()
-        while frontier:
-            ids = [
-                r[0]
-                for r in self._conn.execute(
-                    "SELECT id FROM memories WHERE tenant = %s AND rowid = ANY(%s) UNION ALL "
-                    "SELECT id FROM aliases WHERE tenant = %s AND memory_rowid = ANY(%s)",
-                    (tenant, frontier, tenant, frontier),
-                )
-            ]
-            found = [
-                int(r[0])
-                for r in self._conn.execute(
-                    "SELECT rowid FROM memories WHERE tenant = %s AND kind = 'summary' "
-                    "AND source_ids IS NOT NULL AND source_ids::jsonb ?| %s::text[]",
-                    (tenant, ids),
-                )
-                if int(r[0]) not in doomed
-            ]
-            doomed.update(found)
-            summaries.update(found)
-            frontier = found
-        ordered = sorted(doomed)
-        if not ordered:
-            return []
+    _CHUNK = 1 << 62  # one array parameter per statement
+
+    def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return "= ANY(?)", [list(values)]
+
+    def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
+        return [
+            int(r[0])
+            for r in self._conn.execute(
+                "SELECT rowid FROM memories WHERE tenant = %s AND kind = 'summary' "
+                "AND source_ids IS NOT NULL AND source_ids::jsonb ?| %s::text[]",
+                (tenant, list(ids)),
+            )
+        ]
+
+    def _tombstone_erased(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        summaries: Collection[int],
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> None:
         self._conn.execute(
             "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
             "time_start, time_end, reason) SELECT tenant, id, %s, NULL, content_hash, "
@@ -363,15 +355,9 @@ class _PostgresWriter(MemoryWrites):
                 f"{reason} (summary of erased memories)",
                 reason,
                 tenant,
-                ordered,
+                list(rowids),
             ),
         )
-        # aliases, token counts, vectors and exact heads go by ON DELETE CASCADE; the tsvector
-        # lives in the row
-        self._conn.execute(
-            "DELETE FROM memories WHERE tenant = %s AND rowid = ANY(%s)", (tenant, ordered)
-        )
-        return ordered
 
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
 

@@ -13,7 +13,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -330,74 +330,45 @@ class _SQLiteWriter(MemoryWrites):
         self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
         return True
 
-    # -- erasure ------------------------------------------------------------------------------
+    # -- erasure (the rest in store/writes.py) ----------------------------------------------
 
-    def erase(
-        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
-    ) -> list[int]:
-        """Delete these memories and every summary built from them (transitively), each leaving
-        a content-free tombstone; the rowids removed (for vector indexes)."""
-        self.flush()  # the FTS delete trigger needs the rows indexed first
-        doomed = set(rowids)
-        frontier = list(doomed)
-        summaries: set[int] = set()
-        while frontier:
-            ids = self._ids_of(tenant, frontier)
-            found = [
-                r
-                for (r,) in self._conn.execute(
-                    "SELECT rowid FROM memories WHERE tenant = ? AND kind = 'summary' "
-                    "AND source_ids IS NOT NULL AND EXISTS (SELECT 1 FROM "
-                    "json_each(memories.source_ids) s WHERE s.value IN "
-                    "(SELECT value FROM json_each(?)))",
-                    (tenant, json.dumps(ids)),
-                )
-                if r not in doomed
-            ]
-            doomed.update(found)
-            summaries.update(found)
-            frontier = found
-        ordered = sorted(doomed)
-        for start in range(0, len(ordered), _CHUNK):
-            chunk = ordered[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            rows = self._conn.execute(
-                "SELECT rowid, id, content_hash, time_start, time_end FROM memories "
-                f"WHERE tenant = ? AND rowid IN ({marks})",
-                [tenant, *chunk],
-            ).fetchall()
-            self._conn.executemany(
-                "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
-                "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
-                [
-                    (
-                        tenant, id_, deleted_at, content_hash, start_at, end_at,
-                        f"{reason} (summary of erased memories)" if r in summaries else reason,
-                    )
-                    for r, id_, content_hash, start_at, end_at in rows
-                ],
-            )  # fmt: skip
-            # aliases and token counts go by ON DELETE CASCADE, the FTS entries by the trigger
-            self._conn.execute(
-                f"DELETE FROM memories WHERE tenant = ? AND rowid IN ({marks})", [tenant, *chunk]
+    def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
+        return [
+            r
+            for (r,) in self._conn.execute(
+                "SELECT rowid FROM memories WHERE tenant = ? AND kind = 'summary' "
+                "AND source_ids IS NOT NULL AND EXISTS (SELECT 1 FROM "
+                "json_each(memories.source_ids) s WHERE s.value IN "
+                "(SELECT value FROM json_each(?)))",
+                (tenant, json.dumps(ids)),
             )
-        return ordered
+        ]
 
-    def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
-        """Every id that lives in these rows: their own and their aliases."""
-        out: list[str] = []
-        for start in range(0, len(rowids), _CHUNK):
-            chunk = list(rowids[start : start + _CHUNK])
-            marks = ",".join("?" * len(chunk))
-            out.extend(
-                r[0]
-                for r in self._conn.execute(
-                    f"SELECT id FROM memories WHERE tenant = ? AND rowid IN ({marks}) UNION ALL "
-                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid IN ({marks})",
-                    [tenant, *chunk, tenant, *chunk],
+    def _tombstone_erased(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        summaries: Collection[int],
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> None:
+        rows = self._conn.execute(
+            "SELECT rowid, id, content_hash, time_start, time_end FROM memories "
+            f"WHERE tenant = ? AND rowid IN ({','.join('?' * len(rowids))})",
+            [tenant, *rowids],
+        ).fetchall()
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
+            "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
+            [
+                (
+                    tenant, id_, deleted_at, content_hash, start_at, end_at,
+                    f"{reason} (summary of erased memories)" if r in summaries else reason,
                 )
-            )
-        return out
+                for r, id_, content_hash, start_at, end_at in rows
+            ],
+        )  # fmt: skip
 
     def retire(
         self,

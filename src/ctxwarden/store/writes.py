@@ -5,15 +5,17 @@ driver wants another style (psycopg's ``%s``) converts them in :meth:`MemoryWrit
 :meth:`MemoryWrites._run`. None of these statements has a literal ``?`` or ``%``.
 
 A backend supplies only what differs: how rows read before an update are locked
-(:attr:`MemoryWrites._LOCK_ROWS`) and what must happen before a memory row is deleted
-(:meth:`MemoryWrites._before_delete`: SQLite indexes its queued rows for full-text search, so
-the FTS delete trigger finds them).
+(:attr:`MemoryWrites._LOCK_ROWS`), how a list of values is matched (:meth:`MemoryWrites._in`:
+SQLite binds each value, in chunks; PostgreSQL binds one array), which summaries cite an id (the
+JSON functions differ), how an erased memory's tombstone is written, and what must happen before
+a memory row is deleted (:meth:`MemoryWrites._before_delete`: SQLite indexes its queued rows for
+full-text search, so the FTS delete trigger finds them).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 __all__ = ["ACCESS_TAU_SECONDS", "MemoryWrites", "merge_plan"]
@@ -80,6 +82,9 @@ class MemoryWrites:
     #: updates: PostgreSQL locks them in rowid order, so two writers never deadlock (SQLite's
     #: BEGIN IMMEDIATE already makes the writer the only one).
     _LOCK_ROWS = ""
+    #: Values per membership test (:meth:`_in`): SQLite binds each value (short statements
+    #: plan faster); PostgreSQL binds one array, so it sets no real limit.
+    _CHUNK = 400
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         """Run one statement written with ``?`` placeholders; its rows."""
@@ -89,15 +94,78 @@ class MemoryWrites:
         """Run one statement written with ``?`` placeholders that returns no rows."""
         raise NotImplementedError
 
+    def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``values`` as the right side of a membership test (``IN (?, ?, ...)``) and its
+        parameters; at most :attr:`_CHUNK` values."""
+        return f"IN ({','.join('?' * len(values))})", list(values)
+
+    def _chunks(self, values: Sequence[Any]) -> Iterator[list[Any]]:
+        """``values`` in pieces of at most :attr:`_CHUNK` (none when empty)."""
+        for start in range(0, len(values), self._CHUNK):
+            yield list(values[start : start + self._CHUNK])
+
+    def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
+        """The rowids of ``tenant``'s summaries whose ``source_ids`` name any of ``ids``."""
+        raise NotImplementedError
+
+    def _tombstone_erased(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        summaries: Collection[int],
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> None:
+        """Write (or overwrite) the tombstones of the memories at ``rowids`` (at most
+        :attr:`_CHUNK`), about to be erased: no summary, their hash and time range, ``reason``
+        (with a note for those in ``summaries``, erased as built from erased memories)."""
+        raise NotImplementedError
+
     def _before_delete(self) -> None:
         """Called before memory rows are deleted (nothing to do unless a backend says)."""
 
     def erase(
         self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
     ) -> list[int]:
-        """Delete these memories and every summary built from them, each leaving a content-free
-        tombstone; the rowids removed (see :meth:`Store.erase`)."""
-        raise NotImplementedError
+        """Delete these memories and every summary built from them (transitively), each leaving
+        a content-free tombstone; the rowids removed (for vector indexes)."""
+        self._before_delete()
+        doomed = set(rowids)
+        frontier = list(doomed)
+        summaries: set[int] = set()
+        while frontier:
+            found = [
+                r
+                for r in self._summaries_citing(tenant, self._ids_of(tenant, frontier))
+                if r not in doomed
+            ]
+            doomed.update(found)
+            summaries.update(found)
+            frontier = found
+        ordered = sorted(doomed)
+        for chunk in self._chunks(ordered):
+            self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
+            # Aliases, token counts and vectors go by ON DELETE CASCADE; SQLite's FTS entries by
+            # its trigger (PostgreSQL's tsvector lives in the row).
+            where, params = self._in(chunk)
+            self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
+        return ordered
+
+    def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
+        """Every id that lives in these rows: their own and their aliases."""
+        out: list[str] = []
+        for chunk in self._chunks(rowids):
+            where, params = self._in(chunk)
+            out.extend(
+                r[0]
+                for r in self._rows(
+                    f"SELECT id FROM memories WHERE tenant = ? AND rowid {where} UNION ALL "
+                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid {where}",
+                    [tenant, *params, tenant, *params],
+                )
+            )
+        return out
 
     def delete_session(
         self, tenant: str, session: str, *, deleted_at: float, reason: str
