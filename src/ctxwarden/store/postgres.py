@@ -291,31 +291,6 @@ class _PostgresWriter(MemoryWrites):
                 [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
             )
 
-    def _rowid(self, tenant: str, id: str) -> int | None:
-        row = self._one(
-            "SELECT rowid FROM memories WHERE tenant = %s AND id = %s UNION ALL "
-            "SELECT memory_rowid FROM aliases WHERE tenant = %s AND id = %s LIMIT 1",
-            (tenant, id, tenant, id),
-        )
-        return int(row[0]) if row else None
-
-    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
-        rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self._conn.execute(
-            "UPDATE memories SET pinned = %s WHERE rowid = %s AND tenant = %s",
-            (bool(pinned), rowid, tenant),
-        )
-        return True
-
-    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
-        return True
-
     # -- erasure (the rest in store/writes.py) ----------------------------------------------
 
     _CHUNK = 1 << 62  # one array parameter per statement

@@ -305,31 +305,6 @@ class _SQLiteWriter(MemoryWrites):
             [(c.rowid, c.tokenizer, c.message, c.line) for c in counts],
         )
 
-    def _rowid(self, tenant: str, id: str) -> int | None:
-        row = self._conn.execute(
-            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
-            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
-            (tenant, id, tenant, id),
-        ).fetchone()
-        return int(row[0]) if row else None
-
-    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
-        rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self._conn.execute(
-            "UPDATE memories SET pinned = ? WHERE rowid = ? AND tenant = ?",
-            (int(pinned), rowid, tenant),
-        )
-        return True
-
-    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
-        return True
-
     # -- erasure (the rest in store/writes.py) ----------------------------------------------
 
     def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:

@@ -75,7 +75,7 @@ def merge_plan(
 
 
 class MemoryWrites:
-    """Deletions and semantic merges of one write transaction (mixed into each backend's
+    """Pins, deletions and semantic merges of one write transaction (mixed into each backend's
     writer)."""
 
     #: Appended to a SELECT (after its ``ORDER BY rowid``) that reads rows the transaction then
@@ -124,6 +124,34 @@ class MemoryWrites:
 
     def _before_delete(self) -> None:
         """Called before memory rows are deleted (nothing to do unless a backend says)."""
+
+    def _rowid(self, tenant: str, id: str) -> int | None:
+        """The row that holds ``id`` (its own or as an alias), or None."""
+        rows = self._rows(
+            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
+            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
+            (tenant, id, tenant, id),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
+        """Pin or unpin the memory holding ``id``; False if there is none."""
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        self._run(
+            "UPDATE memories SET pinned = ? WHERE rowid = ? AND tenant = ?",
+            (bool(pinned), rowid, tenant),
+        )
+        return True
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        """Erase the memory holding ``id`` (see :meth:`erase`); False if there is none."""
+        rowid = self._rowid(tenant, id)
+        if rowid is None:
+            return False
+        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+        return True
 
     def erase(
         self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
