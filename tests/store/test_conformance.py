@@ -290,6 +290,23 @@ def test_pinned_and_summaries(store: Store) -> None:
     assert store.pinned("u") == []
 
 
+def test_set_pinned_finds_the_memory_through_an_alias(store: Store) -> None:
+    with store.write() as w:
+        rowid = w.insert(_memory("m", content="keep this"))
+        w.add_aliases([Alias(tenant="t", id="m2", rowid=rowid, status="duplicate", created_at=1.0)])
+        w.insert(_memory("other", tenant="u"))
+        assert w.set_pinned("t", "m2", True) is True
+        assert w.set_pinned("t", "nope", True) is False
+        assert w.set_pinned("t", "other", True) is False  # another tenant's id
+    assert [m.id for m in store.pinned("t")] == ["m"]
+    assert store.get("t", "m").pinned is True
+    assert store.pinned("u") == []
+    with store.write() as w:
+        assert w.set_pinned("t", "m", False) is True
+    assert store.pinned("t") == []
+    assert store.get("t", "m").pinned is False
+
+
 def test_search_ranks_and_filters(store: Store) -> None:
     with store.write() as w:
         w.insert(_memory("a", content="the database migration failed again", at=1.0))
