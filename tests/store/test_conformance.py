@@ -307,6 +307,16 @@ def test_set_pinned_finds_the_memory_through_an_alias(store: Store) -> None:
     assert store.get("t", "m").pinned is False
 
 
+def test_authors_are_distinct_sorted_and_per_tenant(store: Store) -> None:
+    with store.write() as w:
+        for n, author in enumerate(["cleo", "ana", None, "bob", "ana"]):
+            w.insert(dataclasses.replace(_memory(f"m{n}", at=float(n)), author=author))
+        w.insert(dataclasses.replace(_memory("x", tenant="u"), author="zed"))
+    assert store.authors("t") == ["ana", "bob", "cleo"]
+    assert store.authors("u") == ["zed"]
+    assert store.authors("nobody") == []
+
+
 def test_search_ranks_and_filters(store: Store) -> None:
     with store.write() as w:
         w.insert(_memory("a", content="the database migration failed again", at=1.0))

@@ -710,15 +710,6 @@ class PostgresStore(MemoryReads):
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found
 
-    def authors(self, tenant: str) -> list[str]:
-        """The distinct authors of ``tenant``'s memories, sorted."""
-        rows = self._query(
-            "SELECT DISTINCT author FROM memories WHERE tenant = %s AND author IS NOT NULL "
-            "ORDER BY author",
-            (tenant,),
-        )
-        return [str(r[0]) for r in rows]
-
     def vector_window(
         self,
         tenant: str,

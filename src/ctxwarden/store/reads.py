@@ -402,6 +402,15 @@ class MemoryReads:
         )
         return [api_key_of(r) for r in rows]
 
+    def authors(self, tenant: str) -> list[str]:
+        """The distinct authors of ``tenant``'s memories, sorted."""
+        rows = self._read(
+            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL "
+            "ORDER BY author",
+            (tenant,),
+        )
+        return [str(r[0]) for r in rows]
+
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""
         last: tuple[float, int] = (-math.inf, -1)

@@ -952,15 +952,6 @@ class SQLiteStore(MemoryReads):
             self._scope_cache[key] = rows
             return rows
 
-    def authors(self, tenant: str) -> list[str]:
-        """The distinct authors of ``tenant``'s memories, sorted."""
-        rows = self._query(
-            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL "
-            "ORDER BY author",
-            (tenant,),
-        )
-        return [str(r[0]) for r in rows]
-
     def vector_window(
         self,
         tenant: str,
