@@ -334,72 +334,6 @@ class _PostgresWriter(MemoryWrites):
             ),
         )
 
-    # -- compaction (ctxwarden.compact) ---------------------------------------------------------
-
-    def retire(
-        self,
-        tenant: str,
-        ids: Sequence[str],
-        *,
-        summary_rowid: int,
-        deleted_at: float,
-        reason: str,
-    ) -> int:
-        found = self._one(
-            "SELECT id FROM memories WHERE rowid = %s AND tenant = %s", (summary_rowid, tenant)
-        )
-        if found is None:
-            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
-        summary_id = str(found[0])
-        unique = list(dict.fromkeys(ids))
-        # Lock the rows in rowid order (as log_context does), so writers never deadlock here.
-        rows = self._conn.execute(
-            "SELECT rowid, id, content_hash, created_at, last_seen_at, time_start, time_end, "
-            "kind FROM memories WHERE tenant = %s AND id = ANY(%s) AND rowid <> %s "
-            "ORDER BY rowid FOR UPDATE",
-            (tenant, unique, summary_rowid),
-        ).fetchall()
-        if not rows:
-            return 0
-        rowids = [r[0] for r in rows]
-        summaries = [r[1] for r in rows if r[7] == "summary"]
-        # Aliases first: deleting the rows would cascade them away.
-        self._conn.execute(
-            "UPDATE aliases SET memory_rowid = %s WHERE memory_rowid = ANY(%s)",
-            (summary_rowid, rowids),
-        )
-        if summaries:
-            # Summaries of summaries: tombstones that named a retired summary now name this one
-            # (a scan of the tenant's tombstones: migration 4 dropped the summary_id index).
-            self._conn.execute(
-                "UPDATE tombstones SET summary_id = %s WHERE tenant = %s AND summary_id = ANY(%s)",
-                (summary_id, tenant, summaries),
-            )
-        with self._conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-                "time_start, time_end, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-                "summary_id = excluded.summary_id, content_hash = excluded.content_hash, "
-                "time_start = excluded.time_start, time_end = excluded.time_end, "
-                "reason = excluded.reason",
-                [
-                    (
-                        tenant,
-                        id_,
-                        deleted_at,
-                        summary_id,
-                        content_hash,
-                        start if start is not None else created,
-                        end if end is not None else last_seen,
-                        reason,
-                    )
-                    for _, id_, content_hash, created, last_seen, start, end, _ in rows
-                ],
-            )
-        self._conn.execute("DELETE FROM memories WHERE rowid = ANY(%s)", (rowids,))
-        return len(rows)
-
     # -- what store/writes.py needs -------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -407,6 +341,10 @@ class _PostgresWriter(MemoryWrites):
 
     def _run(self, sql: str, params: Sequence[Any]) -> None:
         self._conn.execute(sql.replace("?", "%s"), params)
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._conn.cursor() as cursor:
+            cursor.executemany(sql.replace("?", "%s"), rows)
 
 
 class PostgresStore(MemoryReads):

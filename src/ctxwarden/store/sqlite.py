@@ -345,67 +345,6 @@ class _SQLiteWriter(MemoryWrites):
             ],
         )  # fmt: skip
 
-    def retire(
-        self,
-        tenant: str,
-        ids: Sequence[str],
-        *,
-        summary_rowid: int,
-        deleted_at: float,
-        reason: str,
-    ) -> int:
-        self.flush()  # the FTS delete trigger needs every row indexed first
-        summary_id = self._conn.execute(
-            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
-        ).fetchone()
-        if summary_id is None:
-            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
-        retired = 0
-        summaries: list[str] = []
-        for id_ in ids:
-            row = self._conn.execute(
-                "SELECT rowid, content_hash, created_at, last_seen_at, time_start, time_end, kind "
-                "FROM memories WHERE tenant = ? AND id = ?",
-                (tenant, id_),
-            ).fetchone()
-            if row is None or row[0] == summary_rowid:
-                continue
-            rowid, content_hash, created, last_seen, start, end, kind = row
-            if kind == "summary":
-                summaries.append(id_)
-            # Aliases first: deleting the row would cascade them away.
-            self._conn.execute(
-                "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?", (summary_rowid, rowid)
-            )
-            # The id itself resolves through its tombstone (no alias row: that would repeat it).
-            self._conn.execute(
-                "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
-                "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    tenant,
-                    id_,
-                    deleted_at,
-                    summary_id[0],
-                    content_hash,
-                    start if start is not None else created,
-                    end if end is not None else last_seen,
-                    reason,
-                ),
-            )
-            self._conn.execute("DELETE FROM memories WHERE rowid = ?", (rowid,))
-            retired += 1
-        for start in range(0, len(summaries), _CHUNK):
-            chunk = summaries[start : start + _CHUNK]
-            # Summaries of summaries: one pass over the tenant's tombstones (migration 4 dropped
-            # the summary_id index, ~40 % of the tombstones' bytes; only summaries are retired
-            # into summaries, and rarely, so ordinary compaction never scans).
-            self._conn.execute(
-                "UPDATE tombstones SET summary_id = ? WHERE tenant = ? "
-                f"AND summary_id IN ({','.join('?' * len(chunk))})",
-                (summary_id[0], tenant, *chunk),
-            )
-        return retired
-
     # -- what store/writes.py needs -------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -413,6 +352,9 @@ class _SQLiteWriter(MemoryWrites):
 
     def _run(self, sql: str, params: Sequence[Any]) -> None:
         self._conn.execute(sql, params)
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(sql, rows)
 
     def _before_delete(self) -> None:
         self.flush()  # the FTS delete trigger needs every row indexed first

@@ -18,6 +18,8 @@ import math
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
+from ctxwarden.errors import StoreError
+
 __all__ = ["ACCESS_TAU_SECONDS", "MemoryWrites", "merge_plan"]
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
@@ -75,8 +77,8 @@ def merge_plan(
 
 
 class MemoryWrites:
-    """Pins, deletions and semantic merges of one write transaction (mixed into each backend's
-    writer)."""
+    """Pins, deletions, compaction's retirements and semantic merges of one write transaction
+    (mixed into each backend's writer)."""
 
     #: Appended to a SELECT (after its ``ORDER BY rowid``) that reads rows the transaction then
     #: updates: PostgreSQL locks them in rowid order, so two writers never deadlock (SQLite's
@@ -92,6 +94,10 @@ class MemoryWrites:
 
     def _run(self, sql: str, params: Sequence[Any]) -> None:
         """Run one statement written with ``?`` placeholders that returns no rows."""
+        raise NotImplementedError
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement written with ``?`` placeholders once per row of parameters."""
         raise NotImplementedError
 
     def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
@@ -223,6 +229,80 @@ class MemoryWrites:
             (deleted_at, tenant),
         )
         return erased
+
+    def retire(
+        self,
+        tenant: str,
+        ids: Sequence[str],
+        *,
+        summary_rowid: int,
+        deleted_at: float,
+        reason: str,
+    ) -> int:
+        """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction; see
+        :meth:`Store.retire`); how many were retired."""
+        self._before_delete()
+        found = self._rows(
+            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
+        )
+        if not found:
+            raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
+        summary_id = str(found[0][0])
+        retired = 0
+        summaries: list[str] = []
+        for chunk in self._chunks(list(dict.fromkeys(ids))):
+            where, params = self._in(chunk)
+            # Locked in rowid order (as log_context does), so writers never deadlock here.
+            rows = self._rows(
+                "SELECT rowid, id, content_hash, created_at, last_seen_at, time_start, time_end, "
+                f"kind FROM memories WHERE tenant = ? AND id {where} AND rowid <> ? "
+                f"ORDER BY rowid{self._LOCK_ROWS}",
+                [tenant, *params, summary_rowid],
+            )
+            if not rows:
+                continue
+            summaries.extend(r[1] for r in rows if r[7] == "summary")
+            at, at_params = self._in([r[0] for r in rows])
+            # Aliases first: deleting the rows would cascade them away.
+            self._run(
+                f"UPDATE aliases SET memory_rowid = ? WHERE memory_rowid {at}",
+                [summary_rowid, *at_params],
+            )
+            # The id itself resolves through its tombstone (no alias row: that would repeat it).
+            self._run_many(
+                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+                "time_start, time_end, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+                "summary_id = excluded.summary_id, content_hash = excluded.content_hash, "
+                "time_start = excluded.time_start, time_end = excluded.time_end, "
+                "reason = excluded.reason",
+                [
+                    (
+                        tenant,
+                        id_,
+                        deleted_at,
+                        summary_id,
+                        content_hash,
+                        start if start is not None else created,
+                        end if end is not None else last_seen,
+                        reason,
+                    )
+                    for _, id_, content_hash, created, last_seen, start, end, _ in rows
+                ],
+            )
+            self._run(f"DELETE FROM memories WHERE rowid {at}", at_params)
+            retired += len(rows)
+        for chunk in self._chunks(summaries):
+            # Summaries of summaries: tombstones that named a retired summary now name this one,
+            # in a pass over the tenant's tombstones (migration 4 dropped the summary_id index,
+            # ~40 % of the tombstones' bytes; only summaries are retired into summaries, and
+            # rarely, so ordinary compaction never scans).
+            where, params = self._in(chunk)
+            self._run(
+                f"UPDATE tombstones SET summary_id = ? WHERE tenant = ? AND summary_id {where}",
+                [summary_id, tenant, *params],
+            )
+        return retired
 
     def merge(
         self,
