@@ -360,3 +360,18 @@ def test_lower_case_patterns_have_no_capital_letters() -> None:
 
     letters = re.sub(r"\\.|\(\?P<", "", _VOLATILE_RE.pattern)
     assert not re.findall(r"[A-Z]", letters)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(any_text, st.text(alphabet=" \t\n\x1c\xa0\u3000\u2028ab.", max_size=12)))
+def test_collapse_space_equals_split_and_join(text: str) -> None:
+    from ctxwarden.normalize import _collapse_space
+
+    assert _collapse_space(text) == " ".join(text.split())
+
+
+def test_every_separator_but_space_is_unprintable() -> None:
+    # What lets _collapse_space skip printable text.
+    separators = [chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".split()) == 2]
+    assert " " in separators
+    assert not [c for c in separators if c != " " and c.isprintable()]

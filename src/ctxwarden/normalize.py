@@ -236,6 +236,16 @@ def _strip_bullets_and_space(text: str) -> str:
         bullets = _BULLET_RE.match(text)
         if bullets is not None:
             text = text[bullets.end() :]
+    return _collapse_space(text)
+
+
+def _collapse_space(text: str) -> str:
+    """Runs of whitespace as single spaces, none at either end: ``" ".join(text.split())``."""
+    # Every character str.split() splits on but " " is unprintable (a property test holds it to
+    # that), so printable text with no double or outer space is already collapsed: the common
+    # case, checked in C without building a list of words.
+    if text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " ":
+        return text
     return " ".join(text.split())
 
 
