@@ -375,3 +375,12 @@ def test_every_separator_but_space_is_unprintable() -> None:
     separators = [chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".split()) == 2]
     assert " " in separators
     assert not [c for c in separators if c != " " and c.isprintable()]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(any_text, lower_ascii, _ASCII_CHATTY))
+def test_canonical_ascii_shortcut_equals_one_general_pass(text: str) -> None:
+    from ctxwarden.normalize import _canonical_once
+
+    if text.isascii():
+        assert canonical(text) == _canonical_once(text)

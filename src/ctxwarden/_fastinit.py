@@ -58,7 +58,8 @@ def fast_init(cls: type[T]) -> type[T]:
         "_new_factory": _FACTORY,
         "_cls": cls,
         "_twin": twin,
-        "_set_class": object.__setattr__,
+        # The descriptor's own setter: no attribute lookup through the type on each switch.
+        "_set_class": object.__dict__["__class__"].__set__,
     }
     positional: list[str] = []
     keyword: list[str] = []
@@ -86,9 +87,9 @@ def fast_init(cls: type[T]) -> type[T]:
     if twin is not None:
         lines += [
             "    if type(self) is _cls:",
-            "        _set_class(self, '__class__', _twin)",
+            "        _set_class(self, _twin)",
             *stores,
-            "        _set_class(self, '__class__', _cls)",
+            "        _set_class(self, _cls)",
             "    else:",
             *sets,
         ]
