@@ -427,8 +427,8 @@ def _volatile_spans(text: str, lower: bool = False) -> list[tuple[int, int, str]
         if match is None:
             position = index + 1
             continue
-        spans.append((match.start(), match.end(), match.lastgroup or ""))
-        position = match.end()
+        start, position = match.span()
+        spans.append((start, position, match.lastgroup or ""))
     return spans
 
 
