@@ -51,6 +51,12 @@ _PIECES = st.sampled_from(
         "?",
         "<num>",
         "commit bcffbfe",
+        "sha1: ",
+        "revision=",
+        "Hash @",
+        "review",
+        "ABCDEF1",
+        "deadbeef",
     ]
 )
 _KINDS = ("uuid", "date", "time", "hex", "counter", "amount", "pct", "dur", "range", "num", "day")

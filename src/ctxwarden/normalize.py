@@ -452,6 +452,10 @@ _NAMED_HEX_LOWER_RE: Final = re.compile(
     r"(?P<hex>[0-9a-f]{7,64})(?![\w<])"
 )
 _HAS_DIGIT: Final = re.compile(r"\d")
+# ASCII bytes: hex digits (either case) to "x", everything else to a space.
+_HEX_MARKS: Final = bytes(
+    ord("x") if chr(i) in "0123456789abcdefABCDEF" else ord(" ") for i in range(256)
+)
 
 
 def _named_hex_spans(piece: str, lower: bool = False) -> list[tuple[int, int, str]]:
@@ -503,8 +507,12 @@ def mask_volatile_values(text: str) -> tuple[str, tuple[str, ...]]:
         or "rev" in lowered
         or "digest" in lowered
     )
-    if ascii_text:  # deleting the digits from the bytes, in C, beats a regex scan for \d
-        has_digit = len(text.encode("ascii").translate(None, b"0123456789")) != len(text)
+    if ascii_text:
+        raw = text.encode("ascii")
+        # Deleting the digits from the bytes, in C, beats a regex scan for \d.
+        has_digit = len(raw.translate(None, b"0123456789")) != len(text)
+        if has_named_hex:  # "review", "share": a named hash needs a run of 7 hex characters
+            has_named_hex = b"xxxxxxx" in raw.translate(_HEX_MARKS)
     else:
         has_digit = _HAS_DIGIT.search(text) is not None
     if not (has_digit or has_day or has_named_hex):
