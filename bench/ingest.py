@@ -21,6 +21,8 @@ Round 1: token counts on first use, one executemany per batch, time-first de-dup
 | 1 | ~12 | 130 (103 -> 146) | 69 (65 -> 73) |
 | 2 | ~20 | 74 (71 -> 77) | 56 (52 -> 58) |
 | 2 | ~9 | 74 (69 -> 78) | 54 (49 -> 54) |
+| 3 | ~3.8 (three pairs) | 53.6 (48-50 -> 56-57) | 50.9 (46-48 -> 51-54) |
+| 3 | ~0.5 (one run, before only) | 50.9 (53 -> 53) | |
 
 Round 2 (same outcomes, same de-dup quality): ``fast_init`` gives the frozen dataclasses made
 per record (Record, NewMemory, DedupeCandidate, IngestOutcome, ...) an ``__init__`` that sets
@@ -36,8 +38,24 @@ new rows reach FTS5 by rowid range. That is ~18,400 messages per CPU second: sti
 (before the last three of those changes) gave 50-51 us against 65-68 before, so a quieter machine
 does not close the gap either: CPU time barely moves with the load here.
 
-Where the ~54 us go now (load ~17, per message): SQLite ~19 (the insert with its nine indexes
-~10, FTS ~3, commit ~2, de-dup lookups ~2, aliases and id resolution ~1.5), the de-dup
+Round 3 (same outcomes: every IngestOutcome and stored key of a 100k run hashed identically before
+and after; de-dup quality unchanged): the volatile-token pass runs case-sensitive, ASCII-class
+copies of its patterns on canonical ASCII text (same spans, property-tested against the general
+patterns; a start-character scan for ASCII digits rather than Unicode ones is ~3x faster), ASCII
+canonical text skips the general pass's calls, whitespace collapsing skips split/join for printable
+text with no double or outer space, the digit pre-check deletes digits from the bytes;
+``fast_init`` writes the slots of classes of eight fields or more through a same-layout twin class
+(plain slot stores) instead of descriptor calls; the named-hash pass runs only when the text has a
+run of seven hex characters. About 5 % (2-3 us per message). Tried and dropped: reading the
+record's fields with one ``itemgetter`` over the dict merged onto its defaults (slower than the
+``get`` calls), a larger page cache and ``secure_delete`` off (no change), per-keyword named-hash
+patterns (no change). Not done: ``wal_autocheckpoint=10000`` took ~0.7 us off COMMIT but lets the
+WAL grow to ~40 MB; merging the layer-A and layer-B indexes (one index fewer, ~0.5 us) needs a
+migration for ~1 %: dropping any one index of ``memories`` saved 0.3-0.6 us of the insert, four of
+them together ~4 us, and each serves a query, so the schema is unchanged (still migration 7).
+
+Where the ~54 us went before round 3 (load ~17, per message): SQLite ~19 (the insert with its
+nine indexes ~10, FTS ~3, commit ~2, de-dup lookups ~2, aliases and id resolution ~1.5), the de-dup
 analysis (``DedupeCandidate.build``) ~12 (bots' messages ~14: matching their volatile tokens),
 engine and fold bookkeeping ~10, Record validation ~4, GC ~1. Every index serves a query
 (EXPLAIN QUERY PLAN of store/sqlite.py and store/reads.py), so no index was dropped.

@@ -94,3 +94,41 @@ def test_ingest_types_use_it_and_set_every_field(cls: type) -> None:
         assert getattr(obj, f.name) == expected
     assert obj == cls(**required)
     assert dataclasses.replace(obj) == obj
+
+
+@fast_init
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Wide:
+    a: int
+    b: int = 2
+    c: int = 3
+    d: int = 4
+    e: int = 5
+    f: int = 6
+    g: int = 7
+    h: list[int] = field(default_factory=list)
+
+
+def test_wide_classes_switch_to_a_twin_and_back() -> None:
+    # Eight fields or more: the slots are written through a same-layout twin class.
+    assert "_twin" in _Wide.__init__.__code__.co_names
+    assert "_twin" in Record.__init__.__code__.co_names
+    wide = _Wide(a=1, g=9)
+    assert type(wide) is _Wide
+    assert _values(wide) == (1, 2, 3, 4, 5, 6, 9, [])
+    assert wide.h is not _Wide(a=1).h
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wide.a = 2  # type: ignore[misc]
+    assert wide == _Wide(a=1, g=9)
+    assert dataclasses.replace(wide, b=7) == _Wide(a=1, b=7, g=9)
+
+
+def test_subclass_instances_keep_their_class() -> None:
+    class Sub(_Wide):  # inherits the swapped __init__, which must not switch its class
+        __slots__ = ()
+
+    sub = Sub(a=1, c=5)
+    assert type(sub) is Sub
+    assert _values(sub) == (1, 2, 5, 4, 5, 6, 7, [])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sub.a = 2  # type: ignore[misc]

@@ -51,6 +51,12 @@ _PIECES = st.sampled_from(
         "?",
         "<num>",
         "commit bcffbfe",
+        "sha1: ",
+        "revision=",
+        "Hash @",
+        "review",
+        "ABCDEF1",
+        "deadbeef",
     ]
 )
 _KINDS = ("uuid", "date", "time", "hex", "counter", "amount", "pct", "dur", "range", "num", "day")
@@ -275,3 +281,112 @@ def test_canonical_url_fast_and_general_agree(url: str) -> None:
     fast = _simple_url(url)
     assert fast is None or fast == _general_url(url)
     assert canonical_url(url) == _general_url(url)
+
+
+# --- the fast path of mask_volatile_values (ASCII text without capitals) ---------------------
+
+_ASCII_CHATTY = st.lists(
+    st.one_of(
+        _PIECES.filter(str.isascii),
+        st.text(alphabet="0123456789abcdefxyz:.,/-+#$%& \t\x1c\x1f<>_", max_size=12),
+    ),
+    max_size=12,
+).map("".join)
+lower_ascii = st.one_of(st.text(alphabet=st.characters(max_codepoint=127)), _ASCII_CHATTY).map(
+    str.lower
+)
+
+
+def _slow_mask_volatile_values(text: str) -> tuple[str, tuple[str, ...]]:
+    """mask_volatile_values as it was before its fast path: the general (Unicode, IGNORECASE)
+    patterns only, gated by the same substring tests."""
+    from ctxwarden.normalize import (
+        _DAY_RE,
+        _HAS_DIGIT,
+        _WEEKDAYS,
+        _named_hex_spans,
+        _split_urls,
+        _volatile_spans,
+    )
+
+    lowered = text.lower()
+    has_day = "day" in lowered
+    if has_day and text.isascii():
+        has_day = any(map(lowered.__contains__, _WEEKDAYS))
+    has_named_hex = any(word in lowered for word in ("commit", "sha", "hash", "rev", "digest"))
+    has_digit = _HAS_DIGIT.search(text) is not None
+    if not (has_digit or has_day or has_named_hex):
+        return text, ()
+    values: list[str] = []
+    out: list[str] = []
+    pieces = _split_urls(text) if "://" in text else [(False, text)]
+    for is_url, piece in pieces:
+        if is_url:
+            out.append(piece)
+            continue
+        spans = _volatile_spans(piece, lower=False) if has_digit else []
+        if has_day:
+            spans.extend((m.start(), m.end(), "day") for m in _DAY_RE.finditer(piece))
+        if has_named_hex:
+            spans.extend(_named_hex_spans(piece, lower=False))
+        spans.sort()
+        position = 0
+        for start, end, kind in spans:
+            if start < position:
+                continue
+            out.append(piece[position:start] + f"<{kind.rstrip('_')}>")
+            values.append(piece[start:end])
+            position = end
+        out.append(piece[position:])
+    return ("".join(out), tuple(values)) if values else (text, ())
+
+
+@settings(max_examples=1500, deadline=None)
+@given(lower_ascii)
+def test_volatile_spans_lower_case_path_equals_general_path(text: str) -> None:
+    from ctxwarden.normalize import _volatile_spans
+
+    assert _volatile_spans(text, lower=True) == _volatile_spans(text, lower=False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(lower_ascii, any_text))
+def test_mask_volatile_values_fast_path_equals_slow_path(text: str) -> None:
+    # The substring pre-checks and the ASCII patterns only skip work, never change a result.
+    assert mask_volatile_values(text) == _slow_mask_volatile_values(text)
+    canon = canonical(text)
+    assert mask_volatile_values(canon) == _slow_mask_volatile_values(canon)
+
+
+def test_lower_case_patterns_have_no_capital_letters() -> None:
+    # What makes the case-sensitive copy equal to the IGNORECASE pattern on text without capitals.
+    import re
+
+    from ctxwarden.normalize import _VOLATILE_RE
+
+    letters = re.sub(r"\\.|\(\?P<", "", _VOLATILE_RE.pattern)
+    assert not re.findall(r"[A-Z]", letters)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(any_text, st.text(alphabet=" \t\n\x1c\xa0\u3000\u2028ab.", max_size=12)))
+def test_collapse_space_equals_split_and_join(text: str) -> None:
+    from ctxwarden.normalize import _collapse_space
+
+    assert _collapse_space(text) == " ".join(text.split())
+
+
+def test_every_separator_but_space_is_unprintable() -> None:
+    # What lets _collapse_space skip printable text.
+    separators = [chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".split()) == 2]
+    assert " " in separators
+    assert not [c for c in separators if c != " " and c.isprintable()]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(any_text, lower_ascii, _ASCII_CHATTY))
+def test_canonical_ascii_shortcut_equals_one_general_pass(text: str) -> None:
+    from ctxwarden.normalize import _canonical_once
+
+    if text.isascii():
+        assert canonical(text) == _canonical_once(text)
