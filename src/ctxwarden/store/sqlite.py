@@ -607,6 +607,8 @@ class SQLiteStore(MemoryReads):
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
+        # The change stamp (see _change_stamp) each cached scope was last checked at.
+        self._scope_stamp: dict[tuple[str, str], tuple[int, int]] = {}
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -1068,21 +1070,28 @@ class SQLiteStore(MemoryReads):
     def _author_rows(self, tenant: str, author: str) -> npt.NDArray[np.int64]:
         """The rowids of ``author``'s memories in ``tenant``, ascending (cached per author).
 
-        The cache is checked against the author's row count and highest rowid (one count over
-        the ``memories_author`` index, in C); new rows are read alone when the rows above the
-        cached highest make up the difference, everything is read again otherwise (deletes).
+        A cached scope is returned as it is while nothing was written since it was last checked
+        (:meth:`_change_stamp`). Otherwise it is checked against the author's row count and
+        highest rowid (one count over the ``memories_author`` index, in C, ~1.5 ms for 25k
+        rows); new rows are read alone when the rows above the cached highest make up the
+        difference, everything is read again otherwise (deletes).
         """
         key = (tenant, author)
         with self._lock:
+            stamp = self._change_stamp()
+            cached = self._scope_cache.get(key)
+            if cached is not None and self._scope_stamp.get(key) == stamp:
+                return cached
             count, high = self._query(
                 "SELECT count(*), max(rowid) FROM memories WHERE author = ? AND tenant = ?",
                 (author, tenant),
             )[0]
             if not count:
                 self._scope_cache.pop(key, None)
+                self._scope_stamp.pop(key, None)
                 return np.zeros(0, dtype=np.int64)
-            cached = self._scope_cache.get(key)
             if cached is not None and len(cached) == count and int(cached[-1]) == high:
+                self._scope_stamp[key] = stamp
                 return cached
             last = int(cached[-1]) if cached is not None and len(cached) else -1
             if cached is None or high <= last:
@@ -1106,8 +1115,22 @@ class SQLiteStore(MemoryReads):
                 )  # fmt: skip
             if len(self._scope_cache) >= 256 and key not in self._scope_cache:
                 self._scope_cache.clear()
+                self._scope_stamp.clear()
             self._scope_cache[key] = rows
+            self._scope_stamp[key] = stamp
             return rows
+
+    def _change_stamp(self) -> tuple[int, int]:
+        """What changes whenever the database may have: ``PRAGMA data_version`` (commits of
+        other connections) and this connection's ``total_changes`` (its own writes, rolled back
+        ones too). Equal stamps: no row was written in between."""
+        with self._lock:
+            self._check_open()
+            try:
+                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"query failed: {exc}") from exc
+            return int(version), self._conn.total_changes
 
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted."""
