@@ -286,7 +286,7 @@ def _exact_f16(data: np.ndarray, ids: np.ndarray, query: np.ndarray, k: int) -> 
     return _exact(stored.astype(np.float32), ids, query, k)
 
 
-def test_int8_shortlist_gives_the_exact_top_k() -> None:
+def test_int8_shortlist_gives_the_exact_top_k(tmp_path: Path) -> None:
     # Scopes of >= 8,192 rows are shortlisted from an int8 copy, then scored exactly: the
     # result must be the exact top k, through later adds, replacements and removals.
     dim = 64
@@ -320,3 +320,9 @@ def test_int8_shortlist_gives_the_exact_top_k() -> None:
     assert [i for i, _ in got] == _exact_f16(everything[live], live, query, 20)
     near_extra = extra[7] + 0.001
     assert index.search(near_extra, 1, allowed=live)[0][0] == 12_007
+    # A loaded index builds its int8 copy at once and answers the same.
+    index.save(tmp_path / "index")
+    loaded = VectorIndex.load(tmp_path / "index")
+    assert loaded._codes is not None
+    for query in queries[:5]:
+        assert loaded.search(query, 20, allowed=live) == index.search(query, 20, allowed=live)

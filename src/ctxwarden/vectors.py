@@ -477,25 +477,28 @@ class VectorIndex:
                 return self._rescore(query, k, self._allowed_slots(allowed))
             count = min(size, count * 4)
 
-    def _quantise(self, matrix: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.int8]:
-        scaled = np.rint(np.asarray(matrix, dtype=np.float32) * self._code_scale)
-        codes: npt.NDArray[np.int8] = np.clip(scaled, -127, 127).astype(np.int8)
+    def _quantise(self, matrix: npt.NDArray[Any]) -> npt.NDArray[np.int8]:
+        scaled = np.multiply(matrix, np.float32(self._code_scale), dtype=np.float32)
+        np.rint(scaled, out=scaled)
+        np.clip(scaled, -127, 127, out=scaled)
+        codes: npt.NDArray[np.int8] = scaled.astype(np.int8)
         return codes
 
     def _ensure_codes(self) -> npt.NDArray[np.int8]:
-        """The int8 copy of the vectors, built on first use (~0.4 KB a row at 384 dimensions)."""
+        """The int8 copy of the vectors, built on first use or by :meth:`load` (~0.4 KB a row
+        at 384 dimensions; ~1 s per 1M rows)."""
         if self._codes is None:
-            live = np.flatnonzero(self._ids >= 0)
-            peak = 0.0
-            for start in range(0, live.size, 65_536):
-                chunk = self._matrix[live[start : start + 65_536]]
-                peak = max(peak, float(np.abs(chunk).max()))
-            # Unit vectors: no component exceeds 1; the scale maps the largest seen to 127.
+            # Unit vectors: no component exceeds 1. The scale maps the largest component of a
+            # sample of rows to 127 (a larger one elsewhere is clipped: shortlist only).
+            sample = self._matrix[:: max(1, len(self._matrix) // 65_536)]
+            peak = float(max(sample.max(initial=0.0), -sample.min(initial=0.0)))
             self._code_scale = 127.0 / (peak if peak > 0 else 1.0)
-            codes = np.zeros(self._matrix.shape, dtype=np.int8)
-            for start in range(0, live.size, 65_536):
-                rows = live[start : start + 65_536]
-                codes[rows] = self._quantise(self._matrix[rows])
+            # Free slots hold zeros or stale rows: quantised too, never read (slots come from
+            # live ids). Slices, not a gather of the live rows: half the time.
+            codes = np.empty(self._matrix.shape, dtype=np.int8)
+            for start in range(0, len(self._matrix), 65_536):
+                part = slice(start, start + 65_536)
+                codes[part] = self._quantise(self._matrix[part])
             self._codes = codes
         return self._codes
 
@@ -644,4 +647,7 @@ class VectorIndex:
         index._ids = ids.copy()
         index._slot = {int(i): slot for slot, i in enumerate(ids.tolist())}
         index._map_dense(index._ids, np.arange(count, dtype=np.int64))
+        if count >= _SHORTLIST_ROWS:
+            # Now rather than in the first large scoped search (~1 s at 1M rows).
+            index._ensure_codes()
         return index
