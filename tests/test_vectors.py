@@ -324,5 +324,6 @@ def test_int8_shortlist_gives_the_exact_top_k(tmp_path: Path) -> None:
     index.save(tmp_path / "index")
     loaded = VectorIndex.load(tmp_path / "index")
     assert loaded._codes is not None
+    loaded.exact_scope = index.exact_scope  # not saved: the caller's setting
     for query in queries[:5]:
         assert loaded.search(query, 20, allowed=live) == index.search(query, 20, allowed=live)
