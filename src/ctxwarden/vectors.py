@@ -444,6 +444,12 @@ class VectorIndex:
         return slots[slots >= 0]
 
     def _slots_of(self, keys: Iterable[int]) -> npt.NDArray[np.int64]:
+        if isinstance(keys, np.ndarray) and self._dense is not None:
+            # The graph's candidates: mapped in numpy (a Python loop costs ~0.5 ms for 200).
+            wanted = keys.astype(np.int64)
+            wanted = wanted[(wanted >= 0) & (wanted < len(self._dense))]
+            found = self._dense[wanted].astype(np.int64)
+            return found[found >= 0]
         slot = self._slot
         return np.fromiter((slot[int(key)] for key in keys if int(key) in slot), dtype=np.int64)
 
