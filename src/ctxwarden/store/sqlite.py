@@ -1098,29 +1098,28 @@ class SQLiteStore(MemoryReads):
             last = int(cached[-1]) if cached is not None and len(cached) else -1
             if cached is None or high <= last:
                 cached, last = np.zeros(0, dtype=np.int64), -1
-            new = self._query(
-                "SELECT rowid FROM memories WHERE author = ? AND tenant = ? AND rowid > ? "
-                "ORDER BY rowid",
-                (author, tenant, last),
-            )
-            rows: npt.NDArray[np.int64] = np.concatenate(
-                [cached, np.fromiter((r[0] for r in new), dtype=np.int64)]
-            )
+            rows = np.concatenate([cached, self._author_rowids(tenant, author, last)])
             if len(rows) != count:  # rows below the cached highest went: read them all again
-                rows = np.fromiter(
-                    (r[0] for r in self._query(
-                        "SELECT rowid FROM memories WHERE author = ? AND tenant = ? "
-                        "ORDER BY rowid",
-                        (author, tenant),
-                    )),
-                    dtype=np.int64,
-                )  # fmt: skip
+                rows = self._author_rowids(tenant, author, -1)
             if len(self._scope_cache) >= 256 and key not in self._scope_cache:
                 self._scope_cache.clear()
                 self._scope_stamp.clear()
             self._scope_cache[key] = rows
             self._scope_stamp[key] = stamp
             return rows
+
+    def _author_rowids(self, tenant: str, author: str, above: int) -> npt.NDArray[np.int64]:
+        """``author``'s rowids above ``above``, ascending. One comma-separated string parsed by
+        numpy: ~3 ms for 25k rows where fetching them as 25k Python rows costs ~10 ms."""
+        text = self._query(
+            "SELECT group_concat(rowid) FROM (SELECT rowid FROM memories WHERE author = ? "
+            "AND tenant = ? AND rowid > ? ORDER BY rowid)",
+            (author, tenant, above),
+        )[0][0]
+        if not text:
+            return np.zeros(0, dtype=np.int64)
+        # group_concat's order follows the subquery's in practice, not by contract: sort.
+        return np.sort(np.fromstring(text, dtype=np.int64, sep=","))
 
     def _change_stamp(self) -> tuple[int, int]:
         """What changes whenever the database may have: ``PRAGMA data_version`` (commits of
