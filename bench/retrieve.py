@@ -16,8 +16,8 @@ throughput on 30-word messages. Both wall and CPU time (``time.process_time``) p
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
 author-scoped vector). Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"):
-100k CPU p50 16.6 / p95 21.5 ms, 1M 35.2 / 54.7 ms (load 2-5; 1M still over, mostly the
-author-scoped vector search's exact pass over one author's 25k vectors).
+100k CPU p50 13.9 / p95 17.4 ms, 1M 27.2 / 42.9 ms (load average 2-3.4; at 1M p50 is still over:
+FTS5 ranking of the main and two bridge searches ~11 ms, the author scope's int8 pass ~4 ms).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """

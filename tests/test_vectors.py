@@ -278,3 +278,52 @@ def test_large_ids_use_the_dictionary_path(tmp_path: Path) -> None:
     loaded = VectorIndex.load(tmp_path / "big")
     assert loaded.search(data[6], 1)[0][0] == ids[6]
     assert loaded.search(data[6], 5, allowed=allowed) == index.search(data[6], 5, allowed=allowed)
+
+
+def _exact_f16(data: np.ndarray, ids: np.ndarray, query: np.ndarray, k: int) -> list[int]:
+    """Exact top ``k`` as the index scores: unit vectors stored as float16, scored in float32."""
+    stored = (data / np.linalg.norm(data, axis=1, keepdims=True)).astype(np.float16)
+    return _exact(stored.astype(np.float32), ids, query, k)
+
+
+def test_int8_shortlist_gives_the_exact_top_k(tmp_path: Path) -> None:
+    # Scopes of >= 8,192 rows are shortlisted from an int8 copy, then scored exactly: the
+    # result must be the exact top k, through later adds, replacements and removals.
+    dim = 64
+    data = _clustered(12_000, seed=11, dim=dim)
+    ids = np.arange(12_000)
+    index = VectorIndex(dim, exact_scope=20_000)
+    index.add(ids.tolist(), data)
+    rng = np.random.default_rng(12)
+    scope = np.sort(rng.choice(12_000, size=9_000, replace=False))
+    queries = _clustered(30, seed=13, dim=dim)
+    for number, query in enumerate(queries):
+        k = (1, 10, 20, 50)[number % 4]
+        got = index.search(query, k, allowed=scope)
+        assert [i for i, _ in got] == _exact_f16(data[scope], scope, query, k)
+    assert index._codes is not None  # the shortlist path ran
+    # Remove the best 5 of a query's scope, replace the next 5 with vectors far from it, add
+    # new ids (the int8 copy grows with the side copy): the shortlist follows every change.
+    query = queries[0]
+    best = [i for i, _ in index.search(query, 10, allowed=scope)]
+    index.remove(best[:5])
+    away = -query[None, :] + 0.01 * rng.standard_normal((5, dim)).astype(np.float32)
+    index.add(best[5:], away)
+    extra = _clustered(3_000, seed=14, dim=dim)
+    index.add(range(12_000, 15_000), extra)
+    current = data.copy()
+    current[best[5:]] = away
+    everything = np.vstack([current, extra])
+    live = np.setdiff1d(np.arange(15_000), best[:5])
+    got = index.search(query, 20, allowed=live)
+    assert not set(best) & {i for i, _ in got}
+    assert [i for i, _ in got] == _exact_f16(everything[live], live, query, 20)
+    near_extra = extra[7] + 0.001
+    assert index.search(near_extra, 1, allowed=live)[0][0] == 12_007
+    # A loaded index builds its int8 copy at once and answers the same.
+    index.save(tmp_path / "index")
+    loaded = VectorIndex.load(tmp_path / "index")
+    assert loaded._codes is not None
+    loaded.exact_scope = index.exact_scope  # not saved: the caller's setting
+    for query in queries[:5]:
+        assert loaded.search(query, 20, allowed=live) == index.search(query, 20, allowed=live)

@@ -755,6 +755,36 @@ def test_sqlite_vector_index_persists_and_follows_other_writers(tmp_path: Path) 
     third.close()
 
 
+def test_sqlite_author_scope_follows_other_writers(tmp_path: Path) -> None:
+    # The reader caches an author's rowids until a write could have changed them: another
+    # connection's commit (PRAGMA data_version) as well as its own (total_changes).
+    path = tmp_path / "db.sqlite"
+    writer, reader = SQLiteStore(path), SQLiteStore(path)
+
+    def add(store: SQLiteStore, id: str, seed: int) -> None:
+        memory = dataclasses.replace(_memory(id, content=f"text {id}"), author="ana")
+        with store.write() as w:
+            rowid = w.insert(memory)
+        store.put_vectors("m1", [rowid], _unit(seed)[None, :])
+
+    def by_ana(seed: int) -> list[str]:
+        return sorted(m.id for m, _ in reader.vector_search("t", "m1", _unit(seed), k=10,
+                                                            author="ana"))  # fmt: skip
+
+    add(writer, "a1", 1)
+    assert by_ana(1) == ["a1"]
+    assert by_ana(1) == ["a1"]  # served from the cache
+    add(writer, "a2", 2)
+    assert by_ana(2) == ["a1", "a2"]
+    with writer.write() as w:
+        assert w.delete("t", "a1", deleted_at=1.0, reason="test")
+    assert by_ana(1) == ["a2"]
+    add(reader, "a3", 3)
+    assert by_ana(3) == ["a2", "a3"]
+    writer.close()
+    reader.close()
+
+
 # -- semantic de-dup: Writer.merge, memories_at, vector_window ----------------------------------
 
 
