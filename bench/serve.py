@@ -39,6 +39,7 @@ functions).
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import random
 import socket
@@ -181,13 +182,19 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
             finally:
                 spent[label] += time.process_time() - began
 
-        setattr(owner, name, wrapper)
+        static = isinstance(inspect.getattr_static(owner, name), staticmethod)
+        setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
     phases = [
+        (engine_module._RecentWalk, "take", "recent (history walk, counts)"),
         (engine_module.Engine, "_related", "related (retrieval + line costs)"),
         (engine_module, "retrieve", "  retrieve"),
         (SQLiteStore, "search", "    store.search (FTS5)"),
+        (SQLiteStore, "neighbours", "    store.neighbours"),
+        (SQLiteStore, "token_counts", "    store.token_counts (any caller)"),
+        (engine_module.Engine, "_line_candidates", "pinned + summaries"),
         (engine_module, "fill", "fill (blocks, report)"),
+        (engine_module.Engine, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
     ]
     for owner, name, label in phases:
