@@ -291,3 +291,22 @@ def test_candidates_follow_the_sessions_line_cost(engine: Engine) -> None:
     short, long = offered("short"), offered("long")
     assert long < short
     assert long >= 100  # EngineConfig.related_candidates, the floor
+
+
+def test_report_snapshot_of_every_decision(engine: Engine, snapshot: Any) -> None:
+    # Where each candidate went and why (fits, top-up, already in another block, over the
+    # block's budget, older than recent reaches), pinned: a faster fill must decide the same.
+    engine.ingest(_history(60, words=8))
+    engine.ingest(_history(40, words=8, session="other"), session="other")
+    engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
+                    "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
+    context = engine.assemble(
+        session="s", query="word40 word41 otters", budget=700, log_inclusions=False
+    )
+    decisions = [(c.id, c.block, c.included, c.reason, c.tokens) for c in context.report.candidates]
+    reasons = {reason for *_, reason, _ in decisions}
+    assert {"fits", "already in another block", "over the block's budget"} <= reasons
+    blocks = [(b.name, b.budget, b.used, list(b.items)) for b in context.report.blocks]
+    assert {"decisions": decisions, "blocks": blocks, "notes": list(context.report.notes)} == (
+        snapshot
+    )
