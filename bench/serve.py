@@ -191,11 +191,11 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         (engine_module, "retrieve", "  retrieve"),
         (SQLiteStore, "search", "    store.search (FTS5)"),
         (SQLiteStore, "neighbours", "    store.neighbours"),
-        (SQLiteStore, "token_counts", "    store.token_counts (any caller)"),
         (engine_module.Engine, "_line_candidates", "pinned + summaries"),
         (engine_module, "fill", "fill (blocks, report)"),
         (engine_module.Engine, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
+        (SQLiteStore, "token_counts", "store.token_counts (all callers)"),
     ]
     for owner, name, label in phases:
         timed(owner, name, label)

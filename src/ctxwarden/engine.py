@@ -1434,7 +1434,8 @@ class Engine:
 #: The related-block line cost assumed before a session has history to measure: a chat line of
 #: about 20 words with its ``[time] author:`` prefix.
 TYPICAL_LINE_TOKENS = 32
-#: At most this many candidates per search, whatever the budget (a 1M-token window).
+#: At most this many candidates per search, whatever the budget: retrieval's time grows with
+#: the count, and 1,000 lines (~32k tokens) is more related memory than a turn needs.
 MAX_RELATED_CANDIDATES = 1000
 
 
