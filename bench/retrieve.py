@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from chat_text import sentence, vocabulary, zipf_weights
 from ctxwarden.embed import MiniLMEmbedder, StaticEmbedder
 from ctxwarden.retrieve import RetrievalWeights, retrieve
 from ctxwarden.store.base import NewMemory
@@ -41,27 +42,14 @@ AUTHORS = [f"user{i:02d}" for i in range(40)]
 CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
 
 
-def _vocabulary(rng: np.random.Generator) -> list[str]:
-    letters = "abcdefghijklmnoprstuvwy"
-    words = set()
-    while len(words) < 3000:
-        words.add("".join(rng.choice(list(letters), size=int(rng.integers(3, 9)))))
-    return sorted(words)
-
-
-def _sentence(rng: np.random.Generator, vocab: list[str], weights: np.ndarray) -> str:
-    return " ".join(rng.choice(vocab, size=int(rng.integers(6, 30)), p=weights))
-
-
 def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, list[str]]:
-    vocab = _vocabulary(rng)
-    weights = 1.0 / np.arange(1, len(vocab) + 1)
-    weights /= weights.sum()
+    vocab = vocabulary(rng)
+    weights = zipf_weights(len(vocab))
     store = SQLiteStore(path)
     if store.stats("default")["memories"] >= n:
         return store, vocab
     embedder = MiniLMEmbedder()
-    templates = [_sentence(rng, vocab, weights) for _ in range(300)]
+    templates = [sentence(rng, vocab, weights) for _ in range(300)]
     base = embedder.embed(templates)
     started = time.perf_counter()
     batch = 20_000
@@ -72,7 +60,7 @@ def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, li
                 memory = NewMemory(
                     id=f"m{i}", tenant="default", session="s", channel=CHANNELS[i % 8],
                     author=AUTHORS[int(rng.integers(0, 40))], author_kind="human", role="user",
-                    content=_sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
+                    content=sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
                     thread_id=None, reply_to=None, kind="message", pinned=False, name=None,
                     tool_calls=(), tool_call_id=None, attachments=(), metadata={},
                     content_hash=f"h{i}",
@@ -131,9 +119,8 @@ def main() -> None:
     store, vocab = build(args.db, args.n, rng)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
-    weights = 1.0 / np.arange(1, len(vocab) + 1)
-    weights /= weights.sum()
-    queries = [_sentence(rng, vocab, weights)[:80] + f" {AUTHORS[i % 40]}?"
+    weights = zipf_weights(len(vocab))
+    queries = [sentence(rng, vocab, weights)[:80] + f" {AUTHORS[i % 40]}?"
                for i in range(args.queries)]  # fmt: skip
     started = time.perf_counter()
     vectors = [embedder.embed([q])[0] for q in queries]
@@ -175,7 +162,7 @@ def main() -> None:
     for step, values in spent.items():
         print(f"  {step}: {sum(values) / len(queries):.2f} ms CPU per query ({len(values)} calls)")
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
-    texts = [_sentence(rng, vocab, weights) for _ in range(512)]
+    texts = [sentence(rng, vocab, weights) for _ in range(512)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
     for model in (MiniLMEmbedder(), StaticEmbedder()):
         model.embed(texts[:8])

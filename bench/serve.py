@@ -2,12 +2,22 @@
 
     python bench/serve.py [--requests 20000] [--saturation-requests 20000] [--rate R]
                           [--rate-share 0.5] [--connections 32] [--seed 2000] [--report summary]
+                          [--vocabulary chat|tiny] [--breakdown N]
 
 Starts ``ctxwarden serve --no-auth`` on 127.0.0.1 (a free port, a temporary database) in its own
 process, seeds ``--seed`` messages over ``--sessions`` sessions, then runs two phases over
 ``--connections`` keep-alive connections (one thread each), each in the mix 70 % assemble
 (budget 4,000), 25 % ingest (one record), 5 % search. Targets (issue 6): 0 errors, assemble
 p50 <= 10 ms, p99 <= 100 ms.
+
+Text (``--vocabulary``): messages are 30 words, assemble queries 8, searches 4, drawn from
+
+- ``chat`` (default): ~3,000 made-up words, Zipf-like (bench/chat_text.py, shared with
+  bench/retrieve.py). As in chat, a few words are everywhere and most are rare, so a query's
+  terms each match a small share of the store.
+- ``tiny``: 40 words, uniformly: every query term is in about half the messages, so each
+  full-text search walks long posting lists and ranks most of the store. An adversarial case
+  (the only text this bench had at first), kept to measure it.
 
 (a) Saturation: ``--saturation-requests`` in a closed loop (each connection sends its next
 request when the last is answered). This measures throughput; its latency is the queue (by
@@ -29,6 +39,7 @@ functions).
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import random
 import socket
@@ -42,8 +53,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
-WORDS = (
+import chat_text
+
+TINY_WORDS = (
     "the deploy release standup review branch merge ticket customer budget design meeting "
     "schedule laptop coffee lunch weekend plan report bug fix test pipeline server database "
     "query index cache token memory context agent model prompt window latency metric alert"
@@ -51,8 +65,22 @@ WORDS = (
 MAX_REQUESTS = 200_000
 
 
-def sentence(rng: random.Random, words: int = 30) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(words))
+class Text:
+    """Message and query text: ``chat`` (Zipf-like over ~3,000 words, bench/chat_text.py) or
+    ``tiny`` (uniform over :data:`TINY_WORDS`, drawn from ``rng`` as this bench always did)."""
+
+    def __init__(self, vocabulary: str, rng: random.Random) -> None:
+        self.rng = rng
+        self.tiny = vocabulary == "tiny"
+        if not self.tiny:
+            self.draws = np.random.default_rng(rng.getrandbits(64))
+            self.words = chat_text.vocabulary(self.draws)
+            self.weights = chat_text.zipf_weights(len(self.words))
+
+    def __call__(self, words: int = 30) -> str:
+        if self.tiny:
+            return " ".join(self.rng.choice(TINY_WORDS) for _ in range(words))
+        return chat_text.sentence(self.draws, self.words, self.weights, words=words)
 
 
 def free_port() -> int:
@@ -96,6 +124,12 @@ def main() -> None:
     parser.add_argument("--max-concurrency", type=int, default=64, help="server's gate")
     parser.add_argument("--threads", type=int, default=4, help="server's worker threads")
     parser.add_argument("--breakdown", type=int, default=0, help="in-process phase CPU times")
+    parser.add_argument(
+        "--vocabulary",
+        choices=["chat", "tiny"],
+        default="chat",
+        help="message text: Zipf-like over ~3,000 words (chat) or uniform over 40 (tiny)",
+    )
     args = parser.parse_args()
     for name in ("requests", "saturation_requests"):
         if not 0 <= getattr(args, name) <= MAX_REQUESTS:
@@ -106,8 +140,9 @@ def main() -> None:
         parser.error("--connections must be between 1 and 256")
 
     rng = random.Random(7)
+    text = Text(args.vocabulary, rng)
     if args.breakdown:
-        breakdown(args, rng)
+        breakdown(args, rng, text)
         return
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -120,13 +155,13 @@ def main() -> None:
             stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
-            run(args, rng, base, server)
+            run(args, rng, text, base, server)
         finally:
             server.terminate()
             server.communicate(timeout=30)
 
 
-def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
+def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
     """CPU time per phase of ``Engine.assemble`` on a store seeded like the load run's."""
     from collections import defaultdict
     from collections.abc import Callable
@@ -147,14 +182,20 @@ def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
             finally:
                 spent[label] += time.process_time() - began
 
-        setattr(owner, name, wrapper)
+        static = isinstance(inspect.getattr_static(owner, name), staticmethod)
+        setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
     phases = [
+        (engine_module._RecentWalk, "take", "recent (history walk, counts)"),
         (engine_module.Engine, "_related", "related (retrieval + line costs)"),
         (engine_module, "retrieve", "  retrieve"),
         (SQLiteStore, "search", "    store.search (FTS5)"),
+        (SQLiteStore, "neighbours", "    store.neighbours"),
+        (engine_module.Engine, "_line_candidates", "pinned + summaries"),
         (engine_module, "fill", "fill (blocks, report)"),
+        (engine_module.Engine, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
+        (SQLiteStore, "token_counts", "store.token_counts (all callers)"),
     ]
     for owner, name, label in phases:
         timed(owner, name, label)
@@ -163,7 +204,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
         for start in range(0, args.seed, 500):
             engine.ingest(
                 [
-                    {"role": rng.choice(["user", "assistant"]), "content": sentence(rng),
+                    {"role": rng.choice(["user", "assistant"]), "content": text(),
                      "session": rng.choice(sessions)}
                     for _ in range(min(500, args.seed - start))
                 ]
@@ -171,9 +212,10 @@ def breakdown(args: argparse.Namespace, rng: random.Random) -> None:
         spent.clear()
         began = time.process_time()
         for _ in range(args.breakdown):
-            engine.assemble(session=rng.choice(sessions), query=sentence(rng, 8), budget=4000)
+            engine.assemble(session=rng.choice(sessions), query=text(8), budget=4000)
         total = time.process_time() - began
-    print(f"assemble, CPU ms per call over {args.breakdown} calls ({args.seed} messages stored)")
+    print(f"assemble, CPU ms per call over {args.breakdown} calls ({args.seed} messages stored, "
+          f"{args.vocabulary} vocabulary)")  # fmt: skip
     print(f"{'total':<36} {total / args.breakdown * 1000:>7.1f}")
     for _, _, label in phases:
         print(f"{label:<36} {spent[label] / args.breakdown * 1000:>7.1f}")
@@ -202,7 +244,11 @@ class Phase:
 
 
 def run(
-    args: argparse.Namespace, rng: random.Random, base: str, server: subprocess.Popen[bytes]
+    args: argparse.Namespace,
+    rng: random.Random,
+    text: Text,
+    base: str,
+    server: subprocess.Popen[bytes],
 ) -> None:
     deadline = time.monotonic() + 30
     while True:
@@ -217,18 +263,19 @@ def run(
     with httpx.Client(base_url=base, timeout=30) as client:
         for start in range(0, args.seed, 500):
             records = [
-                {"role": rng.choice(["user", "assistant"]), "content": sentence(rng),
+                {"role": rng.choice(["user", "assistant"]), "content": text(),
                  "session": rng.choice(sessions)}
                 for _ in range(min(500, args.seed - start))
             ]  # fmt: skip
             client.post("/v1/ingest", json={"records": records}).raise_for_status()
 
     print(f"{args.seed} messages seeded over {args.sessions} sessions; "
-          f"{args.connections} connections; assemble budget 4000, report={args.report}; "
+          f"{args.vocabulary} vocabulary; {args.connections} connections; "
+          f"assemble budget 4000, report={args.report}; "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     rate = args.rate
     if args.saturation_requests:
-        plan, bodies = workload(args, rng, sessions, args.saturation_requests)
+        plan, bodies = workload(args, rng, text, sessions, args.saturation_requests)
         closed = load(args, base, server, plan, bodies, rate=None)
         report(f"(a) saturation, closed loop ({args.connections} connections always waiting)",
                closed, len(plan))  # fmt: skip
@@ -237,7 +284,7 @@ def run(
     if rate is None:
         raise SystemExit("--rate is needed when the saturation phase is skipped")
     if args.requests:
-        plan, bodies = workload(args, rng, sessions, args.requests)
+        plan, bodies = workload(args, rng, text, sessions, args.requests)
         opened = load(args, base, server, plan, bodies, rate=rate)
         how = "given" if args.rate else f"{args.rate_share:.0%} of saturation"
         report(f"(b) open loop at {rate:.1f} req/s offered ({how}); latency from the scheduled "
@@ -245,7 +292,7 @@ def run(
 
 
 def workload(
-    args: argparse.Namespace, rng: random.Random, sessions: list[str], count: int
+    args: argparse.Namespace, rng: random.Random, text: Text, sessions: list[str], count: int
 ) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
     """``count`` requests in the mix (70 % assemble, 25 % ingest, 5 % search)."""
     plan = rng.choices(["assemble", "ingest", "search"], weights=[70, 25, 5], k=count)
@@ -254,13 +301,13 @@ def workload(
     for op in plan:
         session = rng.choice(sessions)
         if op == "assemble":
-            bodies.append((path, {"session": session, "query": sentence(rng, 8),
+            bodies.append((path, {"session": session, "query": text(8),
                                   "budget": 4000}))  # fmt: skip
         elif op == "ingest":
             bodies.append(("/v1/ingest", {"session": session,
-                                          "records": [{"content": sentence(rng)}]}))  # fmt: skip
+                                          "records": [{"content": text()}]}))  # fmt: skip
         else:
-            bodies.append(("/v1/search", {"query": sentence(rng, 4), "limit": 20}))
+            bodies.append(("/v1/search", {"query": text(4), "limit": 20}))
     return plan, bodies
 
 

@@ -238,3 +238,75 @@ def test_trimming_template_counts_the_last_system_segment_without_its_newline(
         context = e.assemble(session="s", model="llama-3.1-8b-instruct", budget=256)
     assert context.messages[0]["content"].endswith(tail)
     assert context.tokens == _real_count(context, "llama-3.1-8b-instruct")
+
+
+def test_related_candidates_scale_with_the_lines_the_budget_holds() -> None:
+    from ctxwarden.engine import MAX_RELATED_CANDIDATES, related_candidates
+
+    assert related_candidates(3900, 45.0, floor=100) == 100  # 87 lines fit: the floor
+    assert related_candidates(15_900, 30.0, floor=100) == 530  # ceil(15,900 / 30)
+    assert related_candidates(15_900, 60.0, floor=100) == 265  # longer lines, fewer
+    assert related_candidates(900_000, 30.0, floor=100) == MAX_RELATED_CANDIDATES
+    assert related_candidates(15_900, 0.0, floor=100) == MAX_RELATED_CANDIDATES  # no div by 0
+    assert related_candidates(15_900, 30.0, floor=0) == 0  # retrieval off stays off
+
+
+def _matching(n: int, *, session: str = "archive") -> list[dict[str, Any]]:
+    return [
+        {"id": f"m{i}", "session": session, "author": "ana",
+         "content": f"deploy note {i}: shard{i % 37} green",
+         "created_at": 1_600_000_000 + i * 60}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_a_large_budget_fills_the_related_block_past_the_default_candidates(
+    engine: Engine,
+) -> None:
+    # 600 matching lines of ~15 tokens fit a 32k budget's related share: a fixed 100 candidates
+    # (the engine's floor) would leave most of them out.
+    engine.ingest(_matching(600))
+    context = engine.assemble(session="new", query="deploy note", budget=32_000)
+    related = context.report.block("related")
+    assert related is not None
+    assert len(related.items) == 600
+    assert context.tokens == _real_count(context, "gpt-4o")
+
+
+def test_candidates_follow_the_sessions_line_cost(engine: Engine) -> None:
+    # The same budget holds fewer long lines than short ones: a session whose history has long
+    # lines asks retrieval for fewer candidates (but at least the floor).
+    engine.ingest(_matching(1500))
+    engine.ingest([
+        {"id": "short", "session": "short", "author": "bo", "content": "ok",
+         "created_at": 1_700_000_000},
+        {"id": "long", "session": "long", "author": "bo",
+         "content": " ".join(f"word{j}" for j in range(150)), "created_at": 1_700_000_000},
+    ])  # fmt: skip
+
+    def offered(session: str) -> int:
+        context = engine.assemble(session=session, query="deploy note", budget=16_000)
+        return sum(1 for c in context.report.candidates if c.block == "related")
+
+    short, long = offered("short"), offered("long")
+    assert long < short
+    assert long >= 100  # EngineConfig.related_candidates, the floor
+
+
+def test_report_snapshot_of_every_decision(engine: Engine, snapshot: Any) -> None:
+    # Where each candidate went and why (fits, top-up, already in another block, over the
+    # block's budget, older than recent reaches), pinned: a faster fill must decide the same.
+    engine.ingest(_history(60, words=8))
+    engine.ingest(_history(40, words=8, session="other"), session="other")
+    engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
+                    "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
+    context = engine.assemble(
+        session="s", query="word40 word41 otters", budget=700, log_inclusions=False
+    )
+    decisions = [(c.id, c.block, c.included, c.reason, c.tokens) for c in context.report.candidates]
+    reasons = {reason for *_, reason, _ in decisions}
+    assert {"fits", "already in another block", "over the block's budget"} <= reasons
+    blocks = [(b.name, b.budget, b.used, list(b.items)) for b in context.report.blocks]
+    assert {"decisions": decisions, "blocks": blocks, "notes": list(context.report.notes)} == (
+        snapshot
+    )

@@ -257,51 +257,58 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     used = dict.fromkeys(names, 0)
     taken_rows: set[int] = set()
     taken_hashes: set[str] = set()
-    done: dict[str, set[int]] = {name: set() for name in names}  # source indices decided
-    data_blocks = [b.name for b in policy.blocks if b.source in DATA_SOURCES]
+    # Per block, the source indices not decided yet, in source order: a pass walks only these
+    # (the top-up pass offers again what the first one skipped).
+    pending: dict[str, list[int]] = {
+        name: list(range(len(_source_of(policy, material, name)))) for name in names
+    }
+    data_started = False  # some data block took a candidate: the memory-data frame is paid
 
     def take(name: str, limit: int, *, top_up: bool) -> None:
+        nonlocal data_started
         block = policy.block(name)
         assert block is not None
         source = _source_of(policy, material, name)
         header = _header_cost(policy, material, name)
         is_data = block.source in DATA_SOURCES
-        min_units = policy.min_recent_messages if block.source == "recent" else 0
-        for index, cand in enumerate(source):
-            if index in done[name]:
-                continue
-            if any(r in taken_rows for r in cand.rowids):
+        is_recent = block.source == "recent"
+        min_units = policy.min_recent_messages if is_recent else 0
+        why_fits = "top-up with tokens other blocks left" if top_up else "fits"
+        taken = chosen[name]
+        left: list[int] = []
+        indices = pending[name]
+        for position, index in enumerate(indices):
+            cand = source[index]
+            memories = cand.memories
+            if any(m.rowid in taken_rows for m in memories):
                 reports.append(_report(cand, name, False, "already in another block"))
-                done[name].add(index)
                 continue
-            repeat = next(
-                (m.content_hash for m in cand.memories if m.content_hash in taken_hashes), None
-            )
-            if repeat is not None and block.source != "recent":
+            if not is_recent and any(m.content_hash in taken_hashes for m in memories):
                 reports.append(_report(cand, name, False, "repeats content already included"))
-                done[name].add(index)
                 continue
-            cost = cand.tokens + (header if not chosen[name] else 0)
-            if is_data and not any(chosen[n] for n in data_blocks):
+            cost = cand.tokens + (header if not taken else 0)
+            if is_data and not data_started:
                 cost += material.frame
-            forced = len(chosen[name]) < min_units
+            forced = len(taken) < min_units
             if used[name] + cost > limit and not (
                 forced and sum(used.values()) + cost <= available
             ):
-                if block.source == "recent":
+                if is_recent:
                     # Recent is contiguous: stop at the first unit that does not fit.
-                    return
+                    left.extend(indices[position:])
+                    break
                 # Skip it: a smaller, lower-scoring one may still fit.
+                left.append(index)
                 continue
-            chosen[name].append(cand)
+            taken.append(cand)
             used[name] += cost
-            taken_rows.update(cand.rowids)
-            taken_hashes.update(m.content_hash for m in cand.memories)
-            why = "top-up with tokens other blocks left" if top_up else "fits"
-            if forced and used[name] > limit:
-                why = "minimum recent messages"
+            if is_data:
+                data_started = True
+            taken_rows.update(m.rowid for m in memories)
+            taken_hashes.update(m.content_hash for m in memories)
+            why = "minimum recent messages" if forced and used[name] > limit else why_fits
             reports.append(_report(cand, name, True, why))
-            done[name].add(index)
+        pending[name] = left
 
     order = sorted(policy.blocks, key=lambda b: (-b.priority, names.index(b.name)))
     for block in order:
@@ -316,7 +323,7 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         source = _source_of(policy, material, name)
         spec = policy.block(name)
         assert spec is not None
-        left_out = [i for i in range(len(source)) if i not in done[name]]
+        left_out = pending[name]
         why = (
             "older than the block's budget reaches"
             if spec.source == "recent"
@@ -329,8 +336,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
 
 
 def _report(cand: Candidate, block: str, included: bool, reason: str) -> CandidateReport:
+    memories = cand.memories
     return CandidateReport(
-        id=",".join(cand.ids),
+        id=memories[0].id if len(memories) == 1 else ",".join(m.id for m in memories),
         block=block,
         included=included,
         reason=reason,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import math
 import threading
 import time
 import uuid
@@ -1183,7 +1184,10 @@ class Engine:
         )
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
-            material.related = self._related(tenant, query_text, tok, notes, available)
+            wanted = related_candidates(
+                available, recent_walk.typical_line(), floor=self.config.related_candidates
+            )
+            material.related = self._related(tenant, query_text, tok, notes, wanted)
         pinned = self.store.pinned(tenant)
         material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
@@ -1377,14 +1381,10 @@ class Engine:
         return out
 
     def _related(
-        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str], available: int
+        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str], wanted: int
     ) -> list[Candidate]:
-        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates.
-
-        A larger budget asks for more candidates (about one per 16 tokens available, at most
-        1,000), so a big related block is filled with the next-best hits rather than left empty.
-        """
-        wanted = max(self.config.related_candidates, min(1000, available // 16))
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
+        from each search (:func:`related_candidates`)."""
         weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
         usable, others = self._vectors_usable()
         if others and not usable:
@@ -1429,6 +1429,40 @@ class Engine:
             )
             for hit in hits
         ]
+
+
+#: The related-block line cost assumed before a session has history to measure: a chat line of
+#: about 20 words with its ``[time] author:`` prefix.
+TYPICAL_LINE_TOKENS = 32
+#: At most this many candidates per search, whatever the budget: retrieval's time grows with
+#: the count, and 1,000 lines (~32k tokens) is more related memory than a turn needs.
+MAX_RELATED_CANDIDATES = 1000
+
+
+def related_candidates(available: int, line_tokens: float, *, floor: int) -> int:
+    """How many candidates to ask each retrieval search for: as many lines as the whole of
+    ``available`` could hold at ``line_tokens`` a line, at least ``floor`` (the engine's
+    ``related_candidates``) and at most :data:`MAX_RELATED_CANDIDATES`.
+
+    The related block never holds more lines than that (it gets a share of ``available``, or
+    all of it in the top-up), and each search (lexical, vector) asks for that many, so the
+    union, bridge hits and neighbours leave spare candidates for lines skipped because they
+    are already in recent history or repeat one. A larger budget or shorter lines ask for
+    more, so a big related block is filled with the next-best hits rather than left empty;
+    asking for more than can fit only costs retrieval time (scoring, MMR and line costs of
+    candidates never shown). With ``floor`` 0 retrieval is off (0).
+
+    >>> related_candidates(3900, 45.0, floor=100)  # budget 4,000: 87 lines fit
+    100
+    >>> related_candidates(15900, 30.0, floor=100)
+    530
+    >>> related_candidates(900_000, 30.0, floor=100)
+    1000
+    """
+    if floor <= 0:
+        return 0
+    lines = math.ceil(available / max(1.0, line_tokens))
+    return max(floor, min(MAX_RELATED_CANDIDATES, lines))
 
 
 def _costs(plan: Plan) -> dict[int, int]:
@@ -1489,6 +1523,8 @@ class _RecentWalk:
         self.fmt = fmt
         self._first_page: list[Memory] | None = None
         self._fresh: list[TokenCount] = []
+        self._line_tokens = 0  # line costs of the messages walked (for typical_line)
+        self._lines = 0
 
     def _page(self, before: tuple[float, int] | None, limit: int) -> list[Memory]:
         return self.engine.store.recent(
@@ -1552,6 +1588,9 @@ class _RecentWalk:
                     line=self.tok.count(render.line_text(memory)),
                 )
                 self._fresh.append(cached)
+            if memory.role != "tool" and not memory.tool_calls:  # never a related line
+                self._line_tokens += cached.line
+                self._lines += 1
             if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1:
                 message = memory_message(memory, text)
                 cost += tokens.count_messages(
@@ -1560,6 +1599,14 @@ class _RecentWalk:
             else:
                 cost += cached.message + self.fmt.message_overhead(memory.role, name=memory.name)
         return Candidate(memories=tuple(group), tokens=cost, text="\x00".join(texts))
+
+    def typical_line(self) -> float:
+        """The mean related-block line cost of the messages :meth:`take` walked (this
+        session's recent history, as far as the budget reaches; tool calls and results left
+        out, as retrieval leaves them out), else :data:`TYPICAL_LINE_TOKENS`."""
+        if not self._lines:
+            return float(TYPICAL_LINE_TOKENS)
+        return self._line_tokens / self._lines
 
     def flush_counts(self) -> None:
         if self._fresh:
