@@ -44,7 +44,12 @@ Loading the 1M-row file takes ~6 s.
   float16), keeping 10 rows per result wanted (at least 256), which are then scored exactly as
   above. On the 1M-row bench (``bench/retrieve.py``, 200 queries, top 20 of one author's ~25k
   rows) it returned the exact top 20 in the exact order for every query, at ~5 ms instead of
-  ~8 ms. Binary sign codes (48 bytes a row) were measured too and not taken: their top 2,000
+  ~8 ms. The int8 rows are scored by numkong's int8 dot kernel (exact int32 sums; numkong is
+  usearch's own dependency): ~0.5 ms for 25k rows, against ~2.4 ms for usearch's exact search
+  and ~8 ms for numpy (no integer BLAS), CPU time at load average ~3-4. The gather of the 25k
+  rows (``np.take``, ~1.8 ms; fancy indexing ~2.2-2.6 ms) is then the larger part: one random
+  384-byte row at a time, bound by memory latency; the whole scoped search is ~4 ms warm.
+  Binary sign codes (48 bytes a row) were measured too and not taken: their top 2,000
   held the exact top 20 in 194 of 200 queries. The int8 copy costs ~0.4 KB a row; it is built
   by :meth:`load` for large indexes (~1.6 s at 1M rows) or at the first large exhaustive pass,
   and kept in step by :meth:`add` (a removed row's slot is never read again).
