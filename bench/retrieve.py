@@ -16,8 +16,10 @@ throughput on 30-word messages. Both wall and CPU time (``time.process_time``) p
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
 author-scoped vector). Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"):
-100k CPU p50 13.9 / p95 17.4 ms, 1M 27.2 / 42.9 ms (load average 2-3.4; at 1M p50 is still over:
-FTS5 ranking of the main and two bridge searches ~11 ms, the author scope's int8 pass ~4 ms).
+100k CPU p50 14.4 / p95 17.3 ms, 1M 22.5-25.7 / 37.7-41.6 ms in two runs (load average 3.3-4.3;
+the code before, same session: 14.4 / 18.4 and 29.3 / 45.5). At 1M p50 is still over: FTS5
+ranking of the main search ~7 ms and of the two bridge hops ~3 ms, the author scope ~4-6 ms
+(mostly gathering 25k int8 rows), the graph search ~3 ms, Python ~3-4 ms.
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
@@ -77,7 +79,7 @@ def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, li
 
 
 def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
-    """Wrap the store's searches to add up their CPU time (bridge hops ask for 20 results, the
+    """Wrap the store's searches to add up their CPU time (bridge hops ask for 10 results, the
     main lexical search for ``RetrievalWeights.candidates``, 100)."""
     search, vector_search = store.search, store.vector_search
 

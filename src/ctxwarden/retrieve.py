@@ -80,6 +80,7 @@ class RetrievalWeights:
     author_candidates: int = 20
     bridge: float = 0.5
     bridge_hits: int = 2
+    bridge_candidates: int = 10
     rrf_k: float = 20.0
     candidates: int = 100
     recency: float = 0.15
@@ -107,8 +108,10 @@ class RetrievalWeights:
             raise ConfigError("retrieval rrf_k and half_life_days must be positive")
         if not 0.0 <= self.mmr_lambda <= 1.0:
             raise ConfigError(f"retrieval mmr_lambda: {self.mmr_lambda} must be within [0, 1]")
-        if self.candidates < 1 or self.expand < 0:
-            raise ConfigError("retrieval candidates must be >= 1 and expand >= 0")
+        if self.candidates < 1 or self.bridge_candidates < 1 or self.expand < 0:
+            raise ConfigError(
+                "retrieval candidates and bridge_candidates must be >= 1 and expand >= 0"
+            )
         if self.turns < 0 or self.replies < 0:
             raise ConfigError("retrieval turns and replies must be >= 0")
 
@@ -226,10 +229,11 @@ def retrieve(
                                 if k.endswith("_rank")), r),
         )[: w.bridge_hits]  # fmt: skip
         asked = set(terms)
+        hop = w.bridge_candidates
         for rowid in first:
             extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:4]
             if extra_terms:
-                add("bridge", store.search(tenant, [*extra_terms, *terms], limit=20))
+                add("bridge", store.search(tenant, [*extra_terms, *terms], limit=hop))
 
     sources = (
         ("bm25", w.lexical),
