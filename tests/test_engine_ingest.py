@@ -266,3 +266,35 @@ def test_insert_values_are_the_new_memory_row(extra: dict[str, Any]) -> None:
             candidate=candidate,
         )
         assert _memory_values(item) == memory_row(None, _new_memory(item))[1:]
+
+
+def test_a_batch_mixing_plain_and_full_records_stores_each_as_given(engine: Engine) -> None:
+    # SQLite inserts plain messages with a shorter statement: fields left out must read back as
+    # empty, and the others as sent, whichever statement a record took and in any order.
+    extras: list[dict[str, Any]] = [
+        {},
+        {"thread_id": "t1", "reply_to": "m0"},
+        {},
+        {"name": "n", "metadata": {"k": 1}},
+        {"attachments": [{"title": "doc", "url": "https://x.io/d"}]},
+        {},
+        {"pinned": True},
+    ]
+    batch = [_msg(i, f"message number {i} about topic {i * 7}", **extra) for i, extra in
+             enumerate(extras)]  # fmt: skip
+    result = engine.ingest(batch)
+    assert [o.status for o in result.outcomes] == ["stored"] * len(extras)
+    for i, extra in enumerate(extras):
+        memory = engine.get(f"m{i}")
+        assert memory.content == f"message number {i} about topic {i * 7}"
+        assert memory.thread_id == extra.get("thread_id")
+        assert memory.reply_to == extra.get("reply_to")
+        assert memory.name == extra.get("name")
+        assert dict(memory.metadata) == extra.get("metadata", {})
+        assert list(memory.attachments) == extra.get("attachments", [])
+        assert memory.pinned is bool(extra.get("pinned"))
+        assert memory.dup_count == 1
+        assert memory.last_seen_at == memory.created_at
+    # Every row reached the full-text index.
+    found = {m.id for m, _ in engine.search("topic", limit=20)}
+    assert found == {f"m{i}" for i in range(len(extras))}
