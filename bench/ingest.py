@@ -24,6 +24,8 @@ Round 1: token counts on first use, one executemany per batch, time-first de-dup
 | 3 | ~3.8 (three pairs) | 53.6 (48-50 -> 56-57) | 50.9 (46-48 -> 51-54) |
 | 3 | ~0.5 (one run, before only) | 50.9 (53 -> 53) | |
 | 4 | 3.6-5.8 (four pairs) | 51.3 (50.8-51.8) | 46.2 (45.4-46.9) |
+| 4 | 2.2-2.5 (three pairs) | 50.2 (48.4-51.4) | 45.1 (42.9-46.8) |
+| 4 | ~2.1 (one run, after only) | | 44.2 (42 -> 43-45, last 10k 49) |
 
 Round 2 (same outcomes, same de-dup quality): ``fast_init`` gives the frozen dataclasses made
 per record (Record, NewMemory, DedupeCandidate, IngestOutcome, ...) an ``__init__`` that sets
@@ -66,7 +68,8 @@ both backends) instead of a ``NewMemory`` and then its row; one de-dup lookup st
 scope for a 1,000-record batch (keys in chunks of 1,000 rather than 400: each statement scans
 the scope's rows within the window, ~0.2 us); the plain-record validation copies the dict once
 and checks its values in one pass (~0.3 us); the per-record loops bind their methods once; the
-retrieval author cache is not walked while empty. 19,500 -> 21,600 messages per CPU second; one
+retrieval author cache is not walked while empty. 19,700 -> 21,900 messages per CPU second over
+the seven pairs; at load ~2.1 one run gave 22,600 per CPU second and 21,400 messages/s wall. One
 run's slices 47.1-49.9 us at load ~3.7 (the same code's totals spread 44.7-50.5 across runs at
 this load, more than any slope). Per-batch CPU times (before round 4) show no checkpoint spikes:
 2 of 100 batches over 1.3x the median, the WAL steady at 5.5 MB; the slices' bumps move from run
