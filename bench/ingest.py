@@ -23,6 +23,9 @@ Round 1: token counts on first use, one executemany per batch, time-first de-dup
 | 2 | ~9 | 74 (69 -> 78) | 54 (49 -> 54) |
 | 3 | ~3.8 (three pairs) | 53.6 (48-50 -> 56-57) | 50.9 (46-48 -> 51-54) |
 | 3 | ~0.5 (one run, before only) | 50.9 (53 -> 53) | |
+| 4 | 3.6-5.8 (four pairs) | 51.3 (50.8-51.8) | 46.2 (45.4-46.9) |
+| 4 | 2.2-2.5 (three pairs) | 50.2 (48.4-51.4) | 45.1 (42.9-46.8) |
+| 4 | ~2.1 (one run, after only) | | 44.2 (42 -> 43-45, last 10k 49) |
 
 Round 2 (same outcomes, same de-dup quality): ``fast_init`` gives the frozen dataclasses made
 per record (Record, NewMemory, DedupeCandidate, IngestOutcome, ...) an ``__init__`` that sets
@@ -53,6 +56,35 @@ patterns (no change). Not done: ``wal_autocheckpoint=10000`` took ~0.7 us off CO
 WAL grow to ~40 MB; merging the layer-A and layer-B indexes (one index fewer, ~0.5 us) needs a
 migration for ~1 %: dropping any one index of ``memories`` saved 0.3-0.6 us of the insert, four of
 them together ~4 us, and each serves a query, so the schema is unchanged (still migration 7).
+
+Round 4 (same outcomes: every IngestOutcome of a 100k run (seed 11, plus a re-ingested
+half-batch) and every row of ``memories``, ``aliases`` and ``memories_fts`` hashed identically
+before and after; de-dup quality unchanged; both runs of a pair alternate, baseline first): a
+plain message (no thread, reply, name, tool call, attachments, metadata, sources or time range)
+is inserted by a 15-column statement that leaves those columns out (NULL either way): replaying
+the 100k run's 72k rows into a fresh store costs 12-15 us per row against 15.5-18 with all 25
+columns bound; ingest builds the insert values directly (``Writer.insert_row_or_fold``, on
+both backends) instead of a ``NewMemory`` and then its row; one de-dup lookup statement per
+scope for a 1,000-record batch (keys in chunks of 1,000 rather than 400: each statement scans
+the scope's rows within the window, ~0.2 us); the plain-record validation copies the dict once
+and checks its values in one pass (~0.3 us); the per-record loops bind their methods once; the
+retrieval author cache is not walked while empty. 19,700 -> 21,900 messages per CPU second over
+the seven pairs; at load ~2.1 one run gave 22,600 per CPU second and 21,400 messages/s wall. One
+run's slices 47.1-49.9 us at load ~3.7 (the same code's totals spread 44.7-50.5 across runs at
+this load, more than any slope). Per-batch CPU times (before round 4) show no checkpoint spikes:
+2 of 100 batches over 1.3x the median, the WAL steady at 5.5 MB; the slices' bumps move from run
+to run with the other engineers' load. Tried and dropped: a PASSIVE checkpoint after each
+write transaction (WAL peaks at 2.7 MB rather than 5.5, CPU no better: 48.1/49.1 against
+48.3/46.8), ``mmap_size`` 1 GB and ``cache_size`` 64 MB (no change). Not done:
+``wal_autocheckpoint=4000`` takes ~1.5-2 us off (45.6 against 47.5, two pairs) but lets the WAL
+reach 19 MB.
+
+Where the ~46 us go after round 4 (load ~3, per message; statements timed one by one): SQLite
+~17 (the memories insert with its nine indexes ~8, FTS ~3, commit with its checkpoints ~2,
+de-dup lookups ~2, aliases ~0.8, id resolution ~0.8, aggregate updates ~0.3), the de-dup
+analysis (``DedupeCandidate.build``) ~12.5 (people's lines ~9.5: canonical 1.3, volatile values
+2.7, skeleton 2.2; bots' ~13: their volatile values ~8.5), engine and fold bookkeeping ~13
+(``FoldIndex.find`` ~3 of it), Record validation ~2.6, GC ~1.
 
 Where the ~54 us went before round 3 (load ~17, per message): SQLite ~19 (the insert with its
 nine indexes ~10, FTS ~3, commit ~2, de-dup lookups ~2, aliases and id resolution ~1.5), the de-dup

@@ -188,7 +188,7 @@ _VALID = st.fixed_dictionaries(
 )  # fmt: skip
 _KEYS = st.sampled_from(
     ["id", "tenant", "session", "channel", "author", "author_kind", "role", "content",
-     "created_at", "thread_id", "kind", "pinned", "name", "tool_call_id", "attachments",
+     "created_at", "thread_id", "reply_to", "kind", "pinned", "name", "tool_call_id", "attachments",
      "metadata", "tool_calls", "bogus"]
 )  # fmt: skip
 
@@ -232,3 +232,69 @@ def test_ingest_pauses_the_garbage_collector_only_while_it_runs(engine: Engine) 
         assert not gc.isenabled()  # a caller's choice is left alone
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"author_kind": "bot", "thread_id": "t1", "reply_to": "m0", "name": "n"},
+        {"attachments": [{"title": "a", "url": "https://x.io"}], "metadata": {"k": [1, 2]}},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]},
+        {"role": "tool", "tool_call_id": "c1", "kind": "fact"},
+        {"pinned": True},
+    ],
+)
+def test_insert_values_are_the_new_memory_row(extra: dict[str, Any]) -> None:
+    # Ingest builds the insert values directly; they must be what the NewMemory's row would be.
+    from ctxwarden.dedupe import DedupeCandidate
+    from ctxwarden.engine import _memory_values, _new_memory, _Prepared
+    from ctxwarden.store.reads import memory_row
+
+    record = Record.from_mapping({**_msg(3, "deploy #12 at 10:02"), **extra}, line=1)
+    for candidate in (
+        None,
+        DedupeCandidate.build(
+            author=record.author, author_kind=record.author_kind, content=record.content
+        ),
+    ):
+        item = _Prepared(
+            record=record,
+            id="x1",
+            created_at=12.5,
+            content_hash=candidate.exact_key if candidate else "h",
+            candidate=candidate,
+        )
+        assert _memory_values(item) == memory_row(None, _new_memory(item))[1:]
+
+
+def test_a_batch_mixing_plain_and_full_records_stores_each_as_given(engine: Engine) -> None:
+    # SQLite inserts plain messages with a shorter statement: fields left out must read back as
+    # empty, and the others as sent, whichever statement a record took and in any order.
+    extras: list[dict[str, Any]] = [
+        {},
+        {"thread_id": "t1", "reply_to": "m0"},
+        {},
+        {"name": "n", "metadata": {"k": 1}},
+        {"attachments": [{"title": "doc", "url": "https://x.io/d"}]},
+        {},
+        {"pinned": True},
+    ]
+    batch = [_msg(i, f"message number {i} about topic {i * 7}", **extra) for i, extra in
+             enumerate(extras)]  # fmt: skip
+    result = engine.ingest(batch)
+    assert [o.status for o in result.outcomes] == ["stored"] * len(extras)
+    for i, extra in enumerate(extras):
+        memory = engine.get(f"m{i}")
+        assert memory.content == f"message number {i} about topic {i * 7}"
+        assert memory.thread_id == extra.get("thread_id")
+        assert memory.reply_to == extra.get("reply_to")
+        assert memory.name == extra.get("name")
+        assert dict(memory.metadata) == extra.get("metadata", {})
+        assert list(memory.attachments) == extra.get("attachments", [])
+        assert memory.pinned is bool(extra.get("pinned"))
+        assert memory.dup_count == 1
+        assert memory.last_seen_at == memory.created_at
+    # Every row reached the full-text index.
+    found = {m.id for m, _ in engine.search("topic", limit=20)}
+    assert found == {f"m{i}" for i in range(len(extras))}

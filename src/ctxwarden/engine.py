@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import logging
 import math
 import threading
@@ -357,7 +358,8 @@ class Engine:
                     for item, outcome in zip(prepared, outcomes, strict=True)
                     if outcome.status == "stored"
                 }
-            for item in prepared:  # keep the author cache of retrieval current
+            # Keep the author cache of retrieval current (empty until a retrieval filled it).
+            for item in prepared if self._author_cache else ():
                 cached = self._author_cache.get(item.record.tenant)
                 if (
                     cached is not None
@@ -390,17 +392,23 @@ class Engine:
         if session is not None:
             defaults["session"] = session
         now = self.clock()
+        verifier = self.config.verifier
+        # Bound once: this loop runs per record (see bench/ingest.py).
+        from_mapping, build = Record.from_mapping, DedupeCandidate.build
         prepared: list[_Prepared] = []
+        add = prepared.append
         for number, raw in enumerate(records, start=1):
             if isinstance(raw, Record):
                 record = dataclasses.replace(raw, **defaults) if defaults else raw
             else:
-                record = Record.from_mapping(raw, line=number, defaults=defaults)
-            record = _with_provenance(record, self.config.verifier)
-            created = record.created_at if record.created_at is not None else now
+                record = from_mapping(raw, line=number, defaults=defaults)
+            record = _with_provenance(record, verifier)
+            created = record.created_at
+            if created is None:
+                created = now
             record_id = record.id or _derive_id(record, created)
             if _dedupable(record):
-                candidate: DedupeCandidate | None = DedupeCandidate.build(
+                candidate: DedupeCandidate | None = build(
                     author=record.author,
                     author_kind=record.author_kind,
                     content=record.content,
@@ -414,15 +422,7 @@ class Engine:
                 content_hash = exact_key(
                     author=record.author, content=record.content, attachments=record.attachments
                 )
-            prepared.append(
-                _Prepared(
-                    record=record,
-                    id=record_id,
-                    created_at=created,
-                    content_hash=content_hash,
-                    candidate=candidate,
-                )
-            )
+            add(_Prepared(record, record_id, created, content_hash, candidate))
         for attempt in range(_WRITE_ATTEMPTS):
             try:
                 outcomes, index = self._write_batch(prepared)
@@ -484,22 +484,28 @@ class Engine:
                     known[(tenant_name, id_)] = where
                 if config is not None:
                     self._prefetch(writer, tenant_name, items, config, index)
+            # Bound once: this loop runs per record (see bench/ingest.py).
+            find, fold, add = index.find, index.fold, index.add
+            insert = writer.insert_row_or_fold
+            add_outcome = outcomes.append
+            exact_ttl = config.exact_ttl_seconds if config is not None else 0.0
             for item in prepared:
                 record = item.record
-                key = (record.tenant, item.id)
+                item_id = item.id
+                key = (record.tenant, item_id)
                 existing = known.get(key)
                 if existing is not None:
-                    outcomes.append(
+                    add_outcome(
                         IngestOutcome(
-                            id=item.id,
+                            id=item_id,
                             status="known",
-                            duplicate_of=existing if existing != item.id else None,
+                            duplicate_of=existing if existing != item_id else None,
                         )
                     )
                     continue
                 candidate = item.candidate if config is not None else None
                 if candidate is not None:
-                    found = index.find(
+                    found = find(
                         candidate,
                         tenant=record.tenant,
                         session=record.session,
@@ -507,14 +513,14 @@ class Engine:
                     )
                     if found is not None:
                         aggregate, decision, first_values = found
-                        index.fold(aggregate, candidate, record.content, first_values)
+                        fold(aggregate, candidate, record.content, first_values)
                         status: IngestStatus = (
                             "duplicate" if decision.layer == "exact" else "near_duplicate"
                         )
                         aliases.append(
                             Alias(
                                 tenant=record.tenant,
-                                id=item.id,
+                                id=item_id,
                                 rowid=aggregate.rowid,
                                 status=status,
                                 created_at=item.created_at,
@@ -522,54 +528,50 @@ class Engine:
                         )
                         known[key] = aggregate.id
                         folded_into[key] = (len(outcomes), aggregate)
-                        outcomes.append(
+                        add_outcome(
                             IngestOutcome(
-                                id=item.id,
+                                id=item_id,
                                 status=status,
                                 duplicate_of=aggregate.id,
                                 reason=decision.reason,
                             )
                         )
                         continue
-                heads: tuple[str, ...] = ()
-                since = item.created_at
-                if candidate is not None:
-                    assert config is not None
                     scope = (record.session, record.channel)
-                    cached_heads = heads_of.get(scope)
-                    if cached_heads is None:
-                        cached_heads = heads_of[scope] = tuple(
+                    heads = heads_of.get(scope)
+                    if heads is None:
+                        assert config is not None
+                        heads = heads_of[scope] = tuple(
                             f"{kind}:{value or ''}"
                             for kind, value in exact_scopes(
                                 config, session=record.session, channel=record.channel
                             )
                         )
-                    heads = cached_heads
-                    since -= config.exact_ttl_seconds
+                    since = item.created_at - exact_ttl
+                else:
+                    heads, since = (), item.created_at
                 # A concurrent writer (PostgreSQL) may have committed a verbatim copy since the
                 # targets were read: the store folds into it then, or reports the id as known.
-                stored, rowid, target = writer.insert_or_fold(
-                    _new_memory(item), heads=heads, since=since
-                )
+                stored, rowid, target = insert(_memory_values(item), heads=heads, since=since)
                 if stored != "stored":
                     known[key] = target
-                    outcomes.append(
+                    add_outcome(
                         IngestOutcome(
-                            id=item.id,
+                            id=item_id,
                             status="duplicate" if stored == "duplicate" else "known",
-                            duplicate_of=target if target != item.id else None,
+                            duplicate_of=target if target != item_id else None,
                             reason="verbatim copy committed by a concurrent writer"
                             if stored == "duplicate"
                             else None,
                         )
                     )
                     continue
-                known[key] = item.id
+                known[key] = item_id
                 if candidate is not None:
-                    index.add(
+                    add(
                         Aggregate.new(
                             rowid=rowid,
-                            id=item.id,
+                            id=item_id,
                             tenant=record.tenant,
                             session=record.session,
                             channel=record.channel,
@@ -579,7 +581,7 @@ class Engine:
                         )
                     )
                 if not tokenizers:
-                    outcomes.append(IngestOutcome(id=item.id, status="stored"))
+                    add_outcome(IngestOutcome(id=item_id, status="stored"))
                     continue
                 memory_view = {
                     "role": record.role,
@@ -601,7 +603,7 @@ class Engine:
                     )
                     for tok in tokenizers
                 )
-                outcomes.append(IngestOutcome(id=item.id, status="stored"))
+                add_outcome(IngestOutcome(id=item_id, status="stored"))
             if aliases:
                 # Another writer (PostgreSQL) stored some of these ids meanwhile: known, not folds.
                 for taken in writer.add_aliases(aliases):
@@ -1655,3 +1657,22 @@ def _new_memory(item: _Prepared) -> NewMemory:
         content_hash=item.content_hash,
         near_key=item.candidate.near_key if item.candidate is not None else None,
     )
+
+
+def _memory_values(item: _Prepared) -> tuple[Any, ...]:
+    """``memory_row(None, _new_memory(item))[1:]`` built directly: the insert values of a
+    stored record (one tuple per record rather than a :class:`NewMemory` and then its row)."""
+    r = item.record
+    created = item.created_at
+    candidate = item.candidate
+    return (
+        item.id, r.tenant, r.session, r.channel, r.author, r.author_kind, r.role, r.content,
+        created, r.thread_id, r.reply_to, r.kind, r.pinned, r.name,
+        json.dumps(list(r.tool_calls)) if r.tool_calls else None,
+        r.tool_call_id,
+        json.dumps(list(r.attachments)) if r.attachments else None,
+        json.dumps(dict(r.metadata)) if r.metadata else None,
+        item.content_hash,
+        candidate.near_key if candidate is not None else None,
+        created, None, None, None,
+    )  # fmt: skip

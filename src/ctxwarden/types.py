@@ -310,49 +310,61 @@ class Record:
         )
 
 
+#: The fields of the common record: plain strings (at most 512 characters, or null), the content
+#: and the time. A record with any other field is validated in full.
+_PLAIN_STR_FIELDS = frozenset(
+    {
+        "id",
+        "tenant",
+        "session",
+        "channel",
+        "author",
+        "author_kind",
+        "role",
+        "thread_id",
+        "reply_to",
+        "kind",
+        "name",
+        "tool_call_id",
+    }
+)
+_PLAIN_FIELDS = _PLAIN_STR_FIELDS | {"content", "created_at"}
+
+
 def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
     """The common record (plain strings, a number or nothing for the time, no tool calls,
-    attachments or metadata) built without the general checks; None for anything else, which
-    :meth:`Record.from_mapping` then validates in full (and reports, in its order)."""
-    if not _RECORD_FIELDS.issuperset(data):
+    attachments, metadata or ``pinned``) built without the general checks; None for anything
+    else, which :meth:`Record.from_mapping` then validates in full (and reports, in its order).
+
+    One copy of the dict and one pass over its values rather than a lookup per field: the
+    fields it leaves out take the dataclass's defaults, which are what the general path gives.
+    """
+    if not _PLAIN_FIELDS.issuperset(data):
         return None
-    get = data.get
-    content = get("content")
-    if type(content) is not str or get("tool_calls") is not None:
-        return None
-    if get("attachments") or get("metadata"):
-        return None
-    role = get("role", "user")
-    author_kind = get("author_kind", "human")
-    kind = get("kind", "message")
-    pinned = get("pinned", False)
-    if (
-        type(role) is not str
-        or role not in ROLES
-        or type(author_kind) is not str
-        or author_kind not in AUTHOR_KINDS
-        or type(kind) is not str
-        or kind not in KINDS
-        or type(pinned) is not bool
-    ):
-        return None
-    tenant = get("tenant")
-    session = get("session")
-    channel = get("channel")
-    author = get("author")
-    thread_id = get("thread_id")
-    reply_to = get("reply_to")
-    name = get("name")
-    tool_call_id = get("tool_call_id")
-    for value in (tenant, session, channel, author, thread_id, reply_to, name, tool_call_id):
+    fields = dict(data)
+    content = fields.pop("content", None)
+    created = fields.pop("created_at", None)
+    for value in fields.values():
         if value is not None and (type(value) is not str or len(value) > 512):
             return None
-    record_id = get("id")
-    if record_id is not None and (
-        type(record_id) is not str or len(record_id) > 512 or not record_id.strip()
-    ):
+    if type(content) is not str:
         return None
-    created = get("created_at")
+    get = fields.get
+    if (
+        get("role", "user") not in ROLES
+        or get("author_kind", "human") not in AUTHOR_KINDS
+        or get("kind", "message") not in KINDS
+    ):
+        return None  # None or an unknown value: the general path names it
+    record_id = get("id")
+    if record_id is not None and not record_id.strip():
+        return None
+    if not get("tenant", True):  # null or empty
+        fields["tenant"] = "default"
+    if not get("session", True):
+        fields["session"] = "default"
+    if get("kind") == "pinned":
+        fields["pinned"] = True
     if created is not None:
         if type(created) is not float and type(created) is not int:
             return None
@@ -362,26 +374,7 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
     content = content.strip()
     if not content or len(content) > MAX_CONTENT_CHARS or "\x00" in content:
         return None
-    return cls(
-        id=record_id,
-        content=content,
-        role=role,
-        tenant=tenant or "default",
-        session=session or "default",
-        channel=channel,
-        author=author,
-        author_kind=author_kind,
-        created_at=created,
-        thread_id=thread_id,
-        reply_to=reply_to,
-        kind="pinned" if pinned and kind == "message" else kind,
-        pinned=pinned or kind == "pinned",
-        name=name,
-        tool_calls=(),
-        tool_call_id=tool_call_id,
-        attachments=(),
-        metadata={},
-    )
+    return cls(content=content, created_at=created, **fields)
 
 
 def _tool_calls(value: object, line: int | None) -> tuple[Mapping[str, Any], ...]:

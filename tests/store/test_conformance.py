@@ -227,6 +227,41 @@ def test_insert_or_fold_stores_what_no_one_else_stored(store: Store) -> None:
     assert (store.stats("t")["memories"], store.stats("t")["seen"]) == (2, 2)
 
 
+def test_insert_row_or_fold_stores_plain_and_full_rows(store: Store) -> None:
+    from dataclasses import replace
+
+    from ctxwarden.store.reads import memory_row
+
+    full = replace(
+        _memory("f", content="with extras", at=101.0, near_key="nk"),
+        thread_id="th", reply_to="a", name="n", tool_call_id="c1",
+        tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},),
+        attachments=({"title": "doc", "url": "https://x.io/d"},), metadata={"k": [1]},
+    )  # fmt: skip
+    with store.write() as w:
+        stored = [
+            w.insert_row_or_fold(memory_row(None, m)[1:], heads=["channel:c"], since=0.0)
+            for m in (_memory("a", content="plain"), full, _memory("b", content="plain too"))
+        ]
+    assert [(status, id_) for status, _, id_ in stored] == [("stored", i) for i in "afb"]
+    plain = store.get("t", "a")
+    assert (plain.content, plain.thread_id, plain.metadata, plain.attachments) == (
+        "plain",
+        None,
+        {},
+        (),
+    )
+    got = store.get("t", "f")
+    assert got.rowid == stored[1][1]
+    assert (got.thread_id, got.reply_to, got.name, got.tool_call_id) == ("th", "a", "n", "c1")
+    assert (got.tool_calls, got.attachments, dict(got.metadata)) == (
+        full.tool_calls,
+        full.attachments,
+        {"k": [1]},
+    )
+    assert (got.content_hash, got.created_at, got.last_seen_at) == ("h-with extras", 101.0, 101.0)
+
+
 def test_token_counts_and_inclusion_log(store: Store) -> None:
     with store.write() as w:
         a = w.insert(_memory("a"))

@@ -267,6 +267,13 @@ class Writer(Protocol):
         scope. Backends whose writers are serialised (SQLite) always store.
         """
 
+    def insert_row_or_fold(
+        self, values: tuple[Any, ...], *, heads: Sequence[str] = (), since: float = 0.0
+    ) -> tuple[str, int, str]:
+        """:meth:`insert_or_fold` for a memory given as its insert values after the rowid
+        (``memory_row(None, memory)[1:]``, see :mod:`ctxwarden.store.reads`): ingest builds
+        that tuple directly rather than a :class:`NewMemory` and then its row."""
+
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
 

@@ -205,14 +205,21 @@ class _PostgresWriter(MemoryWrites):
     def insert_or_fold(
         self, memory: NewMemory, *, heads: Sequence[str] = (), since: float = 0.0
     ) -> tuple[str, int, str]:
+        return self.insert_row_or_fold(memory_row(None, memory)[1:], heads=heads, since=since)
+
+    def insert_row_or_fold(
+        self, values: tuple[Any, ...], *, heads: Sequence[str] = (), since: float = 0.0
+    ) -> tuple[str, int, str]:
+        # The columns this method reads, by their place in memory_row(None, memory)[1:].
+        id_, tenant, created_at, content_hash = values[0], values[1], values[8], values[18]
         if not heads:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
-                memory_row(None, memory),
+                (None, *values),
             )
             if row is not None:
-                return ("stored", int(row[0]), memory.id)
-            return self._known(memory)
+                return ("stored", int(row[0]), id_)
+            return self._known(tenant, id_)
         seq = self._one("SELECT nextval(pg_get_serial_sequence('memories', 'rowid'))", ())
         assert seq is not None
         mine = int(seq[0])
@@ -232,7 +239,7 @@ class _PostgresWriter(MemoryWrites):
                 "THEN greatest(h.last_seen_at, excluded.last_seen_at) "
                 "ELSE excluded.last_seen_at END "
                 "RETURNING memory_rowid",
-                (memory.tenant, scope, memory.content_hash, mine, memory.created_at, since, since),
+                (tenant, scope, content_hash, mine, created_at, since, since),
             )
             assert head is not None
             if int(head[0]) != mine:
@@ -242,42 +249,42 @@ class _PostgresWriter(MemoryWrites):
         if target == mine:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",
-                memory_row(mine, memory),
+                (mine, *values),
             )
             if row is not None:
-                return ("stored", mine, memory.id)
+                return ("stored", mine, id_)
         if claimed:  # not stored after all: give the heads claimed for it back
             self._conn.execute("DELETE FROM exact_heads WHERE memory_rowid = %s", (mine,))
         if target == mine:  # the id was stored by another writer meanwhile
-            return self._known(memory)
-        if self.resolve(memory.tenant, memory.id) is not None:
-            return self._known(memory)
+            return self._known(tenant, id_)
+        if self.resolve(tenant, id_) is not None:
+            return self._known(tenant, id_)
         # Folding here is rare (a race with another writer), so one row at a time is fine.
         alias = self._one(
             "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
             "VALUES (%s, %s, %s, 'duplicate', %s) ON CONFLICT (tenant, id) DO NOTHING "
             "RETURNING memory_rowid",
-            (memory.tenant, memory.id, target, memory.created_at),
+            (tenant, id_, target, created_at),
         )
         if alias is None:
-            return self._known(memory)
+            return self._known(tenant, id_)
         row = self._one(
             "UPDATE memories SET dup_count = dup_count + 1, "
             "last_seen_at = greatest(last_seen_at, %s) WHERE rowid = %s RETURNING id",
-            (memory.created_at, target),
+            (created_at, target),
         )
         assert row is not None
         return ("duplicate", target, str(row[0]))
 
-    def _known(self, memory: NewMemory) -> tuple[str, int, str]:
+    def _known(self, tenant: str, id_: str) -> tuple[str, int, str]:
         row = self._one(
             "SELECT rowid, id FROM memories WHERE tenant = %s AND id = %s "
             "UNION ALL SELECT m.rowid, m.id FROM aliases a JOIN memories m "
             "ON m.rowid = a.memory_rowid WHERE a.tenant = %s AND a.id = %s LIMIT 1",
-            (memory.tenant, memory.id, memory.tenant, memory.id),
+            (tenant, id_, tenant, id_),
         )
         if row is None:
-            raise StoreError(f"id {memory.id!r} conflicted but cannot be found; retry the ingest")
+            raise StoreError(f"id {id_!r} conflicted but cannot be found; retry the ingest")
         return ("known", int(row[0]), str(row[1]))
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
