@@ -111,3 +111,23 @@ def test_idf_and_term_choice() -> None:
     assert choose_terms({"x": 10, "y": 5999, "z": 1}) == ["x", "z"]  # budget 6,000 rows
     assert choose_terms({"x": 10, "y": 500, "z": 1}, 100) == ["x", "z"]  # a smaller budget
     assert choose_terms({}) == []
+
+
+def test_a_very_common_word_is_left_out_when_a_rarer_one_matches(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lowered thresholds: a word in a fifth of the rows (and at least 3) is "very common".
+    monkeypatch.setattr(sqlite_module, "VERY_COMMON_SHARE", 0.2)
+    monkeypatch.setattr(sqlite_module, "VERY_COMMON_MIN_ROWS", 3)
+    with store.write() as w:
+        for i in range(8):
+            w.insert(_memory(f"s{i}", f"status report {i}"))
+        w.insert(_memory("z", "zeppelin status"))
+        w.insert(_memory("q", "quarterly review"))
+    # "status" (9 of 10 rows) is a stop word next to "zeppelin": only the zeppelin row matches.
+    assert _ids(store, ["status", "zeppelin"]) == ["z"]
+    # "review" (1 row) is not very common: both words are searched.
+    assert set(_ids(store, ["review", "zeppelin"])) == {"q", "z"}
+    # Only very common words (or a rarer one that matches nothing): they are still searched.
+    assert len(_ids(store, ["status", "report"])) == 9
+    assert len(_ids(store, ["status", "nowhere"])) == 9

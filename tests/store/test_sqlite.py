@@ -104,8 +104,11 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     assert found[0][0].id == "hit"
     # "status" was not searched: only the row with a rare term is found, never another tenant's.
     assert [m.id for m, _ in found] == ["hit"]
-    # With two terms or fewer every term is searched.
-    assert len(store.search("t", ["status", "zeppelin"], limit=5)) == 5
+    # A word in most rows is left out of a two-term search too when the other term matches
+    # (a stop word for this store), but a query of only such words still searches them.
+    assert [m.id for m, _ in store.search("t", ["status", "zeppelin"], limit=5)] == ["hit"]
+    assert len(store.search("t", ["status", "update"], limit=5)) == 5
+    assert len(store.search("t", ["status", "zeppelin-free"], limit=5)) == 5
     store.close()
 
 
@@ -179,4 +182,27 @@ def test_contexts_logged_from_many_threads_are_all_written(tmp_path: Path) -> No
         store.log_context(entry("c0-0"))
     store.log_context(entry("fresh"))
     assert store.get("t", "a").access_count == 81
+    store.close()
+
+
+def test_very_common_terms_of_a_large_store_are_judged_on_its_newest_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Small thresholds stand for the real ones: a store of more than VERY_COMMON_WINDOW rows
+    # judges a word "very common" by its share of the newest VERY_COMMON_WINDOW rows.
+    from ctxwarden.store import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "COMMON_TERM_ROWS", 4)
+    monkeypatch.setattr(sqlite_module, "VERY_COMMON_WINDOW", 20)
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        for i in range(30):  # "legacy" only in the oldest rows, "status" only in the newest
+            word = "legacy" if i < 10 else "status"
+            w.insert(_memory(f"c{i}", content=f"{word} row {i}", at=float(i)))
+        w.insert(_memory("hit", content="zeppelin hangar status legacy", at=40.0))
+    # "status" is in at least 4 of the newest 20 rows: very common, so it is dropped.
+    assert [m.id for m, _ in store.search("t", ["status", "zeppelin"], limit=5)] == ["hit"]
+    # "legacy" is counted at the cap (11 rows) but is rare among the newest rows: kept.
+    found = {m.id for m, _ in store.search("t", ["legacy", "zeppelin"], limit=20)}
+    assert found == {"hit", *(f"c{i}" for i in range(10))}
     store.close()

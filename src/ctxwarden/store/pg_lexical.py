@@ -23,7 +23,10 @@ BM25 as FTS5 computes it, in one SQL statement per search::
 Common terms are dropped as :meth:`SQLiteStore.search <ctxwarden.store.sqlite.SQLiteStore.search>`
 drops them: with more than two terms, the rarest are searched while the rows they match add up
 to at most ``row_budget(limit)`` (``SEARCH_ROW_BUDGET``, less for a short page), and none found in
-``COMMON_TERM_ROWS`` rows or more (the two rarest are always kept). When the kept terms still
+``COMMON_TERM_ROWS`` rows or more (the two rarest are always kept); a term in
+``VERY_COMMON_SHARE`` of the tenant's rows is dropped when a rarer one matches
+(:func:`~ctxwarden.store.sqlite.choose_terms`; counted exactly, where SQLite judges a store of
+more than ``VERY_COMMON_WINDOW`` rows by its newest rows). When the kept terms still
 match more than the budget (two common words and nothing else), the newest budget's worth of
 matching rows is ranked, so a common-word query costs a bounded amount at any size.
 
@@ -43,6 +46,7 @@ from typing import Any
 
 from ctxwarden.store import sqlite as _sqlite
 from ctxwarden.store.reads import MEMORY_COLUMNS
+from ctxwarden.store.sqlite import choose_terms
 
 __all__ = ["K1", "B", "Lexical", "choose_terms", "idf"]
 
@@ -67,32 +71,6 @@ def idf(rows: int, holding: int) -> float:
     """
     value = math.log((rows - holding + 0.5) / (holding + 0.5))
     return value if value > 0.0 else 1e-6
-
-
-def choose_terms(frequency: dict[str, int], budget: int | None = None) -> list[str]:
-    """The terms worth searching, in the given order (the rule of ``SQLiteStore.search``);
-    ``budget`` (rows to rank) defaults to ``SEARCH_ROW_BUDGET``.
-
-    >>> choose_terms({"the": 5000, "deploy": 40, "kafka": 3, "we": 4000})
-    ['deploy', 'kafka']
-    >>> choose_terms({"the": 5000, "we": 4000})
-    ['the', 'we']
-    """
-    terms = list(frequency)
-    budget = _sqlite.SEARCH_ROW_BUDGET if budget is None else budget
-    if len(terms) <= 2:
-        return terms
-    ranked = sorted(terms, key=lambda t: (frequency[t], terms.index(t)))
-    kept: list[str] = []
-    matched = 0
-    for term in ranked:  # rarest first, while the rows to rank stay within budget
-        if len(kept) >= 2 and (
-            frequency[term] >= _sqlite.COMMON_TERM_ROWS or matched + frequency[term] > budget
-        ):
-            break
-        kept.append(term)
-        matched += frequency[term]
-    return [t for t in terms if t in kept]
 
 
 _COLUMNS = [c.strip() for c in MEMORY_COLUMNS.split(",")]
@@ -121,7 +99,8 @@ class Lexical:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tenants: dict[str, tuple[int, float, float]] = {}  # rows, avg length, when
-        self._terms: dict[tuple[str, str], tuple[int, bool, float]] = {}  # rows, lexeme, when
+        # rows, lexeme, when, counted up to
+        self._terms: dict[tuple[str, str], tuple[int, bool, float, int]] = {}
 
     def statement(
         self, query: Any, tenant: str, terms: Sequence[str], limit: int
@@ -135,10 +114,12 @@ class Lexical:
         if rows == 0:
             return None
         fresh = rows < FRESH_ROWS
-        stats = self._term_rows(query, tenant, unique, now, fresh=fresh)
+        stats = self._term_rows(query, tenant, unique, now, rows=rows, fresh=fresh)
         frequency = {t: stats[t][0] for t in unique if stats[t][1]}
         budget = _sqlite.row_budget(limit)
-        kept = choose_terms(frequency, budget)
+        cutoff = _sqlite.very_common_rows(rows)
+        very_common = {t for t, found in frequency.items() if found >= cutoff}
+        kept = choose_terms(frequency, budget, very_common=very_common)
         if not kept:
             return None
         params: dict[str, Any] = {
@@ -191,26 +172,31 @@ class Lexical:
         return rows, mean_length
 
     def _term_rows(
-        self, query: Any, tenant: str, terms: list[str], now: float, *, fresh: bool
+        self, query: Any, tenant: str, terms: list[str], now: float, *, rows: int, fresh: bool
     ) -> dict[str, tuple[int, bool]]:
+        """Each term's matching rows of ``tenant`` and whether it has a lexeme, counted far
+        enough to tell ``COMMON_TERM_ROWS`` and ``very_common_rows(rows)``; a cached count made
+        with a smaller cap is counted again."""
+        cap = max(_sqlite.COMMON_TERM_ROWS, _sqlite.very_common_rows(rows))
         out: dict[str, tuple[int, bool]] = {}
         missing = []
         for term in terms:
             cached = None if fresh else self._terms.get((tenant, term))
-            if cached is not None and now - cached[2] < STATS_TTL_SECONDS:
+            if (
+                cached is not None
+                and now - cached[2] < STATS_TTL_SECONDS
+                and (cached[0] < cached[3] or cached[3] >= cap)  # exact, or counted far enough
+            ):
                 out[term] = (cached[0], cached[1])
             else:
                 missing.append(term)
         if missing:
-            found = query(
-                _TERM_ROWS,
-                {"tenant": tenant, "cap": _sqlite.COMMON_TERM_ROWS, "terms": missing},
-            )
+            found = query(_TERM_ROWS, {"tenant": tenant, "cap": cap, "terms": missing})
             with self._lock:
                 if len(self._terms) + len(missing) > CACHE_ENTRIES:
                     self._terms.clear()
                 for term, (has_lexeme, count) in zip(missing, found, strict=True):
                     out[term] = (int(count), bool(has_lexeme))
                     if not fresh:
-                        self._terms[(tenant, term)] = (int(count), bool(has_lexeme), now)
+                        self._terms[(tenant, term)] = (int(count), bool(has_lexeme), now, cap)
         return out

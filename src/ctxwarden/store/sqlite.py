@@ -50,11 +50,76 @@ SEARCH_ROW_BUDGET = 6000
 #: 30 (was 60): evidence recall on chatbench-dev unchanged, ~3-4 ms less a retrieval at 1M rows,
 #: where the main search's 100 results then come from the newest 3,000 rows its terms match.
 ROWS_PER_RESULT = 30
+#: A term found in at least this share of the rows is a stop word for this store (FTS5's IDF
+#: below ~3, against ~7 for a word in one row in a thousand): it is left out of a search that
+#: has a rarer term that matches, as Lucene's common-terms cut-off leaves such terms out of the
+#: match. Keeping it would rank the rows holding only it (the newest of them, at scale), and
+#: FTS5 reads its whole posting list for the IDF at every search (~7 ms for a word in half of
+#: 1M rows).
+VERY_COMMON_SHARE = 0.05
+#: ... and in at least this many rows: in a small store ranking every match costs little, and a
+#: word in a handful of messages still tells them apart.
+VERY_COMMON_MIN_ROWS = 200
+#: In a store of more rows than this, that share is measured among the newest this many rows
+#: (counting a term's every row costs ~0.2 us a row through the MATCH cursor): at most
+#: ``COMMON_TERM_ROWS`` matches are walked, as for the term's own count.
+VERY_COMMON_WINDOW = int(COMMON_TERM_ROWS / VERY_COMMON_SHARE)
 
 _TARGET_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
     "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
 )
+
+
+def choose_terms(
+    frequency: dict[str, int], budget: int | None = None, *, very_common: Collection[str] = ()
+) -> list[str]:
+    """The terms worth searching, in the given order; ``frequency`` holds each term's matching
+    rows, counted up to :data:`COMMON_TERM_ROWS` at least. Both backends use it.
+
+    With more than two terms, the rarest are kept while the rows they match add up to at most
+    ``budget`` (rows to rank, default :data:`SEARCH_ROW_BUDGET`) and none is found in
+    :data:`COMMON_TERM_ROWS` rows or more; the two rarest are always kept. Then the
+    ``very_common`` terms (found in :data:`VERY_COMMON_SHARE` of the rows or more) are dropped
+    when a kept term that is not very common matches: a query of only such words still
+    searches them.
+
+    >>> choose_terms({"the": 5000, "deploy": 40, "kafka": 3, "we": 4000})
+    ['deploy', 'kafka']
+    >>> choose_terms({"the": 5000, "we": 4000})
+    ['the', 'we']
+    >>> choose_terms({"the": 900, "kafka": 3}, very_common={"the"})
+    ['kafka']
+    >>> choose_terms({"the": 900, "kafka": 0}, very_common={"the"})
+    ['the', 'kafka']
+    """
+    terms = list(frequency)
+    budget = SEARCH_ROW_BUDGET if budget is None else budget
+    kept = terms
+    if len(terms) > 2:
+        ranked = sorted(terms, key=lambda t: (frequency[t], terms.index(t)))
+        kept = []
+        matched = 0
+        for term in ranked:  # rarest first, while the rows to rank stay within budget
+            if len(kept) >= 2 and (
+                frequency[term] >= COMMON_TERM_ROWS or matched + frequency[term] > budget
+            ):
+                break
+            kept.append(term)
+            matched += frequency[term]
+    if very_common and any(frequency[t] > 0 and t not in very_common for t in kept):
+        kept = [t for t in kept if t not in very_common]
+    return [t for t in terms if t in kept]
+
+
+def very_common_rows(rows: int) -> int:
+    """Matching rows from which a term is very common among ``rows`` rows (see
+    :data:`VERY_COMMON_SHARE`); at least :data:`VERY_COMMON_MIN_ROWS`.
+
+    >>> very_common_rows(5000), very_common_rows(10)
+    (250, 200)
+    """
+    return max(VERY_COMMON_MIN_ROWS, int(rows * VERY_COMMON_SHARE))
 
 
 def row_budget(limit: int) -> int:
@@ -426,6 +491,7 @@ class SQLiteStore(MemoryReads):
         self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
+        self._common_cache: dict[str, tuple[bool, float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
         # The change stamp (see _change_stamp) each cached scope was last checked at.
         self._scope_stamp: dict[tuple[str, str], tuple[int, int]] = {}
@@ -560,28 +626,19 @@ class SQLiteStore(MemoryReads):
         at most :func:`row_budget` (``limit``), and none found in :data:`COMMON_TERM_ROWS` rows
         or more (the two rarest are always kept): an OR of common terms makes FTS5 rank every
         row holding any of them (~0.8 s for twelve terms at 100k rows), while such terms add
-        little to BM25 anyway. When the kept terms still match more rows than that budget (two
-        common words), only the newest budget's worth of matching rows is ranked: a rowid bound
-        in the MATCH query, so a search costs a bounded amount at any store size (FTS5 still
-        reads each kept term's whole list once for its IDF, ~0.03 us a row).
+        little to BM25 anyway. A term in :data:`VERY_COMMON_SHARE` of the rows is dropped even
+        then when a rarer term matches (:func:`choose_terms`). When the kept terms still match
+        more rows than that budget (two common words), only the newest budget's worth of
+        matching rows is ranked: a rowid bound in the MATCH query, so a search costs a bounded
+        amount at any store size (FTS5 still reads each kept term's whole list once for its
+        IDF, ~0.015 us a row).
         """
         if not terms:
             return []
         budget = row_budget(limit)
         quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms)]
         frequency = {q: self._term_rows(q) for q in quoted}
-        if len(quoted) > 2:
-            ranked = sorted(quoted, key=lambda q: (frequency[q], quoted.index(q)))
-            kept: list[str] = []
-            matched = 0
-            for q in ranked:  # rarest first, while the rows to rank stay within budget
-                if len(kept) >= 2 and (
-                    frequency[q] >= COMMON_TERM_ROWS or matched + frequency[q] > budget
-                ):
-                    break
-                kept.append(q)
-                matched += frequency[q]
-            quoted = [q for q in quoted if q in kept]
+        quoted = choose_terms(frequency, budget, very_common=self._very_common(frequency))
         match = " OR ".join(quoted)
         floor = 0
         if any(frequency[q] >= COMMON_TERM_ROWS for q in quoted) or (
@@ -653,6 +710,36 @@ class SQLiteStore(MemoryReads):
             self._term_cache.clear()
         self._term_cache[quoted] = (count, now)
         return count
+
+    def _very_common(self, frequency: dict[str, int]) -> set[str]:
+        """The (quoted) terms found in :data:`VERY_COMMON_SHARE` of the rows or more: decided by
+        their counts in a store of up to :data:`VERY_COMMON_WINDOW` rows, else by their share of
+        the newest that many rows (cached 10 minutes)."""
+        if len(frequency) < 2:
+            return set()
+        stored = int(self._query("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
+        if stored <= VERY_COMMON_WINDOW:
+            cutoff = very_common_rows(stored)
+            return {q for q, rows in frequency.items() if rows >= cutoff}
+        # Only a term counted at the cap can be in 5 % of more than VERY_COMMON_WINDOW rows.
+        now = time.monotonic()
+        found = set()
+        for quoted in (q for q, rows in frequency.items() if rows >= COMMON_TERM_ROWS):
+            cached = self._common_cache.get(quoted)
+            if cached is None or now - cached[1] >= 600.0:
+                recent = int(
+                    self._query(
+                        "SELECT count(*) FROM (SELECT rowid FROM memories_fts WHERE "
+                        "memories_fts MATCH ? AND rowid > ? LIMIT ?)",
+                        (quoted, stored - VERY_COMMON_WINDOW, COMMON_TERM_ROWS),
+                    )[0][0]
+                )
+                if len(self._common_cache) > 50_000:
+                    self._common_cache.clear()
+                cached = self._common_cache[quoted] = (recent >= COMMON_TERM_ROWS, now)
+            if cached[0]:
+                found.add(quoted)
+        return found
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``."""
