@@ -476,6 +476,7 @@ def serve(
     import uvicorn
 
     from ctxwarden.server.http import create_app
+    from ctxwarden.server.runtime import prepare
 
     with _engine() as engine:
         config = _server_config(
@@ -486,6 +487,7 @@ def serve(
             max_concurrency=max_concurrency,
             threads=threads,
         )
+        prepare(engine)
         uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
 
 
@@ -558,6 +560,7 @@ def proxy(
 
     from ctxwarden.llm import LLMClient
     from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
+    from ctxwarden.server.runtime import prepare
 
     settings = _settings()
     url = upstream or settings.upstream
@@ -570,6 +573,7 @@ def proxy(
     ):
         server = _server_config(engine, host, no_auth)
         app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
+        prepare(engine)
         uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
@@ -596,11 +600,13 @@ def mcp(
         import uvicorn
 
         from ctxwarden.server.http import SCOPES, Principal
+        from ctxwarden.server.runtime import prepare
 
         config = _server_config(engine, host, no_auth)
         local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
         authenticate = config.authenticate or (lambda _token: local)
         app_ = create_mcp_http_app(engine, authenticate, host=host)
+        prepare(engine)
         uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 

@@ -4,6 +4,14 @@ WAL journal (readers never block the writer), ``synchronous=NORMAL`` (durable ac
 crashes; a power loss may drop the last commits but never corrupts), foreign keys on, a busy
 timeout instead of "database is locked" errors, FTS5 for lexical search. One connection per
 store object, guarded by a lock, so a store may be shared between threads.
+
+WAL checkpoints run off the request path: the store's connection never checkpoints
+(``wal_autocheckpoint = 0``); a :class:`Checkpointer` thread with its own connection runs
+``PRAGMA wal_checkpoint(PASSIVE)`` every :data:`CHECKPOINT_INTERVAL_SECONDS`, which neither
+takes the store's lock nor blocks SQLite's writers and readers. An automatic checkpoint ran on
+whichever commit pushed the WAL past 1,000 pages, inside the store's lock, and its fsync of the
+database file took up to 250 ms on a busy disk, stalling every request behind it (bench/serve.py,
+docs/serving.md "Load").
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +47,11 @@ from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
 from ctxwarden.types import Memory
 
-__all__ = ["ACCESS_TAU_SECONDS", "SQLiteStore"]
+__all__ = ["ACCESS_TAU_SECONDS", "CHECKPOINT_INTERVAL_SECONDS", "Checkpointer", "SQLiteStore"]
+
+#: How often the background :class:`Checkpointer` copies the WAL into the database file. Between
+#: checkpoints the WAL grows by what was written meanwhile (a busy server: a few MB a second).
+CHECKPOINT_INTERVAL_SECONDS = 1.0
 
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
@@ -460,6 +473,51 @@ class _SQLiteWriter(MemoryWrites):
         self.flush()  # the FTS delete trigger needs every row indexed first
 
 
+class Checkpointer:
+    """WAL checkpoints of the database at ``path`` on a thread of their own.
+
+    Own connection, ``PRAGMA wal_checkpoint(PASSIVE)`` every ``interval`` seconds: frames are
+    copied into the database file and synced without waiting for (or blocking) readers and
+    writers on other connections; the next writer restarts the WAL from its beginning once it
+    is all copied. :meth:`run_once` is one checkpoint (what the thread does each time).
+    """
+
+    def __init__(self, path: str, interval: float = CHECKPOINT_INTERVAL_SECONDS) -> None:
+        self.path = path
+        self.interval = interval
+        self.checkpoints = 0
+        self._stop = threading.Event()
+        self._conn_lock = threading.Lock()
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA busy_timeout = 5000")
+        self._thread = threading.Thread(target=self._loop, name="ctxwarden-checkpoint", daemon=True)
+        self._thread.start()
+
+    def run_once(self) -> tuple[int, int]:
+        """One PASSIVE checkpoint: (frames in the WAL, frames now in the database file)."""
+        with self._conn_lock:
+            if self._stop.is_set():
+                return (0, 0)
+            _busy, log, done = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            self.checkpoints += 1
+            return int(log), int(done)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except sqlite3.Error:  # busy or closing: the next round tries again
+                continue
+
+    def stop(self) -> None:
+        """Stop the thread and close its connection (idempotent)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._conn_lock:
+            self._conn.close()
+
+
 class SQLiteStore(MemoryReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
@@ -484,6 +542,12 @@ class SQLiteStore(MemoryReads):
             self._conn.execute("PRAGMA secure_delete = ON")
             self._conn.execute("PRAGMA busy_timeout = 30000")
             migrations.apply(self._conn)
+            self.checkpointer: Checkpointer | None = None
+            if self.path != ":memory:":
+                # Checkpoints off the request path (see the module docstring).
+                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+                self.checkpointer = Checkpointer(self.path)
+                weakref.finalize(self, self.checkpointer.stop)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
@@ -811,6 +875,8 @@ class SQLiteStore(MemoryReads):
             if not self._closed:
                 self._vectors.save()
                 self._closed = True
+                if self.checkpointer is not None:
+                    self.checkpointer.stop()
                 self._conn.close()
 
     def _check_open(self) -> None:
