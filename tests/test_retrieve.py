@@ -6,6 +6,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import Clock
 from ctxwarden.embed import StaticEmbedder
@@ -294,3 +296,24 @@ def test_entities_of_the_query_are_matched_verbatim(clock: Clock) -> None:
         off = _hits(engine, "is the trip to Lake Tahoe booked?", now, entity=0.0)
         assert off["phrase"].components["value"] < by_id["phrase"].components["value"]
         assert "entity" not in _hits(engine, "is the trip booked?", now)["none"].components
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="abcdeé 1-", max_size=60), max_size=12), st.booleans())
+def test_similarities_are_the_jaccard_of_hashed_word_sets(texts: list[str], warm: bool) -> None:
+    # The word-set masks are cached by text: a cached mask must give what a fresh one gives.
+    import zlib
+
+    from ctxwarden import retrieve as retrieve_module
+
+    if not warm:
+        retrieve_module._MASKS.clear()
+    got = retrieve_module._similarities(texts)
+    sets = [
+        {zlib.crc32(w.encode("utf-8", "surrogatepass")) & 1023 for w in retrieve_module._words(t)}
+        for t in texts
+    ]
+    for i, a in enumerate(sets):
+        for j, b in enumerate(sets):
+            want = 0.0 if i == j or not (a & b) else len(a & b) / len(a | b)
+            assert got[i, j] == pytest.approx(want)

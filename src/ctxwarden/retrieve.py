@@ -130,28 +130,38 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(w for w in _WORDS.findall(text.casefold()) if len(w) > 2)
 
 
+#: Word-set masks of recently compared texts (see :func:`_mask`); emptied when full.
+_MASKS: dict[str, tuple[bytes, int]] = {}
+_MASKS_MAX = 20_000
+
+
+def _mask(text: str) -> tuple[bytes, int]:
+    """The text's word set hashed into 1,024 bits (128 bytes, little-endian) and the count of
+    bits set. Cached by text: the same memories come back turn after turn, and tokenising and
+    hashing their words was most of the similarity step."""
+    hit = _MASKS.get(text)
+    if hit is None:
+        bits = 0
+        for word in _words(text):
+            bits |= 1 << (zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023)
+        hit = (bits.to_bytes(128, "little"), bits.bit_count())
+        if len(_MASKS) >= _MASKS_MAX:
+            _MASKS.clear()
+        _MASKS[text] = hit
+    return hit
+
+
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
-    The bit sets are 16 uint64 words a text, intersected for every pair at once and counted
-    with ``np.bitwise_count``: no BLAS call (whose thread pool costs more than the work), ~3x
-    less than a Python loop over the pairs, and the same values.
+    The bit sets are 16 uint64 words a text (:func:`_mask`), intersected for every pair at once
+    and counted with ``np.bitwise_count``: no BLAS call (whose thread pool costs more than the
+    work), ~3x less than a Python loop over the pairs, and the same values.
     """
     count = len(texts)
-    rows: list[int] = []
-    cols: list[int] = []
-    slot: dict[str, int] = {}
-    for i, text in enumerate(texts):
-        for word in _words(text):
-            bit = slot.get(word)
-            if bit is None:
-                bit = slot[word] = zlib.crc32(word.encode("utf-8", "surrogatepass")) & 1023
-            rows.append(i)
-            cols.append(bit)
-    bits = np.zeros((count, 1024), dtype=bool)
-    bits[rows, cols] = True
-    masks = np.packbits(bits, axis=1).view(np.uint64)
-    sizes = bits.sum(axis=1, dtype=np.int64)
+    packed = [_mask(text) for text in texts]
+    masks = np.frombuffer(b"".join(m for m, _ in packed), dtype=np.uint64).reshape(count, 16)
+    sizes = np.fromiter((n for _, n in packed), dtype=np.int64, count=count)
     inter = np.bitwise_count(masks[:, None, :] & masks[None, :, :]).sum(axis=2, dtype=np.int64)
     union = sizes[:, None] + sizes[None, :] - inter
     similarity: npt.NDArray[np.float64] = np.zeros((count, count), dtype=np.float64)
