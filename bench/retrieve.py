@@ -83,10 +83,10 @@ def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None
     main lexical search for ``RetrievalWeights.candidates``, 100)."""
     search, vector_search = store.search, store.vector_search
 
-    def timed_search(tenant: str, terms: Any, *, limit: int = 100) -> Any:
+    def timed_search(tenant: str, terms: Any, *, limit: int = 100, require: Any = ()) -> Any:
         began = time.process_time()
-        found = search(tenant, terms, limit=limit)
-        step = "lexical search (bridge hop)" if limit < 100 else "lexical search"
+        found = search(tenant, terms, limit=limit, require=require)
+        step = "lexical search (bridge hop)" if require else "lexical search"
         spent.setdefault(step, []).append((time.process_time() - began) * 1000)
         return found
 

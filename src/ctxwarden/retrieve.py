@@ -243,7 +243,9 @@ def retrieve(
         for rowid in first:
             extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:4]
             if extra_terms:
-                add("bridge", store.search(tenant, [*extra_terms, *terms], limit=hop))
+                # Only if a new word is worth searching: else the hop repeats the main search.
+                found = store.search(tenant, [*extra_terms, *terms], limit=hop, require=extra_terms)
+                add("bridge", found)
 
     sources = (
         ("bm25", w.lexical),

@@ -131,3 +131,21 @@ def test_a_very_common_word_is_left_out_when_a_rarer_one_matches(
     # Only very common words (or a rarer one that matches nothing): they are still searched.
     assert len(_ids(store, ["status", "report"])) == 9
     assert len(_ids(store, ["status", "nowhere"])) == 9
+
+
+def test_a_required_term_too_common_to_search_means_no_search(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bridge hop asks for the hit's new words: when every one of them is left out as too
+    # common, the hop would only repeat the main search, so nothing is searched.
+    monkeypatch.setattr(sqlite_module, "VERY_COMMON_SHARE", 0.2)
+    monkeypatch.setattr(sqlite_module, "VERY_COMMON_MIN_ROWS", 3)
+    with store.write() as w:
+        for i in range(8):
+            w.insert(_memory(f"s{i}", f"status report {i}"))
+        w.insert(_memory("z", "zeppelin status"))
+        w.insert(_memory("h", "zeppelin hangar"))
+    assert store.search("t", ["status", "zeppelin"], require=["status"]) == []
+    found = store.search("t", ["hangar", "zeppelin"], require=["hangar"])
+    assert {m.id for m, _ in found} == {"z", "h"}
+    assert {m.id for m, _ in store.search("t", ["status", "zeppelin"])} == {"z", "h"}

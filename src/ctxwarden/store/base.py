@@ -25,7 +25,7 @@ cluster's summary, deletions and tombstones commit together:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -384,9 +384,18 @@ class Store(Protocol):
         """Summary memories, oldest first."""
 
     def search(
-        self, tenant: str, terms: Sequence[str], *, limit: int = 100
+        self,
+        tenant: str,
+        terms: Sequence[str],
+        *,
+        limit: int = 100,
+        require: Collection[str] = (),
     ) -> list[tuple[Memory, float]]:
-        """Full-text candidates for ``terms`` (any of them), best first, with a positive score."""
+        """Full-text candidates for ``terms`` (any of them), best first, with a positive score.
+
+        With ``require`` (some of ``terms``), nothing is searched (``[]``) unless one of them is
+        among the terms worth searching (too common ones are left out): a bridge hop on a
+        hit's new words whose every new word is too common would repeat the main search."""
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached token counts for these memories under ``tokenizer`` (missing ones left out)."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ctxwarden.store import sqlite as _sqlite
@@ -103,9 +103,16 @@ class Lexical:
         self._terms: dict[tuple[str, str], tuple[int, bool, float, int]] = {}
 
     def statement(
-        self, query: Any, tenant: str, terms: Sequence[str], limit: int
+        self,
+        query: Any,
+        tenant: str,
+        terms: Sequence[str],
+        limit: int,
+        *,
+        require: Collection[str] = (),
     ) -> tuple[str, dict[str, Any]] | None:
-        """The ranking statement and its parameters; None when no term can match."""
+        """The ranking statement and its parameters; None when no term can match, or when no
+        ``require`` term is worth searching (see ``Store.search``)."""
         unique = list(dict.fromkeys(t for t in terms if t.strip()))
         if not unique or limit < 1:
             return None
@@ -120,7 +127,7 @@ class Lexical:
         cutoff = _sqlite.very_common_rows(rows)
         very_common = {t for t, found in frequency.items() if found >= cutoff}
         kept = choose_terms(frequency, budget, very_common=very_common)
-        if not kept:
+        if not kept or (require and not any(t in kept for t in require)):
             return None
         params: dict[str, Any] = {
             "tenant": tenant,

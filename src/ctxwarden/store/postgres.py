@@ -455,13 +455,18 @@ class PostgresStore(MemoryReads):
             raise StoreError(f"query failed: {exc}") from exc
 
     def search(
-        self, tenant: str, terms: Sequence[str], *, limit: int = 100
+        self,
+        tenant: str,
+        terms: Sequence[str],
+        *,
+        limit: int = 100,
+        require: Collection[str] = (),
     ) -> list[tuple[Memory, float]]:
         """tsvector/GIN search, any term (a phrase each), ranked by BM25 as FTS5 ranks it
         (per-tenant IDF, saturated term frequency, length normalisation; common terms dropped
         as on SQLite): see :mod:`ctxwarden.store.pg_lexical`. Positive scores, higher is better.
         """
-        plan = self._lexical.statement(self._query, tenant, terms, limit)
+        plan = self._lexical.statement(self._query, tenant, terms, limit, require=require)
         if plan is None:
             return []
         rows = self._query(*plan)

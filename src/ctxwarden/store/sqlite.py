@@ -60,9 +60,10 @@ COMMON_TERM_ROWS = 2000
 SEARCH_ROW_BUDGET = 6000
 #: A search for ``limit`` results ranks at most ``ROWS_PER_RESULT * limit`` rows (see
 #: :func:`row_budget`): a bridge hop's 20 results need fewer rows ranked than the main search.
-#: 30 (was 60): evidence recall on chatbench-dev unchanged, ~3-4 ms less a retrieval at 1M rows,
-#: where the main search's 100 results then come from the newest 3,000 rows its terms match.
-ROWS_PER_RESULT = 30
+#: 20 (was 60, then 30): evidence recall on chatbench-dev unchanged (its searches never reach the
+#: bound), ~1 ms less a retrieval at 1M rows per 10 fewer, where the main search's 100 results
+#: then come from the newest 2,000 rows its terms match.
+ROWS_PER_RESULT = 20
 #: A term found in at least this share of the rows is a stop word for this store (FTS5's IDF
 #: below ~3, against ~7 for a word in one row in a thousand): it is left out of a search that
 #: has a rarer term that matches, as Lucene's common-terms cut-off leaves such terms out of the
@@ -135,13 +136,18 @@ def very_common_rows(rows: int) -> int:
     return max(VERY_COMMON_MIN_ROWS, int(rows * VERY_COMMON_SHARE))
 
 
+def _quote(term: str) -> str:
+    """``term`` as an FTS5 string (a phrase of its tokens)."""
+    return '"' + term.replace('"', '""') + '"'
+
+
 def row_budget(limit: int) -> int:
     """The most matching rows one search for ``limit`` results ranks (and the rows its terms
     may match, in the choice of terms): ``ROWS_PER_RESULT * limit``, at most
     ``SEARCH_ROW_BUDGET``. Both backends use it, so they drop the same terms.
 
     >>> row_budget(20), row_budget(100), row_budget(1000)
-    (600, 3000, 6000)
+    (400, 2000, 6000)
     """
     return max(1, min(SEARCH_ROW_BUDGET, ROWS_PER_RESULT * limit))
 
@@ -682,7 +688,12 @@ class SQLiteStore(MemoryReads):
                 raise StoreError(f"query failed: {exc}") from exc
 
     def search(
-        self, tenant: str, terms: Sequence[str], *, limit: int = 100
+        self,
+        tenant: str,
+        terms: Sequence[str],
+        *,
+        limit: int = 100,
+        require: Collection[str] = (),
     ) -> list[tuple[Memory, float]]:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
 
@@ -700,9 +711,11 @@ class SQLiteStore(MemoryReads):
         if not terms:
             return []
         budget = row_budget(limit)
-        quoted = ['"' + t.replace('"', '""') + '"' for t in dict.fromkeys(terms)]
+        quoted = [_quote(t) for t in dict.fromkeys(terms)]
         frequency = {q: self._term_rows(q) for q in quoted}
         quoted = choose_terms(frequency, budget, very_common=self._very_common(frequency))
+        if require and not any(_quote(t) in quoted for t in require):
+            return []
         match = " OR ".join(quoted)
         floor = 0
         if any(frequency[q] >= COMMON_TERM_ROWS for q in quoted) or (
