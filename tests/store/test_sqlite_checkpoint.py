@@ -27,10 +27,13 @@ def _wal_bytes(path: Path) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
-def test_store_connection_never_checkpoints_by_itself(tmp_path: Path) -> None:
+def test_store_connection_checkpoints_only_as_a_backstop(tmp_path: Path) -> None:
+    from ctxwarden.store.sqlite import WAL_BACKSTOP_PAGES
+
     store = _store(tmp_path / "a.db")
     try:
-        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert WAL_BACKSTOP_PAGES > 3000
+        assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == WAL_BACKSTOP_PAGES
         assert store.checkpointer is not None
         # well past the 1,000 pages an automatic checkpoint would start at
         _fill(store, 3000)

@@ -5,8 +5,9 @@ crashes; a power loss may drop the last commits but never corrupts), foreign key
 timeout instead of "database is locked" errors, FTS5 for lexical search. One connection per
 store object, guarded by a lock, so a store may be shared between threads.
 
-WAL checkpoints run off the request path: the store's connection never checkpoints
-(``wal_autocheckpoint = 0``); a :class:`Checkpointer` thread with its own connection runs
+WAL checkpoints run off the request path: the store's connection checkpoints only as a backstop,
+when its WAL passes :data:`WAL_BACKSTOP_PAGES` (a bulk load outrunning the thread); a
+:class:`Checkpointer` thread with its own connection runs
 ``PRAGMA wal_checkpoint(PASSIVE)`` every :data:`CHECKPOINT_INTERVAL_SECONDS`, which neither
 takes the store's lock nor blocks SQLite's writers and readers. An automatic checkpoint ran on
 whichever commit pushed the WAL past 1,000 pages, inside the store's lock, and its fsync of the
@@ -47,11 +48,21 @@ from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
 from ctxwarden.types import Memory
 
-__all__ = ["ACCESS_TAU_SECONDS", "CHECKPOINT_INTERVAL_SECONDS", "Checkpointer", "SQLiteStore"]
+__all__ = [
+    "ACCESS_TAU_SECONDS",
+    "CHECKPOINT_INTERVAL_SECONDS",
+    "WAL_BACKSTOP_PAGES",
+    "Checkpointer",
+    "SQLiteStore",
+]
 
 #: How often the background :class:`Checkpointer` copies the WAL into the database file. Between
 #: checkpoints the WAL grows by what was written meanwhile (a busy server: a few MB a second).
 CHECKPOINT_INTERVAL_SECONDS = 1.0
+#: The store's own connection checkpoints (inside its lock) only when the WAL passes this many
+#: pages (~40 MB): a bound on the WAL should the thread fall behind a bulk load. SQLite's
+#: default, 1,000, put a checkpoint with its fsync on a serving request every few seconds.
+WAL_BACKSTOP_PAGES = 10_000
 
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
@@ -551,7 +562,7 @@ class SQLiteStore(MemoryReads):
             self.checkpointer: Checkpointer | None = None
             if self.path != ":memory:":
                 # Checkpoints off the request path (see the module docstring).
-                self._conn.execute("PRAGMA wal_autocheckpoint = 0")
+                self._conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_BACKSTOP_PAGES}")
                 self.checkpointer = Checkpointer(self.path)
                 weakref.finalize(self, self.checkpointer.stop)
         except sqlite3.DatabaseError as exc:
