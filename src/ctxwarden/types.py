@@ -312,22 +312,14 @@ class Record:
 
 #: The fields of the common record: plain strings (at most 512 characters, or null), the content
 #: and the time. A record with any other field is validated in full.
-_PLAIN_STR_FIELDS = frozenset(
-    {
-        "id",
-        "tenant",
-        "session",
-        "channel",
-        "author",
-        "author_kind",
-        "role",
-        "thread_id",
-        "reply_to",
-        "kind",
-        "name",
-        "tool_call_id",
-    }
-)
+_PLAIN_STR_FIELDS = _RECORD_FIELDS - {
+    "attachments",
+    "content",
+    "created_at",
+    "metadata",
+    "pinned",
+    "tool_calls",
+}
 _PLAIN_FIELDS = _PLAIN_STR_FIELDS | {"content", "created_at"}
 
 

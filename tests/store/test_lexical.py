@@ -116,14 +116,7 @@ def test_idf_and_term_choice() -> None:
 def test_a_very_common_word_is_left_out_when_a_rarer_one_matches(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Lowered thresholds: a word in a fifth of the rows (and at least 3) is "very common".
-    monkeypatch.setattr(sqlite_module, "VERY_COMMON_SHARE", 0.2)
-    monkeypatch.setattr(sqlite_module, "VERY_COMMON_MIN_ROWS", 3)
-    with store.write() as w:
-        for i in range(8):
-            w.insert(_memory(f"s{i}", f"status report {i}"))
-        w.insert(_memory("z", "zeppelin status"))
-        w.insert(_memory("q", "quarterly review"))
+    _status_reports(store, monkeypatch, _memory("q", "quarterly review"))
     # "status" (9 of 10 rows) is a stop word next to "zeppelin": only the zeppelin row matches.
     assert _ids(store, ["status", "zeppelin"]) == ["z"]
     # "review" (1 row) is not very common: both words are searched.
@@ -138,14 +131,20 @@ def test_a_required_term_too_common_to_search_means_no_search(
 ) -> None:
     # A bridge hop asks for the hit's new words: when every one of them is left out as too
     # common, the hop would only repeat the main search, so nothing is searched.
+    _status_reports(store, monkeypatch, _memory("h", "zeppelin hangar"))
+    assert store.search("t", ["status", "zeppelin"], require=["status"]) == []
+    found = store.search("t", ["hangar", "zeppelin"], require=["hangar"])
+    assert {m.id for m, _ in found} == {"z", "h"}
+    assert {m.id for m, _ in store.search("t", ["status", "zeppelin"])} == {"z", "h"}
+
+
+def _status_reports(store: Store, monkeypatch: pytest.MonkeyPatch, extra: NewMemory) -> None:
+    """Eight "status report" rows, "zeppelin status" and ``extra``, with lowered thresholds: a
+    word in a fifth of the rows (and at least 3) is "very common"."""
     monkeypatch.setattr(sqlite_module, "VERY_COMMON_SHARE", 0.2)
     monkeypatch.setattr(sqlite_module, "VERY_COMMON_MIN_ROWS", 3)
     with store.write() as w:
         for i in range(8):
             w.insert(_memory(f"s{i}", f"status report {i}"))
         w.insert(_memory("z", "zeppelin status"))
-        w.insert(_memory("h", "zeppelin hangar"))
-    assert store.search("t", ["status", "zeppelin"], require=["status"]) == []
-    found = store.search("t", ["hangar", "zeppelin"], require=["hangar"])
-    assert {m.id for m, _ in found} == {"z", "h"}
-    assert {m.id for m, _ in store.search("t", ["status", "zeppelin"])} == {"z", "h"}
+        w.insert(extra)
