@@ -455,6 +455,22 @@ def test_delete_erases_summaries_built_from_the_memory(store: Store) -> None:
         store.get("t", "a2")
 
 
+def test_erasing_an_id_again_rewrites_its_whole_tombstone(store: Store) -> None:
+    # An id erased, stored again and erased again: the tombstone describes the last memory
+    # (its hash, time and reason), the same on every backend.
+    with store.write() as w:
+        w.insert(_memory("x", content="first", at=1.0))
+    with store.write() as w:
+        assert w.delete("t", "x", deleted_at=10.0, reason="first request")
+        w.insert(_memory("x", content="second", at=20.0))
+    with store.write() as w:
+        assert w.delete("t", "x", deleted_at=30.0, reason="second request")
+    [tomb] = store.tombstones("t")
+    assert (tomb.id, tomb.content_hash, tomb.deleted_at, tomb.reason, tomb.summary_id) == (
+        "x", "h-second", 30.0, "second request", None,
+    )  # fmt: skip
+
+
 def test_delete_session_and_tenant(store: Store) -> None:
     with store.write() as w:
         for i in range(5):

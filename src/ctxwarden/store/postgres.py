@@ -315,32 +315,6 @@ class _PostgresWriter(MemoryWrites):
             )
         ]
 
-    def _tombstone_erased(
-        self,
-        tenant: str,
-        rowids: Sequence[int],
-        summaries: Collection[int],
-        *,
-        deleted_at: float,
-        reason: str,
-    ) -> None:
-        self._conn.execute(
-            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) SELECT tenant, id, %s, NULL, content_hash, "
-            "time_start, time_end, CASE WHEN rowid = ANY(%s) THEN %s ELSE %s END "
-            "FROM memories WHERE tenant = %s AND rowid = ANY(%s) "
-            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-            "reason = excluded.reason",
-            (
-                deleted_at,
-                sorted(summaries),
-                f"{reason} (summary of erased memories)",
-                reason,
-                tenant,
-                list(rowids),
-            ),
-        )
-
     # -- what store/writes.py needs -------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:

@@ -449,32 +449,6 @@ class _SQLiteWriter(MemoryWrites):
             )
         ]
 
-    def _tombstone_erased(
-        self,
-        tenant: str,
-        rowids: Sequence[int],
-        summaries: Collection[int],
-        *,
-        deleted_at: float,
-        reason: str,
-    ) -> None:
-        rows = self._conn.execute(
-            "SELECT rowid, id, content_hash, time_start, time_end FROM memories "
-            f"WHERE tenant = ? AND rowid IN ({','.join('?' * len(rowids))})",
-            [tenant, *rowids],
-        ).fetchall()
-        self._conn.executemany(
-            "INSERT OR REPLACE INTO tombstones (tenant, id, deleted_at, summary_id, "
-            "content_hash, time_start, time_end, reason) VALUES (?, ?, ?, NULL, ?, ?, ?, ?)",
-            [
-                (
-                    tenant, id_, deleted_at, content_hash, start_at, end_at,
-                    f"{reason} (summary of erased memories)" if r in summaries else reason,
-                )
-                for r, id_, content_hash, start_at, end_at in rows
-            ],
-        )  # fmt: skip
-
     # -- what store/writes.py needs -------------------------------------------------------------
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:

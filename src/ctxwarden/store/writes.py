@@ -123,10 +123,26 @@ class MemoryWrites:
         deleted_at: float,
         reason: str,
     ) -> None:
-        """Write (or overwrite) the tombstones of the memories at ``rowids`` (at most
-        :attr:`_CHUNK`), about to be erased: no summary, their hash and time range, ``reason``
-        (with a note for those in ``summaries``, erased as built from erased memories)."""
-        raise NotImplementedError
+        """Write (or overwrite, every column) the tombstones of the memories at ``rowids`` (at
+        most :attr:`_CHUNK`), about to be erased: no summary, their hash and time range,
+        ``reason`` (with a note for those in ``summaries``, erased as built from erased
+        memories)."""
+        noted = [r for r in rowids if r in summaries]
+        plain = [r for r in rowids if r not in summaries]
+        for group, why in ((plain, reason), (noted, f"{reason} (summary of erased memories)")):
+            if not group:
+                continue
+            where, params = self._in(group)
+            self._run(
+                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+                "time_start, time_end, reason) SELECT tenant, id, ?, NULL, content_hash, "
+                f"time_start, time_end, ? FROM memories WHERE tenant = ? AND rowid {where} "
+                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+                "summary_id = NULL, content_hash = excluded.content_hash, "
+                "time_start = excluded.time_start, time_end = excluded.time_end, "
+                "reason = excluded.reason",
+                [deleted_at, why, tenant, *params],
+            )
 
     def _before_delete(self) -> None:
         """Called before memory rows are deleted (nothing to do unless a backend says)."""
