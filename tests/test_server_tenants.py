@@ -272,6 +272,13 @@ def test_compaction_summaries_and_metrics_stay_within_the_tenant(world: World) -
         canary = world.canaries[tenant]
         seen: list[str] = []
         with httpx.Client(base_url=world.api, headers=world.auth(tenant)) as client:
+            # A cluster to summarise of this test's own (not what earlier tests left behind).
+            related = [
+                {"role": "user", "content": f"the team reviewed secret note {canary} today"},
+                {"role": "user", "content": f"secret note {canary} was shared with the team"},
+            ]
+            ingested = client.post("/v1/ingest", json={"records": related, "session": "s"})
+            assert ingested.status_code == 200, ingested.text
             plan = client.post("/v1/compact/plan", json=everything)
             assert plan.status_code == 200, plan.text
             applied = client.post("/v1/compact/apply", json=everything)
