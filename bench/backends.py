@@ -13,7 +13,6 @@ record a call into one database at once (SQLite: one writer at a time behind its
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import multiprocessing
 import sys
 import tempfile
@@ -23,17 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from assemble import fmt, history, timed
 from ctxwarden import Engine
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pg_script() -> object:
-    spec = importlib.util.spec_from_file_location("pg_script", ROOT / "scripts" / "pg.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from pg_embedded import pg_script
 
 
 def _worker(target: str, p: int, n: int) -> None:
@@ -97,7 +86,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         dsn = args.dsn
         if dsn is None:
-            script = _pg_script()
+            script = pg_script()
             pg_dir = Path(tempfile.mkdtemp(prefix="ctxwarden-bench-pg-"))
             dsn = script.start(pg_dir)  # type: ignore[attr-defined]
         try:

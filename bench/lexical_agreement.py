@@ -25,31 +25,19 @@ uses that database as is (give a fresh schema: ``?options=-c%20search_path%3Dnam
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ctxwarden.assemble import query_terms
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import NotFound
 from evidence_recall import read
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pg_script() -> Any:
-    spec = importlib.util.spec_from_file_location("pg_script", ROOT / "scripts" / "pg.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from pg_embedded import pg_script
 
 
 def spearman(a: Sequence[str], b: Sequence[str]) -> float | None:
@@ -167,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     script = None
     dsn = args.dsn
     if dsn is None:
-        script = _pg_script()
+        script = pg_script()
         pg_dir = Path(tempfile.mkdtemp(prefix="ctxwarden-lexical-pg-"))
         dsn = script.start(pg_dir)
     try:

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from ctxwarden.engine import Engine
+from ctxwarden.store.base import Store
+from ctxwarden.store.sqlite import SQLiteStore
 from realserver import LlamaServer, llama_server
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "chatbench-dev"
@@ -120,3 +122,17 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     """llama.cpp's OpenAI-compatible server running Gemma 3 270M on loopback (see realserver)."""
     with llama_server(tmp_path_factory.mktemp("llama")) as server:
         yield server
+
+
+# The backend suites (tests/store/) share this: each test runs on SQLite and on PostgreSQL (the
+# embedded server above, a fresh schema per test).
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    if request.param == "sqlite":
+        backend: Store = SQLiteStore(":memory:")
+    else:
+        from ctxwarden.store.postgres import PostgresStore
+
+        backend = PostgresStore(request.getfixturevalue("pg_schema_dsn"))
+    yield backend
+    backend.close()

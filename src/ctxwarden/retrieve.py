@@ -130,16 +130,20 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(w for w in _WORDS.findall(text.casefold()) if len(w) > 2)
 
 
-#: Word-set masks of recently compared texts (see :func:`_mask`); emptied when full.
-_MASKS: dict[str, tuple[bytes, int]] = {}
+#: Word-set masks of recently compared texts by the text's ``hash`` (see :func:`_mask`); emptied
+#: when full. Keyed by hash, not by text, so the cache never holds a memory's words (an erased
+#: memory's text is not kept alive in the process); a hash collision (64 bits) could only skew
+#: one similarity in MMR.
+_MASKS: dict[int, tuple[bytes, int]] = {}
 _MASKS_MAX = 20_000
 
 
 def _mask(text: str) -> tuple[bytes, int]:
     """The text's word set hashed into 1,024 bits (128 bytes, little-endian) and the count of
-    bits set. Cached by text: the same memories come back turn after turn, and tokenising and
-    hashing their words was most of the similarity step."""
-    hit = _MASKS.get(text)
+    bits set. Cached: the same memories come back turn after turn, and tokenising and hashing
+    their words was most of the similarity step."""
+    key = hash(text)
+    hit = _MASKS.get(key)
     if hit is None:
         bits = 0
         for word in _words(text):
@@ -147,7 +151,7 @@ def _mask(text: str) -> tuple[bytes, int]:
         hit = (bits.to_bytes(128, "little"), bits.bit_count())
         if len(_MASKS) >= _MASKS_MAX:
             _MASKS.clear()
-        _MASKS[text] = hit
+        _MASKS[key] = hit
     return hit
 
 

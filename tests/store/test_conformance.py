@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +35,6 @@ try:
     INTEGRITY_ERRORS += (psycopg.IntegrityError,)
 except ImportError:  # pragma: no cover - without the postgres extra only SQLite runs
     pass
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "sqlite":
-        backend: Store = SQLiteStore(":memory:")
-    else:
-        from ctxwarden.store.postgres import PostgresStore
-
-        backend = PostgresStore(request.getfixturevalue("pg_schema_dsn"))
-    yield backend
-    backend.close()
 
 
 def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,

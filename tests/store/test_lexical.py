@@ -3,26 +3,11 @@ PostgreSQL alike (the ``store`` fixture of the conformance suite)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from ctxwarden.store import sqlite as sqlite_module
 from ctxwarden.store.base import NewMemory, Store
 from ctxwarden.store.pg_lexical import choose_terms, idf
-from ctxwarden.store.sqlite import SQLiteStore
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    if request.param == "sqlite":
-        backend: Store = SQLiteStore(":memory:")
-    else:
-        from ctxwarden.store.postgres import PostgresStore
-
-        backend = PostgresStore(request.getfixturevalue("pg_schema_dsn"))
-    yield backend
-    backend.close()
 
 
 def _memory(id: str, content: str, *, tenant: str = "t") -> NewMemory:
