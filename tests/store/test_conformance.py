@@ -26,6 +26,7 @@ from ctxwarden.store.base import (
     TokenCount,
     Writer,
 )
+from ctxwarden.store.reads import MemoryReads
 from ctxwarden.store.sqlite import ACCESS_TAU_SECONDS, SQLiteStore
 
 INTEGRITY_ERRORS: tuple[type[Exception], ...] = (sqlite3.IntegrityError, StoreError)
@@ -295,6 +296,171 @@ def test_access_score_decays(store: Store) -> None:
     memory = store.get("t", "a")
     assert memory.access_count == 2
     assert memory.access_score == pytest.approx(1.0 + math.exp(-1.0))
+
+
+# -- access stats (migration 8: the narrow memory_access table) -------------------------------
+
+_ACCESS_ROWS = (
+    "SELECT memory_rowid, access_count, last_accessed_at, access_score, access_score_at, "
+    "included_tokens_total FROM memory_access ORDER BY memory_rowid"
+)
+
+
+def _sql(store: Store, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Rows of one statement (``?`` placeholders) on either backend."""
+    assert isinstance(store, MemoryReads)
+    return [tuple(r) for r in store._read(sql, params)]
+
+
+def _log(store: Store, id: str, at: float, *included: tuple[int, str, int]) -> None:
+    store.log_context(
+        ContextLog(
+            id=id, tenant="t", session="s", created_at=at, model="m", tokenizer="x", exact=True,
+            cap=100, tokens=sum(t for _, _, t in included), blocks={},
+            inclusions=[Inclusion(rowid=r, id=i, block="related", tokens=t)
+                        for r, i, t in included],
+        )
+    )  # fmt: skip
+
+
+def test_access_stats_are_rows_of_their_own_table(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", content="one"))
+        w.insert(_memory("b", content="two"))
+        gone = w.insert(_memory("gone", content="three"))
+        assert w.delete("t", "gone", deleted_at=150.0, reason="test")
+    # a listed twice (one access, its tokens summed); a memory erased since it was retrieved is
+    # skipped, not an error
+    _log(store, "ctx1", 200.0, (a, "a", 3), (a, "a", 4), (gone, "gone", 5))
+    assert _sql(store, _ACCESS_ROWS) == [(a, 1, 200.0, 1.0, 200.0, 7)]
+    _log(store, "ctx2", 200.0 + ACCESS_TAU_SECONDS, (a, "a", 2))
+    ((_, count, last, score, score_at, tokens),) = _sql(store, _ACCESS_ROWS)
+    assert (count, last, score_at, tokens) == (
+        2,
+        200.0 + ACCESS_TAU_SECONDS,
+        200.0 + ACCESS_TAU_SECONDS,
+        9,
+    )
+    assert score == pytest.approx(1.0 + math.exp(-1.0))
+    got = store.get("t", "a")
+    assert (got.access_count, got.last_accessed_at, got.included_tokens_total) == (2, last, 9)
+    assert got.access_score == pytest.approx(score)
+    # a memory never included has no row and reads as zero, on every read path
+    never = store.get("t", "b")
+    assert (never.access_count, never.last_accessed_at, never.access_score,
+            never.included_tokens_total) == (0, None, 0.0, 0)  # fmt: skip
+    assert [m.access_count for m in store.recent("t", "s")] == [0, 2]  # newest first
+    assert [m.access_count for m in store.iter_memories("t")] == [2, 0]
+    assert [m.access_count for m, _ in store.search("t", ["one", "two"])] in ([2, 0], [0, 2])
+    (candidate, score_time), _ = store.compaction_candidates("t", created_before=1000.0)
+    assert (candidate.access_count, score_time) == (2, score_at)
+    # the wide memory rows hold no access stats any more (migration 8 dropped the columns)
+    with pytest.raises(StoreError):
+        _sql(store, "SELECT access_count FROM memories")
+
+
+def test_access_stats_go_with_their_memories(store: Store) -> None:
+    with store.write() as w:
+        rows = {
+            id_: w.insert(_memory(id_, content=f"text of {id_}", session=session, tenant=tenant))
+            for id_, session, tenant in [("a", "s", "t"), ("b", "s", "t"), ("c", "s", "t"),
+                                         ("d", "s", "t"), ("e", "s2", "t"), ("f", "s", "u")]
+        }  # fmt: skip
+    _log(store, "ctx1", 300.0, *((rowid, id_, 10) for id_, rowid in rows.items()))
+    _log(store, "ctx2", 300.0, (rows["d"], "d", 5))
+
+    def stats() -> dict[int, tuple[object, ...]]:
+        return {int(str(r[0])): r[1:] for r in _sql(store, _ACCESS_ROWS)}
+
+    assert set(stats()) == set(rows.values())
+    with store.write() as w:
+        assert w.delete("t", "a", deleted_at=400.0, reason="test")
+    assert rows["a"] not in stats()
+    with store.write() as w:  # compaction: the originals' stats go (the summary has none)
+        summary = w.insert(_summary("S", ["b"]))
+        assert w.retire("t", ["b"], summary_rowid=summary, deleted_at=600.0, reason="compacted")
+    assert rows["b"] not in stats()
+    assert summary not in stats()
+    with store.write() as w:  # a merge carries the stats forward into the aggregate
+        assert w.merge("t", "c", into="d", merged_at=610.0, status="semantic_duplicate",
+                       latest_content=None)  # fmt: skip
+    assert rows["c"] not in stats()
+    assert stats()[rows["d"]] == (3, 300.0, pytest.approx(3.0), 300.0, 25)
+    with store.write() as w:  # merging a memory never included leaves the aggregate's stats
+        w.insert(_memory("g", content="text of g"))
+        assert w.merge("t", "g", into="d", merged_at=620.0, status="semantic_duplicate",
+                       latest_content=None)  # fmt: skip
+        w.insert(_memory("h", content="text of h"))
+        w.insert(_memory("i", content="text of i"))
+        assert w.merge("t", "h", into="i", merged_at=620.0, status="semantic_duplicate",
+                       latest_content=None)  # fmt: skip
+    assert stats()[rows["d"]] == (3, 300.0, pytest.approx(3.0), 300.0, 25)
+    assert store.get("t", "i").access_count == 0
+    assert len(stats()) == 3  # d, e, f
+    with store.write() as w:
+        w.delete_session("t", "s2", deleted_at=700.0, reason="test")
+        w.delete_tenant("u", deleted_at=700.0, reason="test")
+    assert set(stats()) == {rows["d"]}
+    with store.write() as w:
+        w.delete_tenant("t", deleted_at=800.0, reason="test")
+    assert stats() == {}
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_migration_8_keeps_the_access_stats_of_a_version_7_store(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert = (
+        "INSERT INTO memories (id, tenant, session, author_kind, role, content, created_at, "
+        "kind, content_hash, last_seen_at, access_count, last_accessed_at, access_score, "
+        "access_score_at, included_tokens_total) VALUES "
+        "('used', 't', 's', 'human', 'user', 'used one', 10.0, 'message', 'h1', 10.0, "
+        "3, 50.0, 2.5, 40.0, 120), "
+        "('idle', 't', 's', 'human', 'user', 'idle one', 20.0, 'message', 'h2', 20.0, "
+        "0, NULL, 0, NULL, 0)"
+    )
+    opened: Store
+    if backend == "sqlite":
+        from ctxwarden.store import migrations
+
+        conn = sqlite3.connect(tmp_path / "v7.db", isolation_level=None)
+        conn.execute("PRAGMA foreign_keys = ON")
+        for migration in migrations.MIGRATIONS[:7]:
+            for statement in migration.statements:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 7")
+        conn.execute(insert)
+        conn.close()
+        opened = SQLiteStore(tmp_path / "v7.db")
+    else:
+        import psycopg
+
+        from ctxwarden.store import pg_migrations
+        from ctxwarden.store.postgres import PostgresStore
+
+        dsn = request.getfixturevalue("pg_schema_dsn")
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            with monkeypatch.context() as patch:
+                patch.setattr(pg_migrations, "MIGRATIONS", pg_migrations.MIGRATIONS[:7])
+                assert pg_migrations.apply(pg)[-1].version == 7
+            pg.execute(insert)
+        opened = PostgresStore(dsn)
+    try:
+        used, idle = opened.get("t", "used"), opened.get("t", "idle")
+        assert (used.access_count, used.last_accessed_at, used.access_score,
+                used.included_tokens_total) == (3, 50.0, 2.5, 120)  # fmt: skip
+        assert (idle.access_count, idle.last_accessed_at, idle.access_score,
+                idle.included_tokens_total) == (0, None, 0.0, 0)  # fmt: skip
+        assert _sql(opened, _ACCESS_ROWS) == [(used.rowid, 3, 50.0, 2.5, 40.0, 120)]
+        # and the decay goes on from the copied score and its time
+        _log(opened, "ctx", 40.0 + ACCESS_TAU_SECONDS, (used.rowid, "used", 1))
+        again = opened.get("t", "used")
+        assert again.access_count == 4
+        assert again.access_score == pytest.approx(2.5 * math.exp(-1.0) + 1.0)
+    finally:
+        opened.close()
 
 
 def test_pinned_and_summaries(store: Store) -> None:

@@ -46,11 +46,12 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "pg_api_keys",
             "retrieve_author_index",
             "neighbour_indexes",
+            "access_stats",
         ]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4, 5, 6, 7]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4, 5, 6, 7, 8]
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 7
+        assert pg_migrations.current_version(conn) == 8
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "

@@ -44,6 +44,18 @@ Migration 6 (``ingest_indexes``) rebuilds the de-dup lookup indexes ``memories_e
 ``memories_exact_session`` and ``memories_near`` with ``last_seen_at`` before the key: keyed by a
 hash first, every new row landed on a random leaf page of each, and ingest slowed as the store
 grew; time first, new rows append and a lookup reads the window's index entries.
+
+Migration 7 (``neighbour_indexes``) adds ``memories_reply`` and ``memories_thread`` (partial) for
+retrieval's neighbour expansion.
+
+Migration 8 (``access_stats``) moves the access stats (``access_count``, ``last_accessed_at``,
+``access_score`` and its time ``access_score_at``, ``included_tokens_total``) out of ``memories``
+into ``memory_access``, one narrow row per memory ever included in a context (keyed by its
+rowid, removed with it by cascade), copying the existing stats and dropping the old columns. The
+inclusion log upserts these rows instead of rewriting ~100 wide memory rows per context. Reads of
+whole memories select from the view ``memory_rows``: ``memories`` LEFT JOINed with
+``memory_access``, a memory never included reading as zero (``m.*``: SQLite expands it when the
+schema is read, so later columns of ``memories`` appear in the view).
 """
 
 from __future__ import annotations
@@ -314,6 +326,52 @@ MIGRATIONS: tuple[Migration, ...] = (
             """CREATE INDEX memories_thread
                ON memories (tenant, thread_id, kind, created_at, rowid)
                WHERE thread_id IS NOT NULL""",
+        ),
+    ),
+    Migration(
+        version=8,
+        name="access_stats",
+        statements=(
+            # Every assemble bumps the access stats of the ~100 memories it included: in the
+            # wide memories row (content and ~30 columns) that rewrote ~100 scattered ~500-byte
+            # rows per context. Here one ~40-byte row per memory ever included, keyed by its
+            # rowid, removed with its memory by cascade.
+            """
+            CREATE TABLE memory_access (
+                memory_rowid INTEGER PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+                access_count INTEGER NOT NULL,
+                last_accessed_at REAL,
+                access_score REAL NOT NULL,
+                access_score_at REAL,
+                included_tokens_total INTEGER NOT NULL
+            )
+            """,
+            """
+            INSERT INTO memory_access (memory_rowid, access_count, last_accessed_at,
+                access_score, access_score_at, included_tokens_total)
+            SELECT rowid, access_count, last_accessed_at, access_score, access_score_at,
+                included_tokens_total FROM memories
+            WHERE access_count <> 0 OR access_score <> 0 OR included_tokens_total <> 0
+                OR last_accessed_at IS NOT NULL OR access_score_at IS NOT NULL
+            """,
+            # Dropped, not left unused: a stray read of a frozen copy would look plausible;
+            # a read of a missing column fails. (A one-time rewrite of the table, ~1 s per
+            # 100k rows.)
+            "ALTER TABLE memories DROP COLUMN access_count",
+            "ALTER TABLE memories DROP COLUMN last_accessed_at",
+            "ALTER TABLE memories DROP COLUMN access_score",
+            "ALTER TABLE memories DROP COLUMN access_score_at",
+            "ALTER TABLE memories DROP COLUMN included_tokens_total",
+            # What reads of whole memories select from: the row with its stats (none: zero).
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
         ),
     ),
 )

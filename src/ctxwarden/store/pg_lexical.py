@@ -74,6 +74,17 @@ def idf(rows: int, holding: int) -> float:
 
 
 _COLUMNS = [c.strip() for c in MEMORY_COLUMNS.split(",")]
+#: The access stats of :data:`MEMORY_COLUMNS`, kept in ``memory_access`` (migration 8), and what
+#: a memory never included reads as.
+_ACCESS = {
+    "access_count": "0",
+    "last_accessed_at": "NULL",
+    "access_score": "0.0",
+    "included_tokens_total": "0",
+}
+#: The columns ranked from ``memories``; the stats are joined to the ranked page only.
+_STORED = [c for c in _COLUMNS if c not in _ACCESS]
+_PAGE = ", ".join(f"coalesce(a.{c}, {_ACCESS[c]})" if c in _ACCESS else f"r.{c}" for c in _COLUMNS)
 
 #: Per term: whether it has a lexeme in the ``english`` configuration, and its bounded count.
 _TERM_ROWS = (
@@ -157,12 +168,14 @@ class Lexical:
             # budget, not every match.
             bounded = " ORDER BY rowid DESC LIMIT %(budget)s"
             params["budget"] = budget
-        cols = ", ".join(_COLUMNS)
+        cols = ", ".join(_STORED)
         sql = (
+            f"SELECT {_PAGE}, r.score FROM ("
             f"SELECT {cols}, ({' + '.join(score_terms)}) AS score FROM ("
             f"SELECT {cols}, length(content_tsv)::float8 AS dl, {', '.join(tf_columns)} "
             f"FROM memories WHERE tenant = %(tenant)s AND content_tsv @@ ({match}){bounded}) c "
-            "ORDER BY score DESC, rowid LIMIT %(limit)s"
+            "ORDER BY score DESC, rowid LIMIT %(limit)s) r "
+            "LEFT JOIN memory_access a ON a.memory_rowid = r.rowid ORDER BY r.score DESC, r.rowid"
         )
         return sql, params
 

@@ -23,6 +23,9 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   same lookups, the same trade: summaries of summaries scan the tenant's tombstones).
 - ``api_keys`` (migration ``pg_api_keys``): the servers' API keys, as on SQLite (tenant, scopes,
   a SHA-256 of the secret only), so ``ctxwarden serve --db postgresql://...`` checks keys.
+- Migration 8 (``access_stats``): the access stats move to ``memory_access`` and whole-memory reads
+  go through the view ``memory_rows``, as SQLite's migration 8 (the old columns dropped: in
+  PostgreSQL a catalogue change, no rewrite).
 """
 
 from __future__ import annotations
@@ -242,6 +245,46 @@ MIGRATIONS: tuple[Migration, ...] = (
             """CREATE INDEX memories_thread
                ON memories (tenant, thread_id, kind, created_at, rowid)
                WHERE thread_id IS NOT NULL""",
+        ),
+    ),
+    Migration(
+        version=8,
+        name="access_stats",
+        statements=(
+            # See SQLite migration 8: one narrow row per memory ever included, upserted by the
+            # inclusion log, in place of an update of the wide memories row.
+            """
+            CREATE TABLE memory_access (
+                memory_rowid BIGINT PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+                access_count INTEGER NOT NULL,
+                last_accessed_at DOUBLE PRECISION,
+                access_score DOUBLE PRECISION NOT NULL,
+                access_score_at DOUBLE PRECISION,
+                included_tokens_total BIGINT NOT NULL
+            )
+            """,
+            """
+            INSERT INTO memory_access (memory_rowid, access_count, last_accessed_at,
+                access_score, access_score_at, included_tokens_total)
+            SELECT rowid, access_count, last_accessed_at, access_score, access_score_at,
+                included_tokens_total FROM memories
+            WHERE access_count <> 0 OR access_score <> 0 OR included_tokens_total <> 0
+                OR last_accessed_at IS NOT NULL OR access_score_at IS NOT NULL
+            """,
+            """ALTER TABLE memories DROP COLUMN access_count, DROP COLUMN last_accessed_at,
+               DROP COLUMN access_score, DROP COLUMN access_score_at,
+               DROP COLUMN included_tokens_total""",
+            # PostgreSQL expands m.* when the view is created: a migration that adds a column
+            # to memories recreates the view (CREATE OR REPLACE VIEW may append columns).
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
         ),
     ),
 )

@@ -42,7 +42,7 @@ from ctxwarden.store.base import (
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
 from ctxwarden.store.sqlite import _TARGET_COLUMNS, _target
-from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
+from ctxwarden.store.writes import ACCESS_UPSERT, MemoryWrites, access_bump
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
@@ -58,6 +58,10 @@ _INSERT_MEMORY = (
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+#: The inclusion log's access-stats bump in PostgreSQL's dialect.
+_ACCESS_BUMP = access_bump("greatest")
 
 
 class _PostgresWriter(MemoryWrites):
@@ -400,16 +404,22 @@ class PostgresStore(MemoryReads):
                         for position, inc in enumerate(entry.inclusions)
                     ],
                 )
-                # Rows in rowid order, so concurrent assemblers lock in one order (no deadlock).
-                cur.executemany(
-                    "UPDATE memories SET access_count = access_count + 1, last_accessed_at = %s, "
-                    "access_score = access_score * exp(-greatest(0.0, %s - coalesce("
-                    "access_score_at, %s)) / %s) + 1.0, access_score_at = %s, "
-                    "included_tokens_total = included_tokens_total + %s WHERE rowid = %s",
-                    [
-                        (now, now, now, ACCESS_TAU_SECONDS, now, inc.tokens, inc.rowid)
-                        for inc in sorted(entry.inclusions, key=lambda i: i.rowid)
-                    ],
+                # One upsert of the narrow memory_access rows (migration 8), one per memory
+                # (a memory listed twice sums its tokens). The memory rows are key-share locked
+                # first, in rowid order, so concurrent assemblers never deadlock, a memory erased
+                # meanwhile is skipped (not a foreign-key error), and a merge (which locks them
+                # for update) waits or is waited for.
+                tokens: dict[int, int] = {}
+                for inc in entry.inclusions:
+                    tokens[inc.rowid] = tokens.get(inc.rowid, 0) + inc.tokens
+                ordered = sorted(tokens)
+                cur.execute(
+                    "WITH inc AS (SELECT m.rowid, t.tokens FROM memories m JOIN "
+                    "unnest(%s::bigint[], %s::bigint[]) AS t(rowid, tokens) "
+                    "ON m.rowid = t.rowid ORDER BY m.rowid FOR KEY SHARE OF m) "
+                    f"{ACCESS_UPSERT} SELECT rowid, 1, %s, 1.0, %s, tokens FROM inc "
+                    f"ORDER BY rowid {_ACCESS_BUMP}",
+                    (ordered, [tokens[r] for r in ordered], now, now),
                 )
 
     # -- reads ------------------------------------------------------------------------------
@@ -623,7 +633,7 @@ class PostgresStore(MemoryReads):
                 conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 rows = conn.execute(
                     f"SELECT {cols}, 1 - (v.embedding <=> %s::vector) AS score "
-                    "FROM memory_vectors v JOIN memories m ON m.rowid = v.memory_rowid "
+                    "FROM memory_vectors v JOIN memory_rows m ON m.rowid = v.memory_rowid "
                     f"WHERE v.model = %s AND m.tenant = %s{extra} "
                     "ORDER BY v.embedding <=> %s::vector, m.rowid LIMIT %s",
                     params,
@@ -648,7 +658,7 @@ class PostgresStore(MemoryReads):
         ``model`` vector, oldest first."""
         cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
         rows = self._query(
-            f"SELECT {cols}, v.embedding::text FROM memories m JOIN memory_vectors v "
+            f"SELECT {cols}, v.embedding::text FROM memory_rows m JOIN memory_vectors v "
             "ON v.memory_rowid = m.rowid AND v.model = %s WHERE m.tenant = %s "
             "AND m.author IS NOT DISTINCT FROM %s AND m.channel IS NOT DISTINCT FROM %s "
             "AND m.kind = 'message' AND m.last_seen_at >= %s AND m.created_at <= %s "

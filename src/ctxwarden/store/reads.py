@@ -121,17 +121,17 @@ class MemoryReads:
         """The memory with this id, or the aggregate it was folded into (alias), or the summary
         that absorbed it (tombstone)."""
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = ?", (tenant, id)
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND id = ?", (tenant, id)
         )
         if not rows:
             rows = self._read(
-                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid = "
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid = "
                 "(SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)",
                 (tenant, id),
             )
         if not rows:
             rows = self._read(
-                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND id = "
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND id = "
                 "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
                 (tenant, tenant, id),
             )
@@ -159,7 +159,7 @@ class MemoryReads:
             params.extend(before)
         params.append(limit)
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE {' AND '.join(where)} "
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE {' AND '.join(where)} "
             "ORDER BY created_at DESC, rowid DESC LIMIT ?",
             params,
         )
@@ -174,8 +174,8 @@ class MemoryReads:
             params.append(session)
         # Two indexed branches rather than one OR, which would scan the tenant's memories.
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND {self._PINNED}{extra} "
-            f"UNION SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'fact'"
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {self._PINNED}{extra} "
+            f"UNION SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND kind = 'fact'"
             f"{extra} ORDER BY 10, 1",
             params + params,
         )
@@ -189,7 +189,7 @@ class MemoryReads:
             extra = " AND session = ?"
             params.append(session)
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND kind = 'summary'"
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND kind = 'summary'"
             f"{extra} ORDER BY created_at, rowid",
             params,
         )
@@ -273,7 +273,7 @@ class MemoryReads:
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             rows = self._read(
-                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN "
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN "
                 f"({','.join('?' * len(chunk))}) ORDER BY rowid",
                 chunk,
             )
@@ -304,7 +304,7 @@ class MemoryReads:
             # Literal anchor index and relation (ints and fixed words, never user text).
             branches.append(
                 f"SELECT {index} AS anchor, '{relation}' AS relation, b{len(branches)}.* FROM "
-                f"(SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? AND {where} "
+                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where} "
                 f"ORDER BY {order} LIMIT {int(limit)}) AS b{len(branches)}"
             )
             params.extend((tenant, *args))
@@ -353,7 +353,7 @@ class MemoryReads:
     ) -> list[tuple[Memory, float | None]]:
         """Unpinned messages created and last seen before ``created_before``, oldest first."""
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memories WHERE tenant = ? "
+            f"SELECT {MEMORY_COLUMNS}, access_score_at FROM memory_rows WHERE tenant = ? "
             f"AND kind = 'message' AND NOT ({self._PINNED}) AND created_at < ? "
             "AND last_seen_at < ? ORDER BY created_at, rowid",
             (tenant, created_before, created_before),
@@ -416,7 +416,7 @@ class MemoryReads:
         last: tuple[float, int] = (-math.inf, -1)
         while True:
             rows = self._read(
-                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE tenant = ? "
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? "
                 "AND (created_at, rowid) > (?, ?) ORDER BY created_at, rowid LIMIT 500",
                 (tenant, *last),
             )

@@ -45,7 +45,12 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
 from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
-from ctxwarden.store.writes import ACCESS_TAU_SECONDS, MemoryWrites
+from ctxwarden.store.writes import (
+    ACCESS_TAU_SECONDS,
+    ACCESS_UPSERT,
+    MemoryWrites,
+    access_bump,
+)
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -229,6 +234,10 @@ def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[
         "WHERE newest <= ?",
         [*params, limit],
     )
+
+
+#: The inclusion log's access-stats bump in SQLite's dialect.
+_ACCESS_BUMP = access_bump("max")
 
 
 class _SQLiteWriter(MemoryWrites):
@@ -655,16 +664,16 @@ class SQLiteStore(MemoryReads):
             "SELECT ?, key, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
             (cursor.lastrowid, rows),
         )
-        # One row per memory even if a caller lists it twice: sum its tokens.
+        # One row per memory even if a caller lists it twice: sum its tokens. The stats live in
+        # the narrow memory_access (migration 8), not in the wide memory row; the join skips a
+        # memory erased since it was retrieved (its stats row would break the foreign key).
         self._conn.execute(
             "WITH inc(rowid, tokens) AS (SELECT value ->> 0, sum(value ->> 3) "
             "FROM json_each(?) GROUP BY 1) "
-            "UPDATE memories SET access_count = access_count + 1, last_accessed_at = ?, "
-            "access_score = access_score * exp(-max(0.0, ? - coalesce(access_score_at, ?)) "
-            "/ ?) + 1.0, access_score_at = ?, "
-            "included_tokens_total = included_tokens_total + inc.tokens "
-            "FROM inc WHERE memories.rowid = inc.rowid",
-            (rows, now, now, now, ACCESS_TAU_SECONDS, now),
+            f"{ACCESS_UPSERT} SELECT inc.rowid, 1, ?, 1.0, ?, inc.tokens "
+            "FROM inc JOIN memories m ON m.rowid = inc.rowid WHERE true "
+            f"{_ACCESS_BUMP}",
+            (rows, now, now),
         )
 
     # -- reads ------------------------------------------------------------------------------
@@ -747,14 +756,15 @@ class SQLiteStore(MemoryReads):
                 start += 1
             marks = ",".join("?" * len(chunk))
             for row in self._query(
-                f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND +tenant = ?",
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
+                "AND +tenant = ?",
                 [*chunk, tenant],
             ):
                 found.append((memory_of(row), -rank[int(row[0])]))
         if len(found) < limit and len(ranked_rows) == page:
             rows = self._query(
                 f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "
-                "bm25(memories_fts) AS rank FROM memories_fts JOIN memories m "
+                "bm25(memories_fts) AS rank FROM memories_fts JOIN memory_rows m "
                 "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? "
                 "AND memories_fts.rowid >= ? AND m.tenant = ? ORDER BY rank, m.rowid LIMIT ?",
                 (match, floor, tenant, limit),
@@ -1037,7 +1047,7 @@ class SQLiteStore(MemoryReads):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 for row in self._query(
-                    f"SELECT {MEMORY_COLUMNS} FROM memories WHERE rowid IN ({marks}) AND {plus}",
+                    f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) AND {plus}",
                     [*chunk, *scope],
                 ):
                     found.append((memory_of(row), score[int(row[0])]))
@@ -1125,7 +1135,7 @@ class SQLiteStore(MemoryReads):
         (those without one are left out), oldest first (layer C's window)."""
         cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
         rows = self._query(
-            f"SELECT {cols}, v.dim, v.embedding FROM memories m JOIN memory_vectors v "
+            f"SELECT {cols}, v.dim, v.embedding FROM memory_rows m JOIN memory_vectors v "
             "ON v.memory_rowid = m.rowid AND v.model = ? WHERE m.author IS ? AND m.tenant = ? "
             "AND m.channel IS ? AND m.kind = 'message' AND m.last_seen_at >= ? "
             "AND m.created_at <= ? ORDER BY m.created_at, m.rowid",

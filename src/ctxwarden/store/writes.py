@@ -20,21 +20,53 @@ from typing import Any
 
 from ctxwarden.errors import StoreError
 
-__all__ = ["ACCESS_TAU_SECONDS", "MemoryWrites", "merge_plan"]
+__all__ = ["ACCESS_TAU_SECONDS", "ACCESS_UPSERT", "MemoryWrites", "access_bump", "merge_plan"]
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
 
-#: What :func:`merge_plan` reads of the two memories of a semantic merge.
+#: The head of the access-stats upsert (migration 8's ``memory_access``), followed by a SELECT
+#: or VALUES of (rowid, count, last access, score, score time, tokens) and an ON CONFLICT.
+ACCESS_UPSERT = (
+    "INSERT INTO memory_access (memory_rowid, access_count, last_accessed_at, access_score, "
+    "access_score_at, included_tokens_total)"
+)
+
+
+def access_bump(greatest: str) -> str:
+    """The ON CONFLICT of :data:`ACCESS_UPSERT` for one more inclusion (the inserted row is
+    ``(rowid, 1, now, 1.0, now, tokens)``): count + 1, the decayed score brought to ``now``
+    plus 1, tokens added up. ``greatest`` is the dialect's two-argument maximum."""
+    return (
+        "ON CONFLICT (memory_rowid) DO UPDATE SET "
+        "access_count = memory_access.access_count + 1, "
+        "last_accessed_at = excluded.last_accessed_at, "
+        "access_score = memory_access.access_score * exp(-"
+        f"{greatest}(0.0, excluded.access_score_at - coalesce(memory_access.access_score_at, "
+        f"excluded.access_score_at)) / {ACCESS_TAU_SECONDS!r}) + 1.0, "
+        "access_score_at = excluded.access_score_at, "
+        "included_tokens_total = memory_access.included_tokens_total "
+        "+ excluded.included_tokens_total"
+    )
+
+
+#: What :func:`merge_plan` reads of the two memories of a semantic merge (from the view
+#: ``memory_rows``: the stats of a memory never included read as zero).
 MERGE_COLUMNS = (
     "rowid, id, content, latest_content, dup_count, created_at, last_seen_at, access_count, "
     "last_accessed_at, access_score, access_score_at, included_tokens_total"
 )
-#: The aggregate's new fields, the parameters :func:`merge_plan` gives.
+#: The aggregate's new fields, the parameters :func:`merge_plan` gives: the first three and
+#: the rowid go to ``memories``, the access stats to ``memory_access`` (:data:`MERGE_ACCESS`).
 MERGE_UPDATE = (
-    "UPDATE memories SET dup_count = ?, last_seen_at = ?, latest_content = ?, "
-    "access_count = ?, last_accessed_at = ?, access_score = ?, access_score_at = ?, "
-    "included_tokens_total = ? WHERE rowid = ?"
+    "UPDATE memories SET dup_count = ?, last_seen_at = ?, latest_content = ? WHERE rowid = ?"
+)
+#: The aggregate's access stats: (rowid, count, last access, score, score time, tokens).
+MERGE_ACCESS = (
+    f"{ACCESS_UPSERT} VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (memory_rowid) DO UPDATE SET "
+    "access_count = excluded.access_count, last_accessed_at = excluded.last_accessed_at, "
+    "access_score = excluded.access_score, access_score_at = excluded.access_score_at, "
+    "included_tokens_total = excluded.included_tokens_total"
 )
 
 
@@ -196,8 +228,8 @@ class MemoryWrites:
         ordered = sorted(doomed)
         for chunk in self._chunks(ordered):
             self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
-            # Aliases, token counts and vectors go by ON DELETE CASCADE; SQLite's FTS entries by
-            # its trigger (PostgreSQL's tsvector lives in the row).
+            # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
+            # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
             where, params = self._in(chunk)
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
         return ordered
@@ -336,25 +368,37 @@ class MemoryWrites:
         if id == into:
             return False
         self._before_delete()
+        # The memory rows locked first (PostgreSQL cannot lock through the view's outer join;
+        # log_context takes a key-share lock on them, so the stats read next stay put).
+        locked = self._rows(
+            "SELECT rowid FROM memories WHERE tenant = ? AND id IN (?, ?) "
+            f"ORDER BY rowid{self._LOCK_ROWS}",
+            (tenant, id, into),
+        )
+        if len(locked) < 2:
+            return False
         rows = {
             r[1]: r
             for r in self._rows(
-                f"SELECT {MERGE_COLUMNS} FROM memories WHERE tenant = ? AND id IN (?, ?) "
-                f"ORDER BY rowid{self._LOCK_ROWS}",
+                f"SELECT {MERGE_COLUMNS} FROM memory_rows WHERE tenant = ? AND id IN (?, ?)",
                 (tenant, id, into),
             )
         }
         if id not in rows or into not in rows:
             return False
-        self._run(MERGE_UPDATE, merge_plan(rows[id], rows[into], latest_content))
+        plan = merge_plan(rows[id], rows[into], latest_content)
+        self._run(MERGE_UPDATE, (*plan[:3], plan[-1]))
         source_rowid, target_rowid = rows[id][0], rows[into][0]
+        count, accessed, score, _, tokens = rows[id][7:12]
+        if count or accessed is not None or score or tokens:  # else the aggregate's stay
+            self._run(MERGE_ACCESS, (target_rowid, *plan[3:8]))
         # Aliases first: deleting the row would cascade them away.
         self._run(
             "UPDATE aliases SET memory_rowid = ? WHERE memory_rowid = ?",
             (target_rowid, source_rowid),
         )
-        # Token counts, vectors (and PostgreSQL's exact heads) go by ON DELETE CASCADE; the FTS
-        # entry by SQLite's trigger (PostgreSQL's tsvector lives in the row).
+        # Token counts, vectors, access stats (and PostgreSQL's exact heads) go by ON DELETE
+        # CASCADE; the FTS entry by SQLite's trigger (PostgreSQL's tsvector lives in the row).
         self._run("DELETE FROM memories WHERE rowid = ?", (source_rowid,))
         self._run(
             "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
