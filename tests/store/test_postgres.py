@@ -47,11 +47,16 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "retrieve_author_index",
             "neighbour_indexes",
             "access_stats",
+            "inclusions_unindexed",
         ]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 8
+        assert pg_migrations.current_version(conn) == 9
+        indexes = conn.execute(
+            "SELECT to_regclass('inclusions') IS NULL, to_regclass('inclusions_memory') IS NULL"
+        ).fetchone()
+        assert indexes == (False, True)  # the table is found, the dropped index is not
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "

@@ -206,3 +206,24 @@ def test_very_common_terms_of_a_large_store_are_judged_on_its_newest_rows(
     found = {m.id for m, _ in store.search("t", ["legacy", "zeppelin"], limit=20)}
     assert found == {"hit", *(f"c{i}" for i in range(10))}
     store.close()
+
+
+def test_migration_9_drops_the_unused_inclusions_index(tmp_path: Path) -> None:
+    # Built at version 8 (with the index), opened by the current code: the index is gone and
+    # the inclusion log still reads back by context.
+    conn = sqlite3.connect(tmp_path / "v8.db", isolation_level=None)
+    for migration in migrations.MIGRATIONS[:8]:
+        for statement in migration.statements:
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 8")
+    assert conn.execute(
+        "SELECT count(*) FROM sqlite_master WHERE name = 'inclusions_memory'"
+    ).fetchone() == (1,)
+    conn.close()
+    store = SQLiteStore(tmp_path / "v8.db")
+    try:
+        names = {r[0] for r in store._query("SELECT name FROM sqlite_master", ())}
+        assert "inclusions_memory" not in names
+        assert "inclusions" in names
+    finally:
+        store.close()

@@ -56,6 +56,9 @@ inclusion log upserts these rows instead of rewriting ~100 wide memory rows per 
 whole memories select from the view ``memory_rows``: ``memories`` LEFT JOINed with
 ``memory_access``, a memory never included reading as zero (``m.*``: SQLite expands it when the
 schema is read, so later columns of ``memories`` appear in the view).
+
+Migration 9 (``inclusions_unindexed``) drops ``inclusions_memory``: no query reads the inclusion
+log by memory id, and the index's random inserts were most of the pages each context's log wrote.
 """
 
 from __future__ import annotations
@@ -372,6 +375,16 @@ MIGRATIONS: tuple[Migration, ...] = (
                 coalesce(a.included_tokens_total, 0) AS included_tokens_total
             FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
             """,
+        ),
+    ),
+    Migration(
+        version=9,
+        name="inclusions_unindexed",
+        statements=(
+            # No query looks inclusions up by memory id (a context's log is read by its
+            # context; a memory's use is in memory_access), and its ~100 random inserts per
+            # context were most of the pages an inclusion log's commit wrote.
+            "DROP INDEX IF EXISTS inclusions_memory",
         ),
     ),
 )

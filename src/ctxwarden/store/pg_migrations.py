@@ -26,6 +26,7 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
 - Migration 8 (``access_stats``): the access stats move to ``memory_access`` and whole-memory reads
   go through the view ``memory_rows``, as SQLite's migration 8 (the old columns dropped: in
   PostgreSQL a catalogue change, no rewrite).
+- Migration 9 (``inclusions_unindexed``) drops ``inclusions_memory``, as SQLite's migration 9.
 """
 
 from __future__ import annotations
@@ -285,6 +286,14 @@ MIGRATIONS: tuple[Migration, ...] = (
                 coalesce(a.included_tokens_total, 0) AS included_tokens_total
             FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
             """,
+        ),
+    ),
+    Migration(
+        version=9,
+        name="inclusions_unindexed",
+        statements=(
+            # See SQLite migration 9: no query reads inclusions by memory id.
+            "DROP INDEX IF EXISTS inclusions_memory",
         ),
     ),
 )
