@@ -745,15 +745,14 @@ class SQLiteStore(MemoryReads):
         found: list[tuple[Memory, float]] = []
         ids = list(rank)
         # Rows are read in rank order, only as many as the tenant's best `limit` need (with a
-        # single tenant, the first `limit`): each read row costs more than ranking it.
+        # single tenant, the first `limit`): each read row costs more than ranking it. The
+        # ranking is ordered by (score, rowid), the order of the result, so rows tied with the
+        # last one read need not be read (in chat, where many rows tie, they were ~30 %).
         start = 0
         while start < len(ids) and len(found) < limit:
-            chunk = ids[start : start + min(500, max(limit - len(found), 16))]
+            wanted = limit - len(found)
+            chunk = ids[start : start + (wanted if not start else min(500, max(wanted, 16)))]
             start += len(chunk)
-            # Rows tied with the last one read come too: ties are broken by rowid below.
-            while start < len(ids) and rank[ids[start]] == rank[chunk[-1]]:
-                chunk.append(ids[start])
-                start += 1
             marks = ",".join("?" * len(chunk))
             for row in self._query(
                 f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
