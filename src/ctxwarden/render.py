@@ -31,6 +31,7 @@ with the newest member's content when its values differ from the first's.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Mapping
@@ -52,7 +53,15 @@ __all__ = [
 
 
 def _minute(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(seconds))
+    # gmtime floors to the second, so flooring to the minute first names the same minute.
+    return _minute_text(int(seconds // 60))
+
+
+@functools.lru_cache(maxsize=4096)
+def _minute_text(minute: int) -> str:
+    """``YYYY-MM-DD HH:MM`` (UTC) of a minute since the epoch: cached, since an assembly
+    renders a few hundred lines and chat packs many into the same minutes."""
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(minute * 60))
 
 
 def message_text(memory: Memory | Mapping[str, Any]) -> str:
