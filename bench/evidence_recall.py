@@ -3,7 +3,7 @@
 Usage::
 
     uv run python bench/evidence_recall.py DATA [--budgets 1000,2000,4000,8000]
-        [--model gpt-4] [--embedder minilm|minilm-static|none] [--limit N]
+        [--model gpt-4] [--embedder minilm|minilm-static|none] [--limit N] [--filler N]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
 or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
@@ -15,12 +15,20 @@ for gpt-4) with the clock at the question's time, and the evidence ids found in
 baselines run on the same store in the same run: **recency** (the newest messages whose lines
 fit the budget) and **bm25** (the store's full-text hits, best first, lines packed until the
 budget is full). Prints one table per budget: recall per category and overall.
+
+``--filler N`` adds N distractor messages to each conversation before it is ingested, to see
+recall at a store size where the search's row bound and its very-common-word cut-off apply:
+each is a bag of words drawn from the conversation's own words by their frequency (so common
+words become very common and rare ones stay rare), as long as one of its messages, at a random
+time within its span, in one of its sessions and channels, by one of 50 made-up authors. They
+hold no evidence; they compete with it for every method.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import sys
 import time
@@ -165,6 +173,39 @@ def read_locomo(path: Path) -> list[Conversation]:
     return out
 
 
+def add_filler(conversation: Conversation, count: int, *, seed: int = 0) -> None:
+    """``count`` distractor records (see the module docstring), merged into the conversation's
+    records in time order."""
+    if count <= 0 or not conversation.records:
+        return
+    rng = random.Random(seed)
+    texts = [str(r["content"]).split() for r in conversation.records]
+    words = [w for text in texts for w in text]
+    times = [parse_time(r["created_at"]) for r in conversation.records]
+    places = sorted({(r.get("session"), r.get("channel")) for r in conversation.records},
+                    key=str)  # fmt: skip
+    start, end = min(times), max(times)
+    filler = []
+    for number in range(count):
+        session, channel = rng.choice(places)
+        at = rng.uniform(start, end)
+        filler.append(
+            {
+                "id": f"filler-{number}",
+                "session": session,
+                "channel": channel,
+                "author": f"filler{number % 50}",
+                "author_kind": "human",
+                "role": "user",
+                "content": " ".join(rng.choices(words, k=max(1, len(rng.choice(texts))))),
+                "created_at": datetime.fromtimestamp(at, UTC).isoformat(),
+            }
+        )
+    merged = [(t, 0, r) for t, r in zip(times, conversation.records, strict=True)]
+    merged += [(parse_time(r["created_at"]), 1, r) for r in filler]
+    conversation.records = [r for _, _, r in sorted(merged, key=lambda x: (x[0], x[1]))]
+
+
 def read(path: Path) -> list[Conversation]:
     """Chatbench directory or LoCoMo JSON file."""
     if path.is_dir():
@@ -288,9 +329,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--embedder", default="minilm", help="minilm, minilm-static or none")
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
     parser.add_argument("--db", default=":memory:", help="keep the store (and vectors) here")
+    parser.add_argument("--filler", type=int, default=0, help="distractors per conversation")
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
     conversations = read(args.data)
+    for conversation in conversations:
+        add_filler(conversation, args.filler)
     results = run(
         conversations,
         budgets=budgets,
@@ -299,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         limit=args.limit,
         db=args.db,
     )
-    print(f"evidence recall (%), {args.data}, model {args.model}, embedder {args.embedder}")
+    print(f"evidence recall (%), {args.data}, model {args.model}, embedder {args.embedder}"
+          + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
     show(results, budgets)
 
 

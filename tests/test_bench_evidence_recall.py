@@ -52,3 +52,25 @@ def test_recall_run_on_the_fixture() -> None:
         assert len(results[method][1000]["all"]) == 3
     assert results["ctxwarden"][1000]["all"] == [1.0, 1.0, 1.0]
     assert results["recency"][1000]["all"] == [1.0, 1.0, 1.0]
+
+
+def test_filler_interleaves_distractors_in_time_order() -> None:
+    bench = _bench()
+    [conversation] = bench.read(ROOT / "tests" / "data" / "locomo_mini.json")
+    original = {r["id"]: r for r in conversation.records}
+    places = {(r["session"], r["channel"]) for r in original.values()}
+    bench.add_filler(conversation, 40, seed=3)
+    records = conversation.records
+    assert len(records) == len(original) + 40
+    times = [bench.parse_time(r["created_at"]) for r in records]
+    assert times == sorted(times)
+    filler = [r for r in records if r["id"] not in original]
+    assert len({r["id"] for r in filler}) == 40
+    assert {(r["session"], r["channel"]) for r in filler} <= places
+    lo, hi = min(times[:1] + times), max(times)
+    words = {w for r in original.values() for w in str(r["content"]).split()}
+    for record in filler:
+        assert lo <= bench.parse_time(record["created_at"]) <= hi
+        assert set(record["content"].split()) <= words  # the conversation's own words
+    # The conversation's own records are kept as they were, in their order.
+    assert [r for r in records if r["id"] in original] == list(original.values())
