@@ -1000,9 +1000,12 @@ class SQLiteStore(MemoryReads):
         where = "tenant = ?" + (" AND session = ?" if session is not None else "")
         scope: list[Any] = [tenant] + ([session] if session is not None else [])
         allowed: set[int] | npt.NDArray[np.int64] | None = None
+        named: tuple[str, str, str] | None = None
         if author is not None:
             if session is None:
                 allowed = self._author_rows(tenant, author)
+                # Named: the index keeps the author's int8 rows in one block (no gather).
+                named = ("author", tenant, author)
             else:
                 allowed = {
                     int(r[0])
@@ -1019,7 +1022,7 @@ class SQLiteStore(MemoryReads):
         # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
         plus = re.sub(r"\b(tenant|session|author) =", r"+\1 =", where)
         while True:
-            hits = self._vectors.search(model, query, want, allowed=allowed)
+            hits = self._vectors.search(model, query, want, allowed=allowed, scope=named)
             if not hits:
                 return []
             score = dict(hits)
