@@ -329,11 +329,13 @@ def test_int8_shortlist_gives_the_exact_top_k(tmp_path: Path) -> None:
         assert loaded.search(query, 20, allowed=live) == index.search(query, 20, allowed=live)
 
 
-def test_scope_block_follows_every_change() -> None:
-    # A named scope reads its int8 rows from one contiguous block: its results must equal the
-    # exact top k (and an unnamed search's) through adds, replacements, removals, ids without
-    # a vector yet, a growing scope, a shrinking one, and eviction under the rows limit.
+def test_scope_block_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A named scope reads its int8 rows from a block of contiguous chunks: its results must
+    # equal the exact top k (and an unnamed search's) through adds, replacements, removals,
+    # ids without a vector yet, a growing scope, a shrinking one, and eviction under the rows
+    # limit. Chunks of 1,000 rows here, so patches and appends cross chunk boundaries.
     dim = 48
+    monkeypatch.setattr("ctxwarden.vectors._BLOCK_CHUNK_BYTES", 1000 * dim)
     data = _clustered(14_000, seed=21, dim=dim)
     index = VectorIndex(dim, exact_scope=40_000)
     index.add(range(12_000), data[:12_000])
@@ -353,7 +355,7 @@ def test_scope_block_follows_every_change() -> None:
 
     vectors = {i: current[i] for i in range(12_000)}
     check(scope, vectors)
-    assert "author-a" in index._blocks
+    assert len(index._blocks["author-a"].chunks) == 10
     query = _clustered(1, seed=23, dim=dim)[0]
     best = [i for i, _ in index.search(query, 10, allowed=scope, scope="author-a")]
     index.remove(best[:5])  # removed: never returned again

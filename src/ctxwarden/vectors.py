@@ -119,6 +119,8 @@ _SHORTLIST_MIN = 256
 _CHANGE_LOG_IDS = 65_536
 # The scope blocks hold at most this many rows together, or len(index) if that is more.
 _SCOPE_ROWS_MIN = 65_536
+# A scope block is kept in chunks of at most this many bytes (see _ScopeBlock).
+_BLOCK_CHUNK_BYTES = 2 << 20
 _MAGIC = b"CTXWVEC1"
 _FORMAT = 1
 
@@ -165,35 +167,65 @@ def _as_ids(ids: Iterable[int], field: str = "ids") -> list[int]:
     return values
 
 
-def _int8_scores(rows: npt.NDArray[np.int8], query: Vector) -> npt.NDArray[np.int32]:
-    """int32 dot products of int8 ``rows`` with ``query`` quantised by its own scale (a common
-    factor does not change the ranking). numkong's int8 kernel (exact int32 sums, the query
-    packed once) scores 25k rows in ~0.5 ms, where usearch's exact search took ~2.4 ms and
-    numpy (no integer BLAS) ~8 ms."""
-    numkong = _numkong()
+def _pack_query(query: Vector) -> Any:
+    """``query`` quantised to int8 by its own scale (a common factor does not change the
+    ranking), packed for numkong's int8 dot kernel."""
     peak = float(np.abs(query).max())
     query_code = np.clip(np.rint(query * (127.0 / peak)), -127, 127).astype(np.int8)
-    scores = np.asarray(numkong.dots_packed(rows, numkong.dots_pack(query_code[None, :])))
-    return scores.reshape(-1)
+    return _numkong().dots_pack(query_code[None, :])
+
+
+def _int8_scores(rows: npt.NDArray[np.int8], packed: Any) -> npt.NDArray[np.int32]:
+    """int32 dot products of int8 ``rows`` with a :func:`_pack_query` query. numkong's int8
+    kernel (exact int32 sums) scores 25k rows in ~0.5 ms, where usearch's exact search took
+    ~2.4 ms and numpy (no integer BLAS) ~8 ms."""
+    return np.asarray(_numkong().dots_packed(rows, packed)).reshape(-1)
+
+
+def _gather(codes: npt.NDArray[np.int8], slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int8]:
+    """The rows of ``codes`` at ``slots``, a zero row where a slot is -1."""
+    rows = np.take(codes, np.maximum(slots, 0), axis=0)
+    rows[slots < 0] = 0
+    return rows
 
 
 class _ScopeBlock:
-    """The int8 rows of one named scope's ids (ascending), contiguous; slot -1 (a zero row):
-    an id without a vector. ``version``: the index's change count it reflects."""
+    """The int8 rows of one named scope's ids (ascending) in row order, in chunks of
+    ``chunk_rows`` rows (< 4 MB each: numpy asks the kernel for huge pages for larger arrays,
+    whose compaction stalled each new 9.6 MB block ~20 ms; a chunk also appends without
+    copying the block). ``slots[i]``: the index slot of ``ids[i]``, -1 (a zero row) for an id
+    without a vector. ``version``: the index's change count the rows reflect."""
 
-    __slots__ = ("codes", "ids", "slots", "version")
+    __slots__ = ("chunk_rows", "chunks", "ids", "slots", "version")
 
-    def __init__(
-        self,
-        ids: npt.NDArray[np.int64],
-        slots: npt.NDArray[np.int64],
-        codes: npt.NDArray[np.int8],
-        version: int,
-    ) -> None:
+    def __init__(self, ids: npt.NDArray[np.int64], chunk_rows: int, version: int) -> None:
         self.ids = ids
-        self.slots = slots
-        self.codes = codes
+        self.slots = np.zeros(0, dtype=np.int64)
+        self.chunk_rows = chunk_rows
+        self.chunks: list[npt.NDArray[np.int8]] = []
         self.version = version
+
+    def append(self, slots: npt.NDArray[np.int64], codes: npt.NDArray[np.int8]) -> None:
+        """Add rows for ``slots`` (the new ids' slots) at the end, gathered from ``codes``."""
+        start = 0
+        if self.chunks and len(self.chunks[-1]) < self.chunk_rows:
+            start = self.chunk_rows - len(self.chunks[-1])
+            self.chunks[-1] = np.concatenate([self.chunks[-1], _gather(codes, slots[:start])])
+        for begin in range(start, slots.size, self.chunk_rows):
+            self.chunks.append(_gather(codes, slots[begin : begin + self.chunk_rows]))
+        self.slots = np.concatenate([self.slots, slots])
+
+    def refresh(self, rows: npt.NDArray[np.int64], slots: npt.NDArray[np.int64],
+                codes: npt.NDArray[np.int8]) -> None:  # fmt: skip
+        """Point ``rows`` (ascending) at ``slots`` and read their codes again."""
+        self.slots[rows] = slots
+        for chunk in np.unique(rows // self.chunk_rows).tolist():
+            mine = rows[(rows // self.chunk_rows) == chunk]
+            self.chunks[chunk][mine - chunk * self.chunk_rows] = _gather(codes, self.slots[mine])
+
+    def scores(self, packed: Any) -> npt.NDArray[np.int32]:
+        """The int8 score of every row (dead rows' included)."""
+        return np.concatenate([_int8_scores(chunk, packed) for chunk in self.chunks])
 
 
 class VectorIndex:
@@ -628,7 +660,7 @@ class VectorIndex:
         codes = self._ensure_codes()
         keep = min(slots.size, max(_SHORTLIST_MIN, _SHORTLIST_PER_RESULT * k))
         # np.take gathers ~20 % faster than fancy indexing (but see _scope_block: no gather).
-        scores = _int8_scores(np.take(codes, slots, axis=0), query)
+        scores = _int8_scores(np.take(codes, slots, axis=0), _pack_query(query))
         if keep < scores.size:
             best = np.argpartition(scores, scores.size - keep)[scores.size - keep :]
             slots = slots[best]
@@ -648,14 +680,6 @@ class VectorIndex:
         slots[inside] = dense[ids[inside]]
         return slots
 
-    def _codes_of(self, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int8]:
-        """The int8 rows of ``slots`` (zeros where a slot is -1), gathered from the int8 copy
-        (~2 ms for 25k rows at 1M; quantising them from the float16 copy instead costs ~20 ms:
-        numpy's float16 conversion is slow)."""
-        codes = np.take(self._ensure_codes(), np.maximum(slots, 0), axis=0)
-        codes[slots < 0] = 0
-        return codes
-
     def _scope_rows_limit(self) -> int:
         return max(_SCOPE_ROWS_MIN, len(self._slot))
 
@@ -665,7 +689,7 @@ class VectorIndex:
             self._block_rows -= block.ids.size
 
     def _scope_block(self, scope: Hashable, allowed: npt.NDArray[np.int64]) -> _ScopeBlock | None:
-        """The block of ``scope``: ``allowed``'s int8 rows in one contiguous array, kept
+        """The block of ``scope``: ``allowed``'s int8 rows in a few contiguous chunks, kept
         current. None if ``allowed`` is not ascending and distinct (then the caller gathers).
 
         A kept block is first patched with the ids changed since it was read (the log of
@@ -687,8 +711,7 @@ class VectorIndex:
             where = np.minimum(np.searchsorted(block.ids, touched), block.ids.size - 1)
             rows = np.unique(where[block.ids[where] == touched])
             if rows.size:
-                block.slots[rows] = self._slots_for(block.ids[rows])
-                block.codes[rows] = self._codes_of(block.slots[rows])
+                block.refresh(rows, self._slots_for(block.ids[rows]), self._ensure_codes())
             block.version = self._version
         if block is not None and not np.array_equal(allowed, block.ids):
             count = block.ids.size
@@ -699,10 +722,8 @@ class VectorIndex:
                 and added[0] > block.ids[-1]
                 and bool(np.all(added[1:] > added[:-1]))
             ):
-                slots = self._slots_for(added)
                 block.ids = allowed.copy()
-                block.slots = np.concatenate([block.slots, slots])
-                block.codes = np.concatenate([block.codes, self._codes_of(slots)])
+                block.append(self._slots_for(added), self._ensure_codes())
                 self._block_rows += added.size
             else:
                 self._drop_block(scope)
@@ -710,8 +731,12 @@ class VectorIndex:
         if block is None:
             if allowed.size > 1 and not bool(np.all(allowed[1:] > allowed[:-1])):
                 return None
-            slots = self._slots_for(allowed)
-            block = _ScopeBlock(allowed.copy(), slots, self._codes_of(slots), self._version)
+            # Rows gathered from the int8 copy (~2 ms for 25k rows at 1M; quantising them from
+            # the float16 copy instead costs ~20 ms: numpy's float16 conversion is slow).
+            block = _ScopeBlock(
+                allowed.copy(), max(1, _BLOCK_CHUNK_BYTES // self._dim), self._version
+            )
+            block.append(self._slots_for(allowed), self._ensure_codes())
             self._blocks[scope] = block
             self._block_rows += allowed.size
         self._blocks.move_to_end(scope)
@@ -722,7 +747,7 @@ class VectorIndex:
 
     def _block_shortlist(self, query: Vector, k: int, block: _ScopeBlock) -> npt.NDArray[np.int64]:
         """Like :meth:`_shortlist`, over a scope block's contiguous rows (no gather)."""
-        scores = _int8_scores(block.codes, query)
+        scores = block.scores(_pack_query(query))
         live = block.slots >= 0
         alive = int(np.count_nonzero(live))
         if alive < scores.size:
