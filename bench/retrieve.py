@@ -101,6 +101,41 @@ def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None
     store.vector_search = timed_vector_search  # type: ignore[method-assign]
 
 
+def exact_check(
+    store: SQLiteStore, model: str, queries: list[str], vectors: list[Any], k: int = 20
+) -> None:
+    """Author-scoped vector search against exact search over the author's stored vectors
+    (unit vectors in float16 as the index keeps them, scored in float32, ties by rowid):
+    overlap@k and identical lists."""
+    overlaps, same = [], 0
+    by_author: dict[str, list[int]] = {}
+    for number, query in enumerate(queries):
+        by_author.setdefault(query.rsplit(" ", 1)[-1].rstrip("?"), []).append(number)
+    for author, numbers in by_author.items():
+        rows = store._conn.execute(
+            "SELECT v.memory_rowid, v.embedding FROM memory_vectors v JOIN memories m "
+            "ON m.rowid = v.memory_rowid WHERE m.author = ? AND m.tenant = ? AND v.model = ?",
+            (author, "default", model),
+        ).fetchall()
+        ids = np.array([r[0] for r in rows], dtype=np.int64)
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f2").reshape(len(rows), -1)
+        matrix = matrix.astype(np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        matrix = matrix.astype(np.float16).astype(np.float32)  # as the index holds them
+        for number in numbers:
+            query = np.asarray(vectors[number], dtype=np.float32)
+            scores = matrix @ (query / np.linalg.norm(query))
+            exact = [int(ids[i]) for i in np.lexsort((ids, -scores))[:k]]
+            found = store.vector_search("default", model, query, k=k, author=author)
+            got = [memory.rowid for memory, _ in found]
+            overlaps.append(len(set(got) & set(exact)) / k)
+            same += got == exact
+    print(
+        f"author-scoped vector search against exact, {len(overlaps)} queries: overlap@{k} "
+        f"{statistics.fmean(overlaps):.3f}, identical top {k} in {same}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -109,6 +144,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
     parser.add_argument(
         "--breakdown", action="store_true", help="also print CPU per query of each store call"
+    )
+    parser.add_argument(
+        "--exact-check",
+        action="store_true",
+        help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
     args = parser.parse_args()
     rng = np.random.default_rng(7)
@@ -163,6 +203,8 @@ def main() -> None:
         )
     for step, values in spent.items():
         print(f"  {step}: {sum(values) / len(queries):.2f} ms CPU per query ({len(values)} calls)")
+    if args.exact_check:
+        exact_check(store, embedder.name, queries, vectors)
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
     texts = [sentence(rng, vocab, weights) for _ in range(512)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
