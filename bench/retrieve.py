@@ -15,11 +15,12 @@ timings exclude the query's embedding, which is reported separately with the emb
 throughput on 30-word messages. Both wall and CPU time (``time.process_time``) per query are
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
-author-scoped vector). Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"):
-100k CPU p50 14.4 / p95 17.3 ms, 1M 22.5-25.7 / 37.7-41.6 ms in two runs (load average 3.3-4.3;
-the code before, same session: 14.4 / 18.4 and 29.3 / 45.5). At 1M p50 is still over: FTS5
-ranking of the main search ~7 ms and of the two bridge hops ~3 ms, the author scope ~4-6 ms
-(mostly gathering 25k int8 rows), the graph search ~3 ms, Python ~3-4 ms.
+author-scoped vector); ``--exact-check`` compares each query's author-scoped top 20 with exact
+search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README,
+"Related memory"; rounds in docs/benchmarks.md): 100k CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M
+16.8-17.2 / 31.9-32.4 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
+of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
+first time per author), Python ~3-4 ms.
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """

@@ -53,6 +53,16 @@ Loading the 1M-row file takes ~6 s.
   held the exact top 20 in 194 of 200 queries. The int8 copy costs ~0.4 KB a row; it is built
   by :meth:`load` for large indexes (~1.6 s at 1M rows) or at the first large exhaustive pass,
   and kept in step by :meth:`add` (a removed row's slot is never read again).
+- A **named scope** (``search(..., scope=...)``: the store names an author's rows) keeps its
+  int8 rows in a block of its own, contiguous chunks in id order, so its pass streams ~9.6 MB
+  instead of gathering 25k scattered rows: warm author-scoped search at 1M rows 4.2-5.5 ->
+  2.1-2.4 ms CPU (same results: the bench's ``--exact-check`` finds the exact top 20 in all
+  200 queries). The block follows the index through a log of changed ids (patched rows) and
+  a growing scope (appended rows); anything else rebuilds it (~2 ms from the int8 copy, plus
+  page faults the first time). The blocks hold at most ``len(index)`` rows together (least
+  recently used dropped first): ~0.4 KB a row more when every author's block is kept, +367 MB
+  anonymous memory at 1M rows / 40 authors. As the block pass is ~6x cheaper a row than a
+  gather, named scopes stay exhaustive (exact) up to 2x larger (~50k ids at 1M, k=20).
 
 Consistency with the memories table: :meth:`VectorIndex.remove` takes a row out of the graph and
 the side copy at once, so a deleted or tombstoned memory is never returned; :meth:`add` of a
