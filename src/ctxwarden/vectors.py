@@ -92,7 +92,7 @@ import json
 import math
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -308,7 +308,7 @@ class VectorIndex:
         self._blocks: OrderedDict[Hashable, _ScopeBlock] = OrderedDict()
         self._block_rows = 0
         self._version = 0
-        self._changes: list[tuple[int, npt.NDArray[np.int64]]] = []
+        self._changes: deque[tuple[int, npt.NDArray[np.int64]]] = deque()
         self._changes_ids = 0
         self._changes_floor = 0
 
@@ -503,7 +503,7 @@ class VectorIndex:
         self._changes.append((self._version, ids))
         self._changes_ids += ids.size
         while self._changes and self._changes_ids > _CHANGE_LOG_IDS:
-            version, dropped = self._changes.pop(0)
+            version, dropped = self._changes.popleft()
             self._changes_ids -= dropped.size
             self._changes_floor = version
 
