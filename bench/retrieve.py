@@ -18,7 +18,7 @@ printed: on a shared machine wall time mostly measures the wait for a core, so c
 author-scoped vector); ``--exact-check`` compares each query's author-scoped top 20 with exact
 search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README,
 "Related memory"; rounds in docs/benchmarks.md): 100k CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M
-16.8-17.2 / 31.9-32.4 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
+16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
 of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
 first time per author), Python ~3-4 ms.
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
