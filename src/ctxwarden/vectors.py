@@ -59,10 +59,11 @@ Loading the 1M-row file takes ~6 s.
   2.1-2.4 ms CPU (same results: the bench's ``--exact-check`` finds the exact top 20 in all
   200 queries). The block follows the index through a log of changed ids (patched rows) and
   a growing scope (appended rows); anything else rebuilds it (~2 ms from the int8 copy, plus
-  page faults the first time). The blocks hold at most ``len(index)`` rows together (least
-  recently used dropped first): ~0.4 KB a row more when every author's block is kept, +367 MB
-  anonymous memory at 1M rows / 40 authors. As the block pass is ~6x cheaper a row than a
-  gather, named scopes stay exhaustive (exact) up to 2x larger (~50k ids at 1M, k=20).
+  page faults the first time), as does a shortlisted row whose slot no longer holds its id.
+  The blocks hold at most ``len(index)`` rows together (least recently used dropped first):
+  ~0.4 KB a row more when every author's block is kept, +367 MB anonymous memory at 1M rows /
+  40 authors. As the block pass is ~6x cheaper a row than a gather, named scopes stay
+  exhaustive (exact) up to 2x larger (~50k ids at 1M, k=20).
 
 Consistency with the memories table: :meth:`VectorIndex.remove` takes a row out of the graph and
 the side copy at once, so a deleted or tombstoned memory is never returned; :meth:`add` of a
@@ -402,6 +403,7 @@ class VectorIndex:
             except (RuntimeError, ValueError) as exc:
                 # Keep the side copy in step with the graph: forget what did not go in.
                 self._release(keys)
+                self._changed(np.asarray(keys, dtype=np.int64))
                 raise StoreError(f"vector index add failed: {exc}; rebuild the index") from exc
             self._matrix[slots] = matrix.astype(np.float16)
             if self._codes is not None:
@@ -624,8 +626,16 @@ class VectorIndex:
             if len(allowed) <= exhaustive_limit or size <= self.exact_below:
                 if blocked and scope is not None and isinstance(allowed, np.ndarray):
                     block = self._scope_block(scope, allowed)
-                    if block is not None:
-                        return self._rescore(query, k, self._block_shortlist(query, k, block))
+                    shortlist = None if block is None else self._block_shortlist(query, k, block)
+                    if shortlist is None and block is not None:
+                        # A block out of step with the slots (never expected): read it again.
+                        self._drop_block(scope)
+                        block = self._scope_block(scope, allowed)
+                        shortlist = (
+                            None if block is None else self._block_shortlist(query, k, block)
+                        )
+                    if shortlist is not None:
+                        return self._rescore(query, k, shortlist)
                 return self._rescore(query, k, self._allowed_slots(allowed))
             if isinstance(allowed, np.ndarray):
                 allowed = set(allowed.tolist())
@@ -755,18 +765,25 @@ class VectorIndex:
             self._drop_block(next(iter(self._blocks)))
         return block
 
-    def _block_shortlist(self, query: Vector, k: int, block: _ScopeBlock) -> npt.NDArray[np.int64]:
-        """Like :meth:`_shortlist`, over a scope block's contiguous rows (no gather)."""
+    def _block_shortlist(
+        self, query: Vector, k: int, block: _ScopeBlock
+    ) -> npt.NDArray[np.int64] | None:
+        """Like :meth:`_shortlist`, over a scope block's contiguous rows (no gather). None if a
+        shortlisted row's slot no longer holds its id (a change the log missed)."""
         scores = block.scores(_pack_query(query))
         live = block.slots >= 0
         alive = int(np.count_nonzero(live))
         if alive < scores.size:
             scores[~live] = np.iinfo(scores.dtype).min
         keep = min(alive, max(_SHORTLIST_MIN, _SHORTLIST_PER_RESULT * k))
-        best = block.slots
+        rows = np.flatnonzero(live)
         if keep < scores.size:
-            best = best[np.argpartition(scores, scores.size - keep)[scores.size - keep :]]
-        return np.sort(best[best >= 0])
+            rows = np.argpartition(scores, scores.size - keep)[scores.size - keep :]
+            rows = rows[live[rows]]
+        slots = block.slots[rows]
+        if not np.array_equal(self._ids[slots], block.ids[rows]):
+            return None
+        return np.sort(slots)
 
     def _rescore(
         self, query: Vector, k: int, slots: npt.NDArray[np.int64]
