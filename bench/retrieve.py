@@ -15,11 +15,12 @@ timings exclude the query's embedding, which is reported separately with the emb
 throughput on 30-word messages. Both wall and CPU time (``time.process_time``) per query are
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
-author-scoped vector). Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"):
-100k CPU p50 14.4 / p95 17.3 ms, 1M 22.5-25.7 / 37.7-41.6 ms in two runs (load average 3.3-4.3;
-the code before, same session: 14.4 / 18.4 and 29.3 / 45.5). At 1M p50 is still over: FTS5
-ranking of the main search ~7 ms and of the two bridge hops ~3 ms, the author scope ~4-6 ms
-(mostly gathering 25k int8 rows), the graph search ~3 ms, Python ~3-4 ms.
+author-scoped vector); ``--exact-check`` compares each query's author-scoped top 20 with exact
+search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README,
+"Related memory"; rounds in docs/benchmarks.md): 100k CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M
+16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
+of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
+first time per author), Python ~3-4 ms.
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
@@ -101,6 +102,41 @@ def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None
     store.vector_search = timed_vector_search  # type: ignore[method-assign]
 
 
+def exact_check(
+    store: SQLiteStore, model: str, queries: list[str], vectors: list[Any], k: int = 20
+) -> None:
+    """Author-scoped vector search against exact search over the author's stored vectors
+    (unit vectors in float16 as the index keeps them, scored in float32, ties by rowid):
+    overlap@k and identical lists."""
+    overlaps, same = [], 0
+    by_author: dict[str, list[int]] = {}
+    for number, query in enumerate(queries):
+        by_author.setdefault(query.rsplit(" ", 1)[-1].rstrip("?"), []).append(number)
+    for author, numbers in by_author.items():
+        rows = store._conn.execute(
+            "SELECT v.memory_rowid, v.embedding FROM memory_vectors v JOIN memories m "
+            "ON m.rowid = v.memory_rowid WHERE m.author = ? AND m.tenant = ? AND v.model = ?",
+            (author, "default", model),
+        ).fetchall()
+        ids = np.array([r[0] for r in rows], dtype=np.int64)
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype="<f2").reshape(len(rows), -1)
+        matrix = matrix.astype(np.float32)
+        matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+        matrix = matrix.astype(np.float16).astype(np.float32)  # as the index holds them
+        for number in numbers:
+            query = np.asarray(vectors[number], dtype=np.float32)
+            scores = matrix @ (query / np.linalg.norm(query))
+            exact = [int(ids[i]) for i in np.lexsort((ids, -scores))[:k]]
+            found = store.vector_search("default", model, query, k=k, author=author)
+            got = [memory.rowid for memory, _ in found]
+            overlaps.append(len(set(got) & set(exact)) / k)
+            same += got == exact
+    print(
+        f"author-scoped vector search against exact, {len(overlaps)} queries: overlap@{k} "
+        f"{statistics.fmean(overlaps):.3f}, identical top {k} in {same}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -109,6 +145,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
     parser.add_argument(
         "--breakdown", action="store_true", help="also print CPU per query of each store call"
+    )
+    parser.add_argument(
+        "--exact-check",
+        action="store_true",
+        help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
     args = parser.parse_args()
     rng = np.random.default_rng(7)
@@ -163,6 +204,8 @@ def main() -> None:
         )
     for step, values in spent.items():
         print(f"  {step}: {sum(values) / len(queries):.2f} ms CPU per query ({len(values)} calls)")
+    if args.exact_check:
+        exact_check(store, embedder.name, queries, vectors)
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
     texts = [sentence(rng, vocab, weights) for _ in range(512)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]

@@ -327,3 +327,78 @@ def test_int8_shortlist_gives_the_exact_top_k(tmp_path: Path) -> None:
     loaded.exact_scope = index.exact_scope  # not saved: the caller's setting
     for query in queries[:5]:
         assert loaded.search(query, 20, allowed=live) == index.search(query, 20, allowed=live)
+
+
+def test_scope_block_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A named scope reads its int8 rows from a block of contiguous chunks: its results must
+    # equal the exact top k (and an unnamed search's) through adds, replacements, removals,
+    # ids without a vector yet, a growing scope, a shrinking one, and eviction under the rows
+    # limit. Chunks of 1,000 rows here, so patches and appends cross chunk boundaries.
+    dim = 48
+    monkeypatch.setattr("ctxwarden.vectors._BLOCK_CHUNK_BYTES", 1000 * dim)
+    data = _clustered(14_000, seed=21, dim=dim)
+    index = VectorIndex(dim, exact_scope=40_000)
+    index.add(range(12_000), data[:12_000])
+    rng = np.random.default_rng(22)
+    # The scope holds ids 12,000-12,999 too, embedded only later (no vector at first).
+    scope = np.sort(np.concatenate([rng.choice(12_000, size=9_000, replace=False),
+                                    np.arange(12_000, 13_000)]))  # fmt: skip
+    current = data.copy()
+
+    def check(allowed: np.ndarray, vectors: dict[int, np.ndarray], k: int = 20) -> None:
+        live = np.asarray([i for i in allowed.tolist() if i in vectors], dtype=np.int64)
+        matrix = np.vstack([vectors[i] for i in live.tolist()])
+        for query in _clustered(6, seed=int(allowed.size) + k, dim=dim):
+            got = index.search(query, k, allowed=allowed, scope="author-a")
+            assert [i for i, _ in got] == _exact_f16(matrix, live, query, k)
+            assert got == index.search(query, k, allowed=allowed)
+
+    vectors = {i: current[i] for i in range(12_000)}
+    check(scope, vectors)
+    assert len(index._blocks["author-a"].chunks) == 10
+    query = _clustered(1, seed=23, dim=dim)[0]
+    best = [i for i, _ in index.search(query, 10, allowed=scope, scope="author-a")]
+    index.remove(best[:5])  # removed: never returned again
+    for i in best[:5]:
+        del vectors[i]
+    away = -query[None, :] + 0.01 * rng.standard_normal((5, dim)).astype(np.float32)
+    index.add(best[5:], away)  # replaced: scored by the new vector
+    for i, vector in zip(best[5:], away, strict=True):
+        vectors[i] = vector / np.linalg.norm(vector)
+    index.add(range(12_000, 13_000), data[12_000:13_000])  # the scope's late ids embedded
+    vectors.update({i: data[i] for i in range(12_000, 13_000)})
+    got = index.search(query, 10, allowed=scope, scope="author-a")
+    assert not set(best) & {i for i, _ in got}
+    check(scope, vectors)
+    # The scope grows (new ids appended), then shrinks (ids gone from it): both follow.
+    index.add(range(13_000, 14_000), data[13_000:14_000])
+    vectors.update({i: data[i] for i in range(13_000, 14_000)})
+    grown = np.concatenate([scope, np.arange(13_000, 14_000)])
+    check(grown, vectors, k=50)
+    assert index._blocks["author-a"].ids.size == grown.size
+    check(grown[::2], vectors, k=5)
+    # Many scopes: the blocks never hold more rows than the limit together.
+    for name in range(12):
+        index.search(query, 10, allowed=np.sort(rng.choice(14_000, 9_000, replace=False)),
+                     scope=name)  # fmt: skip
+        assert index._block_rows <= index._scope_rows_limit()
+        assert index._block_rows == sum(b.ids.size for b in index._blocks.values())
+    # A change the log missed (simulated: the change count wound back after the top hit's
+    # slot went to a new id) is caught by the check of the shortlisted ids: the block is read
+    # again, the answer stays exact.
+    top = index.search(query, 1, allowed=grown, scope="author-a")[0][0]
+    version = index._version
+    index.remove([top])
+    index.add([20_000], query[None, :])  # outside the scope, nearest the query
+    index._version = version
+    del vectors[top]
+    found = {i for i, _ in index.search(query, 20, allowed=grown, scope="author-a")}
+    assert top not in found
+    assert 20_000 not in found
+    check(grown, vectors)
+    # An unsorted array is not kept as a block (it is searched by gathering): same answer.
+    shuffled = rng.permutation(scope)
+    assert index.search(query, 20, allowed=shuffled, scope="mixed") == index.search(
+        query, 20, allowed=scope
+    )
+    assert "mixed" not in index._blocks

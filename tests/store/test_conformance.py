@@ -989,6 +989,63 @@ def test_sqlite_author_scope_follows_other_writers(tmp_path: Path) -> None:
     reader.close()
 
 
+def test_sqlite_large_author_scope_follows_deletes_inserts_and_new_vectors(tmp_path: Path) -> None:
+    # An author with >= 8,192 vectors is searched from the index's block of their int8 rows:
+    # the top k must stay the exact one as another connection deletes a hit, replaces a
+    # vector, and adds memories (embedded at once or later).
+    path = tmp_path / "db.sqlite"
+    writer, reader = SQLiteStore(path), SQLiteStore(path)
+    dim, count = 16, 9_000
+    rng = np.random.default_rng(31)
+    vectors: dict[int, np.ndarray] = {}
+
+    def add(ids: list[str], author: str, embed: bool = True) -> list[int]:
+        with writer.write() as w:
+            rows = [w.insert(dataclasses.replace(_memory(i, content=f"text {i}"), author=author))
+                    for i in ids]  # fmt: skip
+        if embed:
+            put(rows, rng.standard_normal((len(rows), dim)).astype(np.float32))
+        return rows
+
+    def put(rows: list[int], matrix: np.ndarray) -> None:
+        writer.put_vectors("m1", rows, matrix)
+        # As the index holds them: stored as float16, normalised, kept as float16.
+        matrix = matrix.astype(np.float16).astype(np.float32)
+        matrix = (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float16)
+        vectors.update(zip(rows, matrix, strict=True))
+
+    ana = add([f"a{i}" for i in range(count)], "ana")
+    add([f"b{i}" for i in range(500)], "bob")
+
+    def check(query: np.ndarray, k: int = 10) -> list[int]:
+        found = [m.rowid for m, _ in reader.vector_search("t", "m1", query, k=k, author="ana")]
+        live = np.asarray([r for r in ana if r in vectors], dtype=np.int64)
+        stored = np.vstack([vectors[r] for r in live.tolist()]).astype(np.float32)
+        scores = stored @ (query / np.linalg.norm(query))
+        assert found == [int(live[i]) for i in np.lexsort((live, -scores))[:k]]
+        return found
+
+    query = rng.standard_normal(dim).astype(np.float32)
+    best = check(query)
+    assert ("author", "t", "ana") in reader._vectors._entries["m1"].index._blocks
+    with writer.write() as w:
+        assert w.delete("t", f"a{ana.index(best[0])}", deleted_at=1.0, reason="test")
+    del vectors[best[0]]
+    ana.remove(best[0])
+    put([best[1]], -query[None, :])  # replaced: now the farthest
+    found = check(query)
+    assert best[0] not in found
+    assert best[1] not in found
+    late = add([f"n{i}" for i in range(50)], "ana", embed=False)  # no vectors yet
+    ana.extend(late)
+    check(query)
+    put(late, np.vstack([query + 0.01 * rng.standard_normal(dim).astype(np.float32)
+                         for _ in late]))  # fmt: skip
+    assert set(check(query)) <= set(late)
+    writer.close()
+    reader.close()
+
+
 # -- semantic de-dup: Writer.merge, memories_at, vector_window ----------------------------------
 
 

@@ -18,7 +18,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -165,8 +165,10 @@ class VectorCache:
         k: int,
         *,
         allowed: set[int] | npt.NDArray[np.int64] | None = None,
+        scope: Hashable | None = None,
     ) -> list[tuple[int, float]]:
-        """The ``k`` nearest rowids of ``model``'s vectors (every tenant), best first."""
+        """The ``k`` nearest rowids of ``model``'s vectors (every tenant), best first
+        (``scope`` names ``allowed``: see :meth:`VectorIndex.search`)."""
         entry = self._entry(model)
         if entry.index is None:
             return []
@@ -176,7 +178,7 @@ class VectorCache:
                 f"{entry.index.dim}: embed the query with the same embedder",
                 field="vector",
             )
-        return entry.index.search(vector, k, allowed=allowed)
+        return entry.index.search(vector, k, allowed=allowed, scope=scope)
 
     def forget(self, model: str) -> None:
         """Drop the cached index of ``model`` and its file (after its vectors were dropped)."""
