@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.errors import ConfigError, ConflictError, InputError, StoreError
+from ctxwarden.errors import ConflictError, InputError, StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -86,11 +86,6 @@ SEARCH_ROW_BUDGET = 6000
 #: bound), ~1 ms less a retrieval at 1M rows per 10 fewer, where the main search's 100 results
 #: then come from the newest 2,000 rows its terms match.
 ROWS_PER_RESULT = 20
-#: The connection's page cache, MB (SQLite's default is 2): an assemble reads ~300 rows of
-#: memories, token counts and index pages scattered over the file, and the inclusion log's
-#: writes evict them from a small cache, so most reads became a system call and a copy from the
-#: OS cache (~0.6 ms of a ~9.5 ms assemble at 7,000 memories). Pages are allocated as used.
-PAGE_CACHE_MB = 64
 #: A term found in at least this share of the rows is a stop word for this store (FTS5's IDF
 #: below ~3, against ~7 for a word in one row in a thousand): it is left out of a search that
 #: has a rarer term that matches, as Lucene's common-terms cut-off leaves such terms out of the
@@ -537,9 +532,7 @@ class SQLiteStore(MemoryReads):
     0
     """
 
-    def __init__(self, path: str | Path, *, cache_mb: int = PAGE_CACHE_MB) -> None:
-        if cache_mb < 1:
-            raise ConfigError(f"cache_mb: {cache_mb} must be at least 1 (MB of page cache)")
+    def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._lock = threading.RLock()
         try:
@@ -554,7 +547,6 @@ class SQLiteStore(MemoryReads):
             # Deleted rows are zeroed on their pages, not left in free space (erasure).
             self._conn.execute("PRAGMA secure_delete = ON")
             self._conn.execute("PRAGMA busy_timeout = 30000")
-            self._conn.execute(f"PRAGMA cache_size = {-1024 * cache_mb}")
             if self.path != ":memory:":
                 self._conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
             migrations.apply(self._conn)
