@@ -1,0 +1,90 @@
+"""One-record (and few-record) ingest cost as the de-dup window fills, as a chat server sees it.
+
+    uv run python bench/ingest_one.py [--sizes 2000,7000,20000,50000] [--calls 300] [--records 1]
+
+Like ``bench/serve.py``: every message has no channel (one NULL channel), 50 sessions, and
+arrives "now" (0.05 s apart), so the de-dup window (1 h by default) holds the whole store. The
+store is filled in batches of 1,000 to each size, then ``--calls`` calls of ``Engine.ingest``
+with ``--records`` records each (30 words; every fourth call repeats an earlier message
+verbatim, so folds are found too) are timed in CPU time (``time.process_time``: the machine is
+shared). Prints CPU us per call and per record at each size; it should stay flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ctxwarden import Engine
+
+T0 = 1_800_000_000.0
+WORDS = [f"w{i}" for i in range(3000)]
+
+
+def message(rng: random.Random, number: int, at: float, sessions: int) -> dict[str, Any]:
+    return {
+        "id": f"m{number:08d}",
+        "session": f"s{rng.randrange(sessions)}",
+        "role": rng.choice(["user", "assistant"]),
+        "content": " ".join(rng.choices(WORDS, k=30)),
+        "created_at": at,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="2000,7000,20000,50000")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--records", type=int, default=1)
+    parser.add_argument("--sessions", type=int, default=50)
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    rng = random.Random(5)
+    number = 0
+    at = T0
+    rows: list[tuple[int, float, int, int]] = []
+    with tempfile.TemporaryDirectory() as folder, Engine.open(Path(folder) / "b.db") as engine:
+        stored = 0
+        recent: list[dict[str, Any]] = []
+        for size in sizes:
+            while stored < size:
+                batch = []
+                for _ in range(min(1000, size - stored)):
+                    number += 1
+                    at += 0.05
+                    batch.append(message(rng, number, at, args.sessions))
+                engine.ingest(batch)
+                stored += len(batch)
+                recent = batch[-200:]
+            folds = 0
+            began = time.process_time()
+            for call in range(args.calls):
+                records = []
+                for _ in range(args.records):
+                    number += 1
+                    at += 0.05
+                    if call % 4 == 3:
+                        old = rng.choice(recent)
+                        records.append({**old, "id": f"m{number:08d}", "created_at": at})
+                    else:
+                        records.append(message(rng, number, at, args.sessions))
+                result = engine.ingest(records)
+                folds += result.counts.get("duplicate", 0)
+            spent = time.process_time() - began
+            stored += args.calls * args.records
+            rows.append((size, spent / args.calls * 1e6, folds, args.calls * args.records))
+    print(f"\n{args.records} record(s) per call, {args.calls} calls per size, one NULL channel\n")
+    print("| stored messages | CPU us per call | CPU us per record | folds found |")
+    print("|---:|---:|---:|---:|")
+    for size, per_call, folds, records in rows:
+        print(
+            f"| {size:,} | {per_call:,.0f} | {per_call / args.records:,.0f} | {folds}/{records} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
