@@ -2,12 +2,15 @@
 
     uv run python bench/ingest_one.py [--sizes 2000,7000,20000,50000] [--calls 300] [--records 1]
 
-Like ``bench/serve.py``: every message has no channel (one NULL channel), 50 sessions, and
-arrives "now" (0.05 s apart), so the de-dup window (1 h by default) holds the whole store. The
-store is filled in batches of 1,000 to each size, then ``--calls`` calls of ``Engine.ingest``
-with ``--records`` records each (30 words; every fourth call repeats an earlier message
-verbatim, so folds are found too) are timed in CPU time (``time.process_time``: the machine is
-shared). Prints CPU us per call and per record at each size; it should stay flat.
+Like ``bench/serve.py``: 30 made-up words drawn Zipf-like (bench/chat_text.py), no channel (one
+NULL channel), 50 sessions, each message arriving "now" (0.05 s apart), so the de-dup window
+(1 h by default) holds the whole store up to ~72,000 messages. The store is filled in batches
+of 1,000 to each size, then ``--calls`` calls of ``Engine.ingest`` with ``--records`` records
+each (every fourth call repeats earlier messages verbatim, so folds are found too) are timed in
+CPU time (``time.process_time``: the machine is shared). Prints CPU us per call and per record
+at each size; it should stay flat.
+
+Results: docs/benchmarks.md ("Ingest speed").
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+import chat_text
 from ctxwarden import Engine
 
 T0 = 1_800_000_000.0
-WORDS = [f"w{i}" for i in range(3000)]
+WORDS = chat_text.vocabulary(np.random.default_rng(0))
+WEIGHTS = chat_text.zipf_weights(len(WORDS)).tolist()
 
 
 def message(rng: random.Random, number: int, at: float, sessions: int) -> dict[str, Any]:
@@ -30,7 +37,7 @@ def message(rng: random.Random, number: int, at: float, sessions: int) -> dict[s
         "id": f"m{number:08d}",
         "session": f"s{rng.randrange(sessions)}",
         "role": rng.choice(["user", "assistant"]),
-        "content": " ".join(rng.choices(WORDS, k=30)),
+        "content": " ".join(rng.choices(WORDS, WEIGHTS, k=30)),
         "created_at": at,
     }
 

@@ -1198,7 +1198,7 @@ def test_find_targets_few_and_many_keys_find_the_same(store: Store) -> None:
     base = 1_800_000_000.0
     rows: list[dict[str, object]] = []
     with store.write() as w:
-        for i in range(400):
+        for i in range(1000):
             channel = rng.choice(["c", "d", None])
             session = rng.choice(["s1", "s2"])
             # Anywhere in 2.5 hours, or on the window's edge (base - 3600) and its bucket.
@@ -1223,6 +1223,9 @@ def test_find_targets_few_and_many_keys_find_the_same(store: Store) -> None:
     for r in moved:
         r["seen"] = store.get("t", str(r["id"])).last_seen_at
     since = base - 3600.0
+    statements: list[str] = []
+    if isinstance(store, SQLiteStore):  # both plans must run: seeks for few keys, else a scan
+        store._conn.set_trace_callback(statements.append)
     hashes = sorted({str(r["hash"]) for r in rows})
     nears = sorted({str(r["near"]) for r in rows if r["near"] is not None})
     with store.write() as w:
@@ -1244,6 +1247,10 @@ def test_find_targets_few_and_many_keys_find_the_same(store: Store) -> None:
         # A window that holds nothing of the scope, and one past every message.
         assert _targets(w, exact=[("c", hashes[0])], exact_since=base + 10**6) == []
         assert _targets(w, near=[(None, nears[0])], near_since=base + 10**6) == []
+    if isinstance(store, SQLiteStore):
+        store._conn.set_trace_callback(None)
+        assert any("JOIN memories AS m" in sql for sql in statements)
+        assert any("AS INTEGER) >= " in sql for sql in statements)
 
 
 def test_ingest_one_at_a_time_decides_as_one_batch(store: Store) -> None:

@@ -183,11 +183,14 @@ _CHUNK = 1000
 _BUCKET = "CAST(last_seen_at / 300 AS INTEGER)"
 _BUCKET_SECONDS = 300
 _INT64 = 2**63
-#: A lookup seeks each (bucket, key) of its window when there are at most this many pairs
-#: (~1 us each), and otherwise reads the window's index entries once (~0.25 us each): a
-#: one-record ingest with a 1-hour window seeks 13 pairs per lookup, a 1,000-record batch
-#: scans.
-_PROBE_LIMIT = 256
+#: A lookup seeks each (scope, bucket, key) of its window (~2 us each) rather than read the
+#: window's index entries once (~0.25 us each) when the window holds more than this many
+#: entries per seek: a one-record ingest with a 1-hour window seeks 13 buckets per lookup;
+#: bench/ingest.py's 1,000-record batches (~450 messages an hour) scan.
+_SEEK_COST = 8
+#: At most this many (scope, key) pairs or buckets are sought (bounds the statement).
+_SEEK_PAIRS = 4000
+_SEEK_BUCKETS = 2000
 
 
 def bucket_of(at: float) -> int:
@@ -377,88 +380,144 @@ class _SQLiteWriter(MemoryWrites):
             (scope_column, "content_hash", exact, exact_since, exact_index),
             ("channel", "near_key", near, near_since, "memories_near"),
         ]
+        rows_since: dict[float, int] = {}
         for scope, key, pairs, since, index in lookups:
             wanted = set(pairs)
             if not wanted:
                 continue
-            scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
-            keys = sorted({p[1] for p in wanted})
-            values = [v for v in scopes if v is not None]
-            # `IN` for the scope values (few: sessions or channels) and the keys, so each lookup
-            # is a handful of index probes; NULL channels need their own `IS NULL` arm.
-            arms: list[tuple[str, list[Any]]] = []
-            if values:
-                arms.append((f"{scope} IN ({','.join('?' * len(values))})", values))
-            if scopes[-1] is None:
-                arms.append((f"{scope} IS NULL", []))
             first = bucket_of(since)
-            for arm, arm_values in arms:
-                buckets = self._window_buckets(
-                    tenant, index, scope, key, arm_values, first, len(keys)
-                )
-                if buckets is not None and not buckets:
-                    continue  # nothing of this scope was seen within the window
-                for start in range(0, len(keys), _CHUNK):
-                    chunk = keys[start : start + _CHUNK]
-                    if buckets:
-                        # Few keys: seek each (bucket, key) of the window.
-                        window = f"{_BUCKET} IN ({','.join('?' * len(buckets))})"
-                        window_params: list[Any] = list(buckets)
-                    else:
-                        # Many: read the window's index entries once and test the key there.
-                        window, window_params = f"{_BUCKET} >= ?", [first]
-                    params = [tenant, *arm_values, *window_params, *chunk, since]
-                    sql = (
-                        f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
-                        f"WHERE tenant = ? AND {arm} AND {window} "
-                        f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
-                        "AND kind = 'message'"
+            plan = self._probe_plan(tenant, index, scope, key, wanted, since, first, rows_since)
+            if plan == []:
+                continue  # none of these scopes has a message seen within the window
+            statements = (
+                self._seek_statements(tenant, index, scope, key, wanted, since, plan)
+                if plan is not None
+                else self._scan_statements(tenant, index, scope, key, wanted, since, first)
+            )
+            for sql, params in statements:
+                if key == "near_key" and near_limit is not None:
+                    sql, params = _newest_per_key(sql, params, near_limit)
+                for row in self._conn.execute(sql, params):
+                    target = _target(row)
+                    scope_value = target.session if scope == "session" else target.channel
+                    pair = (
+                        scope_value,
+                        target.content_hash if key == "content_hash" else target.near_key,
                     )
-                    if key == "near_key" and near_limit is not None:
-                        sql, params = _newest_per_key(sql, params, near_limit)
-                    for row in self._conn.execute(sql, params):
-                        target = _target(row)
-                        scope_value = target.session if scope == "session" else target.channel
-                        pair = (
-                            scope_value,
-                            target.content_hash if key == "content_hash" else target.near_key,
-                        )
-                        if pair in wanted:
-                            found.setdefault(target.rowid, target)
+                    if pair in wanted:
+                        found.setdefault(target.rowid, target)
         return list(found.values())
 
-    def _window_buckets(
+    def _probe_plan(
         self,
         tenant: str,
         index: str,
         scope: str,
         key: str,
-        values: Sequence[str],
+        wanted: set[tuple[str | None, str]],
+        since: float,
         first: int,
-        keys: int,
+        rows_since: dict[float, int],
     ) -> list[int] | None:
-        """The buckets from ``first`` to the newest of the scope ``values`` (NULL when empty)
-        for a lookup of ``keys`` keys to seek, [] when the scope has none in the window, or
-        None when seeking would cost more than scanning (too many keys, values or buckets)."""
-        arms = max(1, len(values))
-        if keys * arms > _PROBE_LIMIT:
+        """The buckets to seek for each pair of ``wanted`` (from ``first`` to the newest of
+        their scopes), [] when their scopes have no message seen within the window, or None
+        when reading the window's index entries once costs less than the seeks."""
+        if len(wanted) > _SEEK_PAIRS:
             return None
-        newest = None
-        # Index order, newest first: one seek per scope value.
-        for value in values or (None,):
-            condition = f"{scope} IS NULL" if value is None else f"{scope} = ?"
+        # Seeking costs ~8 times reading one index entry: worth it when the window holds more
+        # than 8 entries per (pair, bucket). The tenant's messages created since the window
+        # began (rowid order is arrival order) bound the entries of any scope in it.
+        estimate = rows_since.get(since)
+        if estimate is None:
             row = self._conn.execute(
-                f"SELECT {_BUCKET} FROM memories INDEXED BY {index} WHERE tenant = ? "
-                f"AND {condition} AND {key} IS NOT NULL ORDER BY {_BUCKET} DESC LIMIT 1",
-                (tenant, *(() if value is None else (value,))),
+                "SELECT rowid FROM memories INDEXED BY memories_kind WHERE tenant = ? "
+                "AND kind = 'message' AND created_at >= ? ORDER BY created_at LIMIT 1",
+                (tenant, since),
             ).fetchone()
-            if row is not None and (newest is None or row[0] > newest):
-                newest = row[0]
+            estimate = 0
+            if row is not None:
+                (top,) = self._conn.execute("SELECT max(rowid) FROM memories").fetchone()
+                estimate = top - row[0] + 1
+            rows_since[since] = estimate
+        if len(wanted) * _SEEK_COST > estimate:
+            return None
+        values = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+        # Per scope value, its newest bucket: one seek each, in index order.
+        (newest,) = self._conn.execute(
+            f"SELECT max((SELECT {_BUCKET} FROM memories INDEXED BY {index} WHERE tenant = ? "
+            f"AND {scope} IS v.column1 AND {key} IS NOT NULL ORDER BY {_BUCKET} DESC LIMIT 1)) "
+            f"FROM (VALUES {','.join(['(?)'] * len(values))}) AS v",
+            [tenant, *values],
+        ).fetchone()
         if newest is None or newest < first:
             return []
-        if (newest - first + 1) * keys * arms > _PROBE_LIMIT:
+        buckets = newest - first + 1
+        if buckets > _SEEK_BUCKETS or len(wanted) * buckets * _SEEK_COST > estimate:
             return None
         return list(range(first, newest + 1))
+
+    @staticmethod
+    def _seek_statements(
+        tenant: str,
+        index: str,
+        scope: str,
+        key: str,
+        wanted: set[tuple[str | None, str]],
+        since: float,
+        buckets: list[int],
+    ) -> list[tuple[str, list[Any]]]:
+        """Lookups seeking each (scope, bucket, key) of ``wanted`` in ``index``."""
+        pairs = sorted(wanted, key=lambda p: (p[0] is None, p[0] or "", p[1]))
+        columns = ", ".join(f"m.{c.strip()}" for c in _TARGET_COLUMNS.split(","))
+        out: list[tuple[str, list[Any]]] = []
+        for start in range(0, len(pairs), _CHUNK):
+            chunk = pairs[start : start + _CHUNK]
+            sql = (
+                f"SELECT {columns} FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) AS p "
+                f"JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
+                f"AND m.{scope} IS p.column1 AND {_BUCKET} IN ({','.join('?' * len(buckets))}) "
+                f"AND m.{key} = p.column2 WHERE m.last_seen_at >= ? AND m.kind = 'message'"
+            )
+            params = [item for pair in chunk for item in pair]
+            out.append((sql, [*params, tenant, *buckets, since]))
+        return out
+
+    @staticmethod
+    def _scan_statements(
+        tenant: str,
+        index: str,
+        scope: str,
+        key: str,
+        wanted: set[tuple[str | None, str]],
+        since: float,
+        first: int,
+    ) -> list[tuple[str, list[Any]]]:
+        """Lookups reading the window's entries of ``index`` in the scopes of ``wanted`` once
+        and testing the key there."""
+        scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+        keys = sorted({p[1] for p in wanted})
+        values = [v for v in scopes if v is not None]
+        # `IN` for the scope values (few: sessions or channels) and the keys; NULL channels
+        # need their own `IS NULL` arm.
+        arms: list[tuple[str, list[Any]]] = []
+        if values:
+            arms.append((f"{scope} IN ({','.join('?' * len(values))})", values))
+        if scopes[-1] is None:
+            arms.append((f"{scope} IS NULL", []))
+        out: list[tuple[str, list[Any]]] = []
+        for arm, arm_values in arms:
+            for start in range(0, len(keys), _CHUNK):
+                chunk = keys[start : start + _CHUNK]
+                out.append(
+                    (
+                        f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
+                        f"WHERE tenant = ? AND {arm} AND {_BUCKET} >= ? "
+                        f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
+                        "AND kind = 'message'",
+                        [tenant, *arm_values, first, *chunk, since],
+                    )
+                )
+        return out
 
     def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
         self._conn.executemany(
