@@ -244,3 +244,23 @@ def test_a_one_record_lookup_does_not_read_the_whole_window() -> None:
     assert big_one < small_one * 1.5
     assert big_many > small_many * 3  # the scan does grow with the window
     store.close()
+
+
+def test_the_lookup_bucket_is_the_indexed_expression() -> None:
+    """``find_targets`` names the de-dup indexes' bucket expression in its SQL: if the two ever
+    differ, SQLite cannot use the index for it (and ``INDEXED BY`` fails)."""
+    from ctxwarden.store.sqlite import _BUCKET, _BUCKET_SECONDS, bucket_of
+
+    store = SQLiteStore(":memory:")
+    definitions = store._query(
+        "SELECT name, sql FROM sqlite_master WHERE name IN "
+        "('memories_exact', 'memories_exact_session', 'memories_near')",
+        (),
+    )
+    assert len(definitions) == 3
+    assert all(_BUCKET in " ".join(sql.split()) for _, sql in definitions)
+    assert f"/ {_BUCKET_SECONDS} " in _BUCKET
+    for at in (0.0, 299.999, 300.0, -0.5, -300.0, 1_800_000_123.25, 1e300, -1e300):
+        (expected,) = store._query(f"SELECT CAST(? / {_BUCKET_SECONDS} AS INTEGER)", (at,))[0]
+        assert bucket_of(at) == expected, at
+    store.close()
