@@ -19,6 +19,7 @@ terms as the SQLite backend does.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +47,8 @@ from ctxwarden.store.writes import ACCESS_UPSERT, MemoryWrites, access_bump
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresStore"]
+
+log = logging.getLogger(__name__)
 
 
 _INSERT_MEMORY = (
@@ -384,13 +387,18 @@ class PostgresStore(MemoryReads):
         a minute) the planner took ``memories_kind`` for them and read every message of the
         tenant: ~9 ms per lookup at 20,000 messages instead of ~0.02. Like autovacuum's own
         rule, once per tenth of growth (counted from this store's inserts), so the cost per
-        row stays small."""
-        with self._pool.connection() as conn, conn.transaction():
-            conn.execute("ANALYZE memories")
-            row = conn.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass"
-            ).fetchone()
+        row stays small. The write it follows is committed: a failure here is logged, not
+        raised (autovacuum analyses in time anyway)."""
         self._inserted = 0
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                conn.execute("ANALYZE memories")
+                row = conn.execute(
+                    "SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass"
+                ).fetchone()
+        except psycopg.Error as exc:
+            log.warning("ANALYZE memories failed (the lookups may be slow until it runs): %s", exc)
+            return
         self._analysed_rows = float(row[0]) if row else 0.0
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:

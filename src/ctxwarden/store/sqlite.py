@@ -425,8 +425,11 @@ class _SQLiteWriter(MemoryWrites):
         if len(wanted) > _SEEK_PAIRS:
             return None
         # Seeking costs ~8 times reading one index entry: worth it when the window holds more
-        # than 8 entries per (pair, bucket). The tenant's messages created since the window
-        # began (rowid order is arrival order) bound the entries of any scope in it.
+        # than 8 entries per (pair, bucket). The estimate of its entries: the rows stored since
+        # the tenant's first message created in the window (two seeks; rowids are allocated in
+        # arrival order). Messages arriving in time order make it the tenant's messages in the
+        # window, an upper bound for any one scope; a store filled newest first makes it low,
+        # and the lookup scans, as it always did. Either plan finds the same targets.
         estimate = rows_since.get(since)
         if estimate is None:
             row = self._conn.execute(
