@@ -1249,7 +1249,7 @@ def test_find_targets_few_and_many_keys_find_the_same(store: Store) -> None:
         assert _targets(w, near=[(None, nears[0])], near_since=base + 10**6) == []
     if isinstance(store, SQLiteStore):
         store._conn.set_trace_callback(None)
-        assert any("JOIN memories AS m" in sql for sql in statements)
+        assert any("CROSS JOIN memories AS m" in sql for sql in statements)
         assert any("AS INTEGER) >= " in sql for sql in statements)
 
 

@@ -469,7 +469,8 @@ class _SQLiteWriter(MemoryWrites):
         since: float,
         buckets: list[int],
     ) -> list[tuple[str, list[Any]]]:
-        """Lookups seeking each (scope, bucket, key) of ``wanted`` in ``index``."""
+        """Lookups seeking each (scope, bucket, key) of ``wanted`` in ``index`` (CROSS JOIN: the
+        pairs are the outer loop whatever statistics the planner has)."""
         pairs = sorted(wanted, key=lambda p: (p[0] is None, p[0] or "", p[1]))
         columns = ", ".join(f"m.{c.strip()}" for c in _TARGET_COLUMNS.split(","))
         out: list[tuple[str, list[Any]]] = []
@@ -477,7 +478,7 @@ class _SQLiteWriter(MemoryWrites):
             chunk = pairs[start : start + _CHUNK]
             sql = (
                 f"SELECT {columns} FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) AS p "
-                f"JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
+                f"CROSS JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
                 f"AND m.{scope} IS p.column1 AND {_BUCKET} IN ({','.join('?' * len(buckets))}) "
                 f"AND m.{key} = p.column2 WHERE m.last_seen_at >= ? AND m.kind = 'message'"
             )
