@@ -1223,3 +1223,136 @@ def test_neighbours_follow_a_folded_parent(store: Store) -> None:
     child = store.get("t", "child")
     links = store.neighbours("t", [child], turns=0)
     assert [(link.relation, link.memory.id) for link in links] == [("parent", "keep")]
+
+
+def _reference(
+    rows: list[dict[str, object]], scope: str, pairs: set[tuple[str | None, str]], key: str,
+    since: float, limit: int | None = None,
+) -> set[str]:  # fmt: skip
+    """What ``find_targets`` must return, computed from the rows themselves."""
+    hits = [
+        r for r in rows
+        if (r[scope], r[key]) in pairs and float(r["seen"]) >= since  # type: ignore[arg-type]
+    ]  # fmt: skip
+    if limit is None:
+        return {str(r["id"]) for r in hits}
+    kept: set[str] = set()
+    for pair in pairs:
+        group = [r for r in hits if (r[scope], r[key]) == pair]
+        group.sort(key=lambda r: (r["seen"], r["rowid"]), reverse=True)  # type: ignore[return-value]
+        kept |= {str(r["id"]) for r in group[:limit]}
+    return kept
+
+
+def test_find_targets_few_and_many_keys_find_the_same(store: Store) -> None:
+    """Whatever the number of keys (a one-record ingest seeks them, a large batch scans the
+    window), every message of the scope last seen at or after ``since`` is found: at the
+    window's edge, in the bucket of the edge, moved into the window by a fold, seen after the
+    newest record, in a NULL channel, by session, by near key (newest ``near_limit`` kept)."""
+    import random
+
+    rng = random.Random(3)
+    base = 1_800_000_000.0
+    rows: list[dict[str, object]] = []
+    with store.write() as w:
+        for i in range(1000):
+            channel = rng.choice(["c", "d", None])
+            session = rng.choice(["s1", "s2"])
+            # Anywhere in 2.5 hours, or on the window's edge (base - 3600) and its bucket.
+            edge = rng.choice([-3600.0, -3600.5, -3599.5, -3300.0, -3900.0, 0.0])
+            at = base + (rng.uniform(-9000, 600) if rng.random() < 0.7 else edge)
+            near = f"n{rng.randrange(12)}" if rng.random() < 0.7 else None
+            memory = _memory(f"m{i}", content=f"k{rng.randrange(40)}", at=at, session=session,
+                             channel=channel, near_key=near)  # fmt: skip
+            rowid = w.insert(memory)
+            rows.append({"id": memory.id, "rowid": rowid, "channel": channel, "session": session,
+                         "hash": memory.content_hash, "near": near, "seen": at})  # fmt: skip
+        # Folds move old messages' last_seen_at into the window (and one far past the newest).
+        moved = rng.sample(rows, 30)
+        w.update_aggregates(
+            [
+                AggregateUpdate(rowid=int(r["rowid"]), folded=1,  # type: ignore[call-overload]
+                                last_seen_at=base + (90_000.0 if n == 0 else rng.uniform(-3000, 0)),
+                                latest_content=None)
+                for n, r in enumerate(moved)
+            ]
+        )  # fmt: skip
+    for r in moved:
+        r["seen"] = store.get("t", str(r["id"])).last_seen_at
+    since = base - 3600.0
+    statements: list[str] = []
+    if isinstance(store, SQLiteStore):  # both plans must run: seeks for few keys, else a scan
+        store._conn.set_trace_callback(statements.append)
+    hashes = sorted({str(r["hash"]) for r in rows})
+    nears = sorted({str(r["near"]) for r in rows if r["near"] is not None})
+    with store.write() as w:
+        for scope in ("channel", "session"):
+            values: list[str | None] = ["c", "d", None] if scope == "channel" else ["s1", "s2"]
+            every = {(v, h) for v in values for h in hashes}
+            found = _targets(w, exact_scope=scope, exact=sorted(every, key=str), exact_since=since)
+            assert set(found) == _reference(rows, scope, every, "hash", since)
+            for pair in sorted(every, key=str)[::7]:
+                found = _targets(w, exact_scope=scope, exact=[pair], exact_since=since)
+                assert set(found) == _reference(rows, scope, {pair}, "hash", since), pair
+        every = {(v, k) for v in ["c", "d", None] for k in nears}
+        for limit in (None, 2):
+            found = _targets(w, near=sorted(every, key=str), near_since=since, near_limit=limit)
+            assert set(found) == _reference(rows, "channel", every, "near", since, limit)
+            for pair in sorted(every, key=str):
+                found = _targets(w, near=[pair], near_since=since, near_limit=limit)
+                assert set(found) == _reference(rows, "channel", {pair}, "near", since, limit)
+        # A window that holds nothing of the scope, and one past every message.
+        assert _targets(w, exact=[("c", hashes[0])], exact_since=base + 10**6) == []
+        assert _targets(w, near=[(None, nears[0])], near_since=base + 10**6) == []
+    if isinstance(store, SQLiteStore):
+        store._conn.set_trace_callback(None)
+        assert any("CROSS JOIN memories AS m" in sql for sql in statements)
+        assert any("AS INTEGER) >= " in sql for sql in statements)
+
+
+def test_ingest_one_at_a_time_decides_as_one_batch(store: Store) -> None:
+    """The same stream ingested record by record, three at a time and as one batch: the same
+    outcomes (folds at the window's edge, a NULL channel, across sessions, near keys, a fold
+    that keeps an old aggregate in the window)."""
+    import random
+
+    rng = random.Random(8)
+    base = 1_800_000_000.0
+    stream: list[dict[str, object]] = []
+    at = base
+    for i in range(160):
+        at += rng.choice([1.0, 30.0, 299.0, 300.0, 900.0, 3599.0, 3600.0, 3601.0])
+        roll = rng.random()
+        record: dict[str, object] = {
+            "id": f"r{i}", "session": rng.choice(["s1", "s2"]), "role": "user",
+            "channel": rng.choice(["general", None]), "created_at": at,
+        }  # fmt: skip
+        if roll < 0.4:
+            record |= {"author": "ana", "content": rng.choice(["lunch?", "ship it", "ok"])}
+        elif roll < 0.7:
+            record |= {"author": "deploybot", "author_kind": "bot",
+                       "content": f"Deploy #{rng.randrange(1000)} of api ok at "
+                                  f"{rng.randrange(24):02d}:{rng.randrange(60):02d}"}  # fmt: skip
+        else:
+            record |= {"author": rng.choice(["ana", "bo"]),
+                       "content": f"note {rng.randrange(10**6)} about the plan"}  # fmt: skip
+        stream.append(record)
+
+    def outcomes(size: int) -> list[tuple[str, str, str | None]]:
+        if isinstance(store, SQLiteStore):
+            target: Store = SQLiteStore(":memory:")
+        else:  # a fresh tenant of the same PostgreSQL schema
+            target = store
+        tenant = f"t{size}"
+        engine = Engine(target, clock=lambda: base)
+        out = []
+        for start in range(0, len(stream), size):
+            result = engine.ingest(stream[start : start + size], tenant=tenant)
+            out += [(o.id, o.status, o.duplicate_of) for o in result.outcomes]
+        return out
+
+    single = outcomes(1)
+    statuses = {status for _, status, _ in single}
+    assert {"stored", "duplicate", "near_duplicate"} <= statuses
+    assert outcomes(3) == single
+    assert outcomes(len(stream)) == single

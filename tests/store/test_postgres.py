@@ -168,3 +168,31 @@ def test_concurrent_ingest_from_eight_processes(pg_schema_dsn: str) -> None:
         ("same", 1): pairs * quarter,
         ("own", 1): PROCESSES * quarter,
     }
+
+
+def test_a_grown_table_is_analysed_so_lookups_use_their_index(pg_schema_dsn: str) -> None:
+    """Rows inserted faster than autovacuum looks: the store analyses ``memories`` itself, and
+    a de-dup lookup of one key is planned on ``memories_exact`` (not a read of the tenant)."""
+    import psycopg
+
+    from ctxwarden.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_schema_dsn)
+    with store.write() as w:
+        for i in range(1500):
+            w.insert(_memory(f"m{i}", f"say {i}"))
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        (rows,) = conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = 'memories'::regclass"
+        ).fetchone()  # type: ignore[misc]
+        assert rows >= 1000
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN SELECT rowid FROM memories WHERE tenant = 't' AND channel = ANY(%s) "
+                "AND content_hash = ANY(%s) AND last_seen_at >= 0 AND kind = 'message'",
+                (["c"], ["h-say 7"]),
+            )
+        )
+    assert "memories_exact" in plan
+    store.close()

@@ -227,3 +227,61 @@ def test_migration_9_drops_the_unused_inclusions_index(tmp_path: Path) -> None:
         assert "inclusions" in names
     finally:
         store.close()
+
+
+def test_a_one_record_lookup_does_not_read_the_whole_window() -> None:
+    """A few keys are sought bucket by bucket (migration 10), so the work of a lookup (SQLite VM
+    instructions, counted by the progress handler) stays flat as the window fills; a large
+    batch's lookup reads the window once."""
+    store = SQLiteStore(":memory:")
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    def lookup(keys: int, stored: int) -> int:
+        nonlocal steps
+        with store.write() as w:
+            steps = 0
+            store._conn.set_progress_handler(count, 10)
+            found = w.find_targets(
+                "t", exact_scope="channel", exact_since=1_799_996_400.0, near=[], near_since=0.0,
+                exact=[(None, f"h-say {i}") for i in range(keys)],
+            )  # fmt: skip
+            store._conn.set_progress_handler(None, 0)
+        assert len(found) == min(keys, stored)
+        return steps
+
+    work: list[tuple[int, int]] = []
+    for first, total in ((0, 500), (500, 5000)):
+        with store.write() as w:
+            for i in range(first, total):
+                at = 1_800_000_000.0 - 3000.0 + (i * 7919) % 3000  # the whole window
+                w.insert(_memory(f"m{i}", content=f"say {i}", at=at, channel=None))
+        work.append((lookup(1, total), lookup(1000, total)))
+    (small_one, small_many), (big_one, big_many) = work
+    assert big_one < small_one * 1.5
+    assert big_many > small_many * 3  # the scan does grow with the window
+    store.close()
+
+
+def test_the_lookup_bucket_is_the_indexed_expression() -> None:
+    """``find_targets`` names the de-dup indexes' bucket expression in its SQL: if the two ever
+    differ, SQLite cannot use the index for it (and ``INDEXED BY`` fails)."""
+    from ctxwarden.store.sqlite import _BUCKET, _BUCKET_SECONDS, bucket_of
+
+    store = SQLiteStore(":memory:")
+    definitions = store._query(
+        "SELECT name, sql FROM sqlite_master WHERE name IN "
+        "('memories_exact', 'memories_exact_session', 'memories_near')",
+        (),
+    )
+    assert len(definitions) == 3
+    assert all(_BUCKET in " ".join(sql.split()) for _, sql in definitions)
+    assert f"/ {_BUCKET_SECONDS} " in _BUCKET
+    for at in (0.0, 299.999, 300.0, -0.5, -300.0, 1_800_000_123.25, 1e300, -1e300):
+        (expected,) = store._query(f"SELECT CAST(? / {_BUCKET_SECONDS} AS INTEGER)", (at,))[0]
+        assert bucket_of(at) == expected, at
+    store.close()

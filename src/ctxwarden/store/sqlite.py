@@ -179,6 +179,35 @@ def row_budget(limit: int) -> int:
 # scope (400 per statement cost ~0.2 us more per message in bench/ingest.py).
 _CHUNK = 1000
 
+#: The time bucket that the de-dup indexes are keyed by after the scope (migration 10): this
+#: text must equal the indexed expression for the planner to use it.
+_BUCKET = "CAST(last_seen_at / 300 AS INTEGER)"
+_BUCKET_SECONDS = 300
+_INT64 = 2**63
+#: A lookup seeks each (scope, bucket, key) of its window (~2 us each) rather than read the
+#: window's index entries once (~0.25 us each) when the window holds more than this many
+#: entries per seek: a one-record ingest with a 1-hour window seeks 13 buckets per lookup;
+#: bench/ingest.py's 1,000-record batches (~450 messages an hour) scan.
+_SEEK_COST = 8
+#: At most this many (scope, key) pairs or buckets are sought (bounds the statement).
+_SEEK_PAIRS = 4000
+_SEEK_BUCKETS = 2000
+
+
+def bucket_of(at: float) -> int:
+    """The de-dup indexes' bucket of a time, as SQLite computes ``_BUCKET``: truncated toward
+    zero and saturated to 64 bits, so ``a <= b`` implies ``bucket_of(a) <= bucket_of(b)``.
+
+    >>> bucket_of(1_800_000_299.0), bucket_of(-1.0), bucket_of(1e300)
+    (6000000, 0, 9223372036854775807)
+    """
+    value = at / _BUCKET_SECONDS
+    if value >= _INT64:
+        return _INT64 - 1
+    if value <= -_INT64:
+        return -_INT64
+    return int(value)
+
 
 def _target(row: tuple[Any, ...]) -> FoldTarget:
     (
@@ -352,43 +381,148 @@ class _SQLiteWriter(MemoryWrites):
             (scope_column, "content_hash", exact, exact_since, exact_index),
             ("channel", "near_key", near, near_since, "memories_near"),
         ]
+        rows_since: dict[float, int] = {}
         for scope, key, pairs, since, index in lookups:
             wanted = set(pairs)
             if not wanted:
                 continue
-            scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
-            keys = sorted({p[1] for p in wanted})
-            has_null = scopes[-1] is None
-            values = [v for v in scopes if v is not None]
-            # `IN` for the scope values (few: sessions or channels) and the keys, so each lookup
-            # is a handful of index probes; NULL channels need their own `IS NULL` arm.
-            arms = []
-            if values:
-                arms.append(f"{scope} IN ({','.join('?' * len(values))})")
-            if has_null:
-                arms.append(f"{scope} IS NULL")
+            first = bucket_of(since)
+            plan = self._probe_plan(tenant, index, scope, key, wanted, since, first, rows_since)
+            if plan == []:
+                continue  # none of these scopes has a message seen within the window
+            statements = (
+                self._seek_statements(tenant, index, scope, key, wanted, since, plan)
+                if plan is not None
+                else self._scan_statements(tenant, index, scope, key, wanted, since, first)
+            )
+            for sql, params in statements:
+                if key == "near_key" and near_limit is not None:
+                    sql, params = _newest_per_key(sql, params, near_limit)
+                for row in self._conn.execute(sql, params):
+                    target = _target(row)
+                    scope_value = target.session if scope == "session" else target.channel
+                    pair = (
+                        scope_value,
+                        target.content_hash if key == "content_hash" else target.near_key,
+                    )
+                    if pair in wanted:
+                        found.setdefault(target.rowid, target)
+        return list(found.values())
+
+    def _probe_plan(
+        self,
+        tenant: str,
+        index: str,
+        scope: str,
+        key: str,
+        wanted: set[tuple[str | None, str]],
+        since: float,
+        first: int,
+        rows_since: dict[float, int],
+    ) -> list[int] | None:
+        """The buckets to seek for each pair of ``wanted`` (from ``first`` to the newest of
+        their scopes), [] when their scopes have no message seen within the window, or None
+        when reading the window's index entries once costs less than the seeks."""
+        if len(wanted) > _SEEK_PAIRS:
+            return None
+        # Seeking costs ~8 times reading one index entry: worth it when the window holds more
+        # than 8 entries per (pair, bucket). The estimate of its entries: the rows stored since
+        # the tenant's first message created in the window (two seeks; rowids are allocated in
+        # arrival order). Messages arriving in time order make it the tenant's messages in the
+        # window, an upper bound for any one scope; a store filled newest first makes it low,
+        # and the lookup scans, as it always did. Either plan finds the same targets.
+        estimate = rows_since.get(since)
+        if estimate is None:
+            row = self._conn.execute(
+                "SELECT rowid FROM memories INDEXED BY memories_kind WHERE tenant = ? "
+                "AND kind = 'message' AND created_at >= ? ORDER BY created_at LIMIT 1",
+                (tenant, since),
+            ).fetchone()
+            estimate = 0
+            if row is not None:
+                (top,) = self._conn.execute("SELECT max(rowid) FROM memories").fetchone()
+                estimate = top - row[0] + 1
+            rows_since[since] = estimate
+        if len(wanted) * _SEEK_COST > estimate:
+            return None
+        values = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+        # Per scope value, its newest bucket: one seek each, in index order.
+        (newest,) = self._conn.execute(
+            f"SELECT max((SELECT {_BUCKET} FROM memories INDEXED BY {index} WHERE tenant = ? "
+            f"AND {scope} IS v.column1 AND {key} IS NOT NULL ORDER BY {_BUCKET} DESC LIMIT 1)) "
+            f"FROM (VALUES {','.join(['(?)'] * len(values))}) AS v",
+            [tenant, *values],
+        ).fetchone()
+        if newest is None or newest < first:
+            return []
+        buckets = newest - first + 1
+        if buckets > _SEEK_BUCKETS or len(wanted) * buckets * _SEEK_COST > estimate:
+            return None
+        return list(range(first, newest + 1))
+
+    @staticmethod
+    def _seek_statements(
+        tenant: str,
+        index: str,
+        scope: str,
+        key: str,
+        wanted: set[tuple[str | None, str]],
+        since: float,
+        buckets: list[int],
+    ) -> list[tuple[str, list[Any]]]:
+        """Lookups seeking each (scope, bucket, key) of ``wanted`` in ``index`` (CROSS JOIN: the
+        pairs are the outer loop whatever statistics the planner has)."""
+        pairs = sorted(wanted, key=lambda p: (p[0] is None, p[0] or "", p[1]))
+        columns = ", ".join(f"m.{c.strip()}" for c in _TARGET_COLUMNS.split(","))
+        out: list[tuple[str, list[Any]]] = []
+        for start in range(0, len(pairs), _CHUNK):
+            chunk = pairs[start : start + _CHUNK]
+            sql = (
+                f"SELECT {columns} FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) AS p "
+                f"CROSS JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
+                f"AND m.{scope} IS p.column1 AND {_BUCKET} IN ({','.join('?' * len(buckets))}) "
+                f"AND m.{key} = p.column2 WHERE m.last_seen_at >= ? AND m.kind = 'message'"
+            )
+            params = [item for pair in chunk for item in pair]
+            out.append((sql, [*params, tenant, *buckets, since]))
+        return out
+
+    @staticmethod
+    def _scan_statements(
+        tenant: str,
+        index: str,
+        scope: str,
+        key: str,
+        wanted: set[tuple[str | None, str]],
+        since: float,
+        first: int,
+    ) -> list[tuple[str, list[Any]]]:
+        """Lookups reading the window's entries of ``index`` in the scopes of ``wanted`` once
+        and testing the key there."""
+        scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+        keys = sorted({p[1] for p in wanted})
+        values = [v for v in scopes if v is not None]
+        # `IN` for the scope values (few: sessions or channels) and the keys; NULL channels
+        # need their own `IS NULL` arm.
+        arms: list[tuple[str, list[Any]]] = []
+        if values:
+            arms.append((f"{scope} IN ({','.join('?' * len(values))})", values))
+        if scopes[-1] is None:
+            arms.append((f"{scope} IS NULL", []))
+        out: list[tuple[str, list[Any]]] = []
+        for arm, arm_values in arms:
             for start in range(0, len(keys), _CHUNK):
                 chunk = keys[start : start + _CHUNK]
-                for arm in arms:
-                    params = [tenant, *(values if "IN" in arm else ()), *chunk, since]
-                    sql = (
+                out.append(
+                    (
                         f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
-                        f"WHERE tenant = ? AND {arm} "
+                        f"WHERE tenant = ? AND {arm} AND {_BUCKET} >= ? "
                         f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
-                        "AND kind = 'message'"
+                        "AND kind = 'message'",
+                        [tenant, *arm_values, first, *chunk, since],
                     )
-                    if key == "near_key" and near_limit is not None:
-                        sql, params = _newest_per_key(sql, params, near_limit)
-                    for row in self._conn.execute(sql, params):
-                        target = _target(row)
-                        scope_value = target.session if scope == "session" else target.channel
-                        pair = (
-                            scope_value,
-                            target.content_hash if key == "content_hash" else target.near_key,
-                        )
-                        if pair in wanted:
-                            found.setdefault(target.rowid, target)
-        return list(found.values())
+                )
+        return out
 
     def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
         self._conn.executemany(
