@@ -387,7 +387,11 @@ def _relations(
     """A hit's neighbours as ``(memory, kind, weight)``: what each is to the hit and the share
     of the hit's score it gets. Pure.
 
-    - ``before`` / ``after``: the nearest turn on either side (``neighbours``).
+    - ``before`` / ``after``: the nearest turn on either side (``neighbours``): in a thread any
+      turn; in a channel only the hit's author's own, since in a busy channel the turns next to
+      a hit are as often another conversation's (with 5x interleaved distractors, adjacent
+      turns by anyone cost 11 points of evidence recall at 2k without vectors and gained
+      nothing without them; ``bench/evidence_recall.py --filler``).
     - ``answer``: the hit asks (ends a sentence with "?"): the turns after it by other people
       until the asker speaks again, and replies by others (``answer``, the first in full, each
       next one ``neighbour_decay`` times less).
@@ -408,10 +412,14 @@ def _relations(
     def other(m: Memory) -> bool:
         return m.author is None or hit.author is None or m.author != hit.author
 
-    for rank, turn in enumerate(before):
+    # Turns by position: the thread's (links come from it when the hit is in one), else the
+    # channel's turns by the hit's own author (a message continued over several lines).
+    in_thread = hit.thread_id is not None and hit.thread_id != hit.id
+    anyone = in_thread or hit.author is None
+    for rank, turn in enumerate([t for t in before if anyone or not other(t)]):
         out.append((turn, "before" if rank == 0 else "turn", w.neighbours if rank == 0
                     else w.thread * decay ** (rank - 1)))  # fmt: skip
-    for rank, turn in enumerate(after):
+    for rank, turn in enumerate([t for t in after if anyone or not other(t)]):
         out.append((turn, "after" if rank == 0 else "turn", w.neighbours if rank == 0
                     else w.thread * decay ** (rank - 1)))  # fmt: skip
     if asks:
