@@ -248,7 +248,8 @@ def test_ingest_pauses_the_garbage_collector_only_while_it_runs(engine: Engine) 
 def test_insert_values_are_the_new_memory_row(extra: dict[str, Any]) -> None:
     # Ingest builds the insert values directly; they must be what the NewMemory's row would be.
     from ctxwarden.dedupe import DedupeCandidate
-    from ctxwarden.engine import _memory_values, _new_memory, _Prepared
+    from ctxwarden.engine import _memory_values, _Prepared
+    from ctxwarden.store.base import NewMemory
     from ctxwarden.store.reads import memory_row
 
     record = Record.from_mapping({**_msg(3, "deploy #12 at 10:02"), **extra}, line=1)
@@ -265,7 +266,17 @@ def test_insert_values_are_the_new_memory_row(extra: dict[str, Any]) -> None:
             content_hash=candidate.exact_key if candidate else "h",
             candidate=candidate,
         )
-        assert _memory_values(item) == memory_row(None, _new_memory(item))[1:]
+        memory = NewMemory(
+            id=item.id, tenant=record.tenant, session=record.session, channel=record.channel,
+            author=record.author, author_kind=record.author_kind, role=record.role,
+            content=record.content, created_at=item.created_at, thread_id=record.thread_id,
+            reply_to=record.reply_to, kind=record.kind, pinned=record.pinned, name=record.name,
+            tool_calls=record.tool_calls, tool_call_id=record.tool_call_id,
+            attachments=record.attachments, metadata=record.metadata,
+            content_hash=item.content_hash,
+            near_key=candidate.near_key if candidate is not None else None,
+        )  # fmt: skip
+        assert _memory_values(item) == memory_row(None, memory)[1:]
 
 
 def test_a_batch_mixing_plain_and_full_records_stores_each_as_given(engine: Engine) -> None:

@@ -79,7 +79,6 @@ from ctxwarden.store.base import (
     Alias,
     ContextLog,
     Inclusion,
-    NewMemory,
     Store,
     TokenCount,
     Writer,
@@ -1633,35 +1632,10 @@ def _derive_id(record: Record, created: float) -> str:
     return f"{record.role[0]}-{digest}"
 
 
-def _new_memory(item: _Prepared) -> NewMemory:
-    r = item.record
-    return NewMemory(
-        id=item.id,
-        tenant=r.tenant,
-        session=r.session,
-        channel=r.channel,
-        author=r.author,
-        author_kind=r.author_kind,
-        role=r.role,
-        content=r.content,
-        created_at=item.created_at,
-        thread_id=r.thread_id,
-        reply_to=r.reply_to,
-        kind=r.kind,
-        pinned=r.pinned,
-        name=r.name,
-        tool_calls=r.tool_calls,
-        tool_call_id=r.tool_call_id,
-        attachments=r.attachments,
-        metadata=r.metadata,
-        content_hash=item.content_hash,
-        near_key=item.candidate.near_key if item.candidate is not None else None,
-    )
-
-
 def _memory_values(item: _Prepared) -> tuple[Any, ...]:
-    """``memory_row(None, _new_memory(item))[1:]`` built directly: the insert values of a
-    stored record (one tuple per record rather than a :class:`NewMemory` and then its row)."""
+    """The insert values of a stored record, ``memory_row(None, memory)[1:]`` of its
+    :class:`NewMemory` built directly (one tuple per record rather than a NewMemory and then its
+    row)."""
     r = item.record
     created = item.created_at
     candidate = item.candidate

@@ -181,8 +181,8 @@ _CHUNK = 1000
 
 #: The time bucket that the de-dup indexes are keyed by after the scope (migration 10): this
 #: text must equal the indexed expression for the planner to use it.
-_BUCKET = "CAST(last_seen_at / 300 AS INTEGER)"
 _BUCKET_SECONDS = 300
+_BUCKET = f"CAST(last_seen_at / {_BUCKET_SECONDS} AS INTEGER)"
 _INT64 = 2**63
 #: A lookup seeks each (scope, bucket, key) of its window (~2 us each) rather than read the
 #: window's index entries once (~0.25 us each) when the window holds more than this many
