@@ -280,10 +280,18 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         for position, index in enumerate(indices):
             cand = source[index]
             memories = cand.memories
-            if any(m.rowid in taken_rows for m in memories):
+            if (
+                memories[0].rowid in taken_rows
+                if len(memories) == 1
+                else any(m.rowid in taken_rows for m in memories)
+            ):
                 reports.append(_report(cand, name, False, "already in another block"))
                 continue
-            if not is_recent and any(m.content_hash in taken_hashes for m in memories):
+            if not is_recent and (
+                memories[0].content_hash in taken_hashes
+                if len(memories) == 1
+                else any(m.content_hash in taken_hashes for m in memories)
+            ):
                 reports.append(_report(cand, name, False, "repeats content already included"))
                 continue
             cost = cand.tokens + (header if not taken else 0)

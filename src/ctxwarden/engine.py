@@ -1208,6 +1208,7 @@ class Engine:
             )
 
         plan = fill(policy, limits, fixed=fixed, material=material)
+        _write_lines(policy, plan)
         notes.extend(plan.notes)
 
         messages: list[dict[str, Any]] = []
@@ -1378,7 +1379,9 @@ class Engine:
         out = []
         for memory in memories:
             text, cost = _line(memory, counts[memory.rowid].line, tok)
-            out.append(Candidate(memories=(memory,), tokens=cost, text=text))
+            out.append(
+                Candidate(memories=(memory,), tokens=cost, text=text or render.line_text(memory))
+            )
         return out
 
     def _related(
@@ -1403,6 +1406,8 @@ class Engine:
         lines: dict[int, tuple[str, int]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
+            # Only an aggregate's line is made here (its volume note is counted with it): the
+            # others are written for the few candidates fill takes (_write_lines).
             counts = self._counts(memories, tok)
             for memory in memories:
                 lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok)
@@ -1477,8 +1482,11 @@ def _costs(plan: Plan) -> dict[int, int]:
 
 
 def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]:
-    text = render.line_text(memory)
+    """A memory's related-block line and its cost; the line is "" (made later, when the
+    candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
+    be counted with it."""
     if memory.dup_count > 1:
+        text = render.line_text(memory)
         text = (
             text[:-1]
             + render.volume_note(
@@ -1487,7 +1495,17 @@ def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]
             + "\n"
         )
         return text, tok.count(text)
-    return text, cached
+    return "", cached
+
+
+def _write_lines(policy: BudgetPolicy, plan: Plan) -> None:
+    """Give the related candidates fill took their line text (:func:`_line` leaves it out: most
+    candidates are never taken, and writing every line was ~2 % of an assembly)."""
+    for block in policy.blocks:
+        if block.source == "retrieval":
+            for cand in plan.chosen[block.name]:
+                if not cand.text:
+                    cand.text = render.line_text(cand.memories[0])
 
 
 def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) -> Candidate:

@@ -159,24 +159,25 @@ def _mask(text: str) -> tuple[bytes, int]:
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
-    numkong's bit-set kernel gives every pair's Hamming distance (the size of the symmetric
-    difference, SIMD popcounts) from the 128-byte masks of :func:`_mask`; with the set sizes that
-    is the exact intersection, ``(|a| + |b| - hamming) / 2``. ~0.04 ms for 100 texts, against
-    ~0.5 ms for numpy's ``bitwise_count`` over every pair's 16 words, and the same values.
+    numkong's bit-set kernel gives every pair's Jaccard distance (SIMD popcounts of the
+    intersection and union) from the 128-byte masks of :func:`_mask`, in float32: within 1e-7
+    of the exact ratio, in one call (~0.03 ms for 100 texts, against ~0.15 ms for Hamming
+    distances turned into ratios with numpy, and ~0.5 ms for numpy's ``bitwise_count`` over
+    every pair's 16 words).
     """
     count = len(texts)
     packed = [_mask(text) for text in texts]
-    masks = np.frombuffer(b"".join(m for m, _ in packed), dtype=np.uint8).reshape(count, 128)
-    sizes = np.fromiter((n for _, n in packed), dtype=np.int64, count=count)
-    # Only the upper triangle is computed: mirror it.
-    upper = np.triu(np.asarray(_numkong().hammings_symmetric(masks, dtype="uint1")), 1)
-    hamming = (upper + upper.T).astype(np.int64)
-    total = sizes[:, None] + sizes[None, :]
-    inter = (total - hamming) // 2
-    union = total - inter
-    similarity: npt.NDArray[np.float64] = np.zeros((count, count), dtype=np.float64)
-    np.divide(inter, union, out=similarity, where=inter > 0)
-    np.fill_diagonal(similarity, 0.0)
+    masks = np.frombuffer(b"".join([m for m, _ in packed]), dtype=np.uint8).reshape(count, 128)
+    # Only the upper triangle is written (the rest is whatever the memory held, so it is
+    # masked before any arithmetic): mirror it. Two empty sets (distance 0 in the kernel)
+    # share nothing: similar to nothing, as a memory is to itself.
+    distance = np.triu(np.asarray(_numkong().jaccards_symmetric(masks, dtype="uint1")), 1)
+    similarity: npt.NDArray[np.float64] = np.triu(1.0 - distance.astype(np.float64), 1)
+    similarity += similarity.T
+    empty = [index for index, (_, size) in enumerate(packed) if not size]
+    if empty:
+        similarity[empty, :] = 0.0
+        similarity[:, empty] = 0.0
     return similarity
 
 
