@@ -129,6 +129,25 @@ def test_report_explains_blocks_and_candidates(engine: Engine) -> None:
     json.dumps(context.to_dict())
 
 
+def test_report_candidates_read_like_a_tuple(engine: Engine) -> None:
+    # The entries are made when first read: the count, order and equality must be those of the
+    # tuple of entries, and reading twice gives the same objects.
+    engine.ingest(_history(100))
+    a = engine.assemble(session="s", query="word5", budget=800, log_inclusions=False).report
+    b = engine.assemble(session="s", query="word5", budget=800, log_inclusions=False).report
+    entries = tuple(a.candidates)
+    assert len(a.candidates) == len(entries) > 10
+    assert a.candidates[0] is entries[0]
+    assert a.candidates[-1] is entries[-1]
+    assert a.candidates[1:3] == entries[1:3]
+    assert isinstance(a.candidates[1:3], tuple)
+    assert a.candidates == entries == b.candidates
+    assert a == b
+    assert a.candidates != entries[:-1]
+    assert [c.to_dict() for c in a.candidates] == a.to_dict()["candidates"]
+    assert all(isinstance(c.components, dict) for c in entries)
+
+
 def test_same_inputs_same_context(engine: Engine) -> None:
     engine.ingest(_history(120))
     a = engine.assemble(session="s", query="word7 message", budget=1200, log_inclusions=False)

@@ -45,7 +45,7 @@ from ctxwarden.budget import BudgetPolicy, Limits, allocate
 from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
 from ctxwarden.provenance import is_untrusted
-from ctxwarden.types import BlockReport, CandidateReport, Memory
+from ctxwarden.types import BlockReport, CandidateRow, Memory
 
 __all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms"]
 
@@ -152,7 +152,7 @@ class Plan:
     chosen: dict[str, list[Candidate]]
     budgets: dict[str, int]
     used: dict[str, int]
-    candidates: list[CandidateReport]
+    candidates: list[CandidateRow]
     notes: list[str]
 
 
@@ -191,7 +191,7 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             f"{limits.margin}); shorten them or raise the budget"
         )
     names = [b.name for b in policy.blocks]
-    reports: list[CandidateReport] = []
+    reports: list[CandidateRow] = []
     notes: list[str] = []
 
     # Untrusted content never reaches the system message (persistent blocks; items are the
@@ -343,16 +343,16 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     return Plan(chosen=chosen, budgets=budgets, used=used, candidates=reports, notes=notes)
 
 
-def _report(cand: Candidate, block: str, included: bool, reason: str) -> CandidateReport:
+def _report(cand: Candidate, block: str, included: bool, reason: str) -> CandidateRow:
     memories = cand.memories
-    return CandidateReport(
-        id=memories[0].id if len(memories) == 1 else ",".join(m.id for m in memories),
-        block=block,
-        included=included,
-        reason=reason,
-        tokens=cand.tokens,
-        score=cand.score if cand.components or cand.score else None,
-        components=dict(cand.components),
+    return (
+        memories[0].id if len(memories) == 1 else ",".join(m.id for m in memories),
+        block,
+        included,
+        reason,
+        cand.tokens,
+        cand.score if cand.components or cand.score else None,
+        cand.components,
     )
 
 

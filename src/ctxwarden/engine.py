@@ -86,6 +86,7 @@ from ctxwarden.store.base import (
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import (
+    CandidateReports,
     Context,
     IngestOutcome,
     IngestResult,
@@ -1287,7 +1288,7 @@ class Engine:
             tokens=total,
             fixed=fixed_parts,
             blocks=block_reports(policy, plan),
-            candidates=tuple(plan.candidates),
+            candidates=CandidateReports(plan.candidates),
             notes=tuple(notes),
         )
         context_id = uuid.uuid4().hex

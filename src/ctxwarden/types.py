@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -25,6 +25,8 @@ __all__ = [
     "ROLES",
     "BlockReport",
     "CandidateReport",
+    "CandidateReports",
+    "CandidateRow",
     "Context",
     "IngestOutcome",
     "IngestResult",
@@ -534,6 +536,64 @@ class CandidateReport:
         return out
 
 
+#: One candidate's entry as the assembler records it: id, block, included, reason, tokens, score,
+#: components (see :class:`CandidateReport`).
+CandidateRow = tuple[str, str, bool, str, int, "float | None", Mapping[str, float]]
+
+
+class CandidateReports(Sequence[CandidateReport]):
+    """A report's candidate entries, each :class:`CandidateReport` made when first read.
+
+    An assembly considers hundreds of candidates (every retrieval candidate, every recent
+    message) and records a reason for each; most callers read the count or a few entries, and
+    making every entry up front was ~4 % of an assembly. A tuple in all but type: indexing,
+    slicing (a tuple), iteration, ``len``, equality with any sequence of the same entries.
+    """
+
+    __slots__ = ("_made", "_rows")
+
+    def __init__(self, rows: Sequence[CandidateRow] = ()) -> None:
+        self._rows = tuple(rows)
+        self._made: tuple[CandidateReport, ...] | None = None
+
+    def _entries(self) -> tuple[CandidateReport, ...]:
+        if self._made is None:
+            self._made = tuple(
+                CandidateReport(
+                    id=id_,
+                    block=block,
+                    included=included,
+                    reason=reason,
+                    tokens=tokens,
+                    score=score,
+                    components=dict(components),
+                )
+                for id_, block, included, reason, tokens, score, components in self._rows
+            )
+        return self._made
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._entries()[index]
+
+    def __iter__(self) -> Iterator[CandidateReport]:
+        return iter(self._entries())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CandidateReports):
+            other = other._entries()
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return self._entries() == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as the tuple was (dict fields)
+
+    def __repr__(self) -> str:
+        return repr(self._entries())
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BlockReport:
     """One block of a context: its budget, what it used, and the ids it holds."""
@@ -571,7 +631,7 @@ class Report:
     tokens: int
     fixed: Mapping[str, int]
     blocks: tuple[BlockReport, ...]
-    candidates: tuple[CandidateReport, ...]
+    candidates: Sequence[CandidateReport]
     notes: tuple[str, ...] = ()
 
     def block(self, name: str) -> BlockReport | None:
