@@ -112,7 +112,7 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     store.close()
 
 
-def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
+def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "x.db")
     with store.write() as w:
         w.insert(_memory("a", content="a question?", at=1.0))
@@ -136,10 +136,26 @@ def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
     assert {(link.anchor, link.relation, link.memory.id) for link in links} >= {
         (0, "reply", "b"), (1, "parent", "a")
     }  # fmt: skip
-    assert len(statements) == 1
+    assert len(statements) == 3
     touching = [step for step in plan if " memories " in f"{step} " or " aliases " in step]
     assert touching
     assert all(step.startswith("SEARCH") for step in touching), plan
+    # The text depends on the anchor's shape only (the statement cache keeps it compiled).
+    with store.write() as w:
+        w.insert(_memory("m", content="other", at=4.0, channel=None))
+    other = store.get("t", "m")
+    statements.clear()
+    store.neighbours("t", [anchors[2], anchors[0]])
+    again = list(statements)
+    statements.clear()
+    store.neighbours("t", [other])
+    assert statements == again[:1]
+    # The same links, in the same order, as one UNION ALL of every anchor's branches.
+    links = store.neighbours("t", [*anchors, other])
+    store._NEIGHBOURS_PER_ANCHOR = False
+    statements.clear()
+    assert store.neighbours("t", [*anchors, other]) == links
+    assert len(statements) == 1
     store.close()
 
 

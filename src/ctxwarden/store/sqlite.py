@@ -75,6 +75,11 @@ WAL_BACKSTOP_PAGES = 10_000
 #: ~1 ms less a query, mostly in FTS5 ranking and row reads. The pages are the OS's file cache
 #: (shared, evictable), not the process's own memory.
 MMAP_BYTES = 1 << 32
+#: Compiled statements the connection keeps (the sqlite3 module's LRU cache, keyed by text;
+#: its default is 128). A request runs ~20 statements, several with ``IN`` lists whose length
+#: (so text) varies, and ingest others: with 128, statements used at every request fell out of
+#: the cache between requests and were compiled again.
+STATEMENT_CACHE = 1024
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
 #: Rarest terms are searched while the rows they match add up to at most this many, and no search
@@ -666,6 +671,8 @@ class SQLiteStore(MemoryReads):
     0
     """
 
+    _NEIGHBOURS_PER_ANCHOR = True
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._lock = threading.RLock()
@@ -673,7 +680,11 @@ class SQLiteStore(MemoryReads):
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=30.0,
+                cached_statements=STATEMENT_CACHE,
             )
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
