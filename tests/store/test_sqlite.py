@@ -12,7 +12,7 @@ import pytest
 from ctxwarden.errors import StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import NewMemory, TokenCount
-from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.store.sqlite import COMPOUND_REUSE, SQLiteStore
 
 
 def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,
@@ -140,7 +140,8 @@ def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path
     touching = [step for step in plan if " memories " in f"{step} " or " aliases " in step]
     assert touching
     assert all(step.startswith("SEARCH") for step in touching), plan
-    # The text depends on the anchor's shape only (the statement cache keeps it compiled).
+    # A new compound text runs one statement per anchor, whose text depends on the anchor's
+    # shape only (the statement cache keeps it compiled).
     with store.write() as w:
         w.insert(_memory("m", content="other", at=4.0, channel=None))
     other = store.get("t", "m")
@@ -150,9 +151,10 @@ def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path
     statements.clear()
     store.neighbours("t", [other])
     assert statements == again[:1]
-    # The same links, in the same order, as one UNION ALL of every anchor's branches.
+    # A compound text that keeps coming back runs as one UNION ALL: the same links in order.
     links = store.neighbours("t", [*anchors, other])
-    store._NEIGHBOURS_PER_ANCHOR = False
+    for _ in range(COMPOUND_REUSE - 1):
+        assert store.neighbours("t", [*anchors, other]) == links
     statements.clear()
     assert store.neighbours("t", [*anchors, other]) == links
     assert len(statements) == 1

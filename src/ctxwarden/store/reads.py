@@ -280,11 +280,10 @@ class MemoryReads:
             out.extend(memory_of(r) for r in rows)
         return out
 
-    #: Run :meth:`neighbours` as one statement per anchor (SQLite: each anchor's statement has
-    #: one of a few texts, so the connection's statement cache keeps it compiled; one
-    #: ``UNION ALL`` over every anchor had a new text at each call and compiling it cost more
-    #: than running it) rather than one statement for all (a server: one round trip).
-    _NEIGHBOURS_PER_ANCHOR = False
+    def _compiled(self, sql: str) -> bool:
+        """Whether ``sql`` is likely compiled already (see :meth:`neighbours`). A server
+        backend: always (one round trip beats several)."""
+        return True
 
     def neighbours(
         self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
@@ -293,33 +292,28 @@ class MemoryReads:
         of small index range scans (``memories_channel_recent``, ``memories_thread``,
         ``memories_reply``, the ``(tenant, id)`` key), each bounded by its own ``LIMIT``, so a
         message with thousands of replies costs ``replies`` rows. One statement for every
-        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT), or one per
-        anchor (``_NEIGHBOURS_PER_ANCHOR``): the same rows in the same order."""
+        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT). A statement whose
+        text is new (:meth:`_compiled`) runs as one statement per anchor instead, whose text
+        depends only on that anchor's shape (thread, channel, reply): compiling a 32-branch
+        ``UNION ALL`` costs SQLite ~10 times running it. The same rows in the same order."""
         per_anchor = [_neighbour_branches(tenant, a, turns, replies) for a in anchors]
-        if self._NEIGHBOURS_PER_ANCHOR:
-            groups = [[index] for index in range(len(anchors))]
-        else:
-            groups = [list(range(s, min(s + 40, len(anchors)))) for s in range(0, len(anchors), 40)]
         links: list[Link] = []
-        for group in groups:
-            branches: list[str] = []
-            params: list[Any] = []
-            for number, index in enumerate(group):
-                for relation, where, args, order, limit in per_anchor[index]:
-                    # Literal position and relation (ints and fixed words, never user text).
-                    alias = f"b{len(branches)}"
-                    branches.append(
-                        f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
-                        f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND "
-                        f"{where} ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
-                    )
-                    params.extend((tenant, *args))
-            if not branches:
+        for start in range(0, len(anchors), 40):
+            group = list(range(start, min(start + 40, len(anchors))))
+            sql, params = _neighbour_statement(tenant, [per_anchor[i] for i in group])
+            if not sql:
                 continue
-            for row in self._read(" UNION ALL ".join(branches), params):
-                memory, index = memory_of(row[2:]), group[int(row[0])]
-                if memory.rowid != anchors[index].rowid:
-                    links.append(Link(index, str(row[1]), memory))
+            if len(group) == 1 or self._compiled(sql):
+                statements = [(group, sql, params)]
+            else:
+                statements = [([i], *_neighbour_statement(tenant, [per_anchor[i]])) for i in group]
+            for indexes, text, args in statements:
+                if not text:
+                    continue
+                for row in self._read(text, args):
+                    memory, index = memory_of(row[2:]), indexes[int(row[0])]
+                    if memory.rowid != anchors[index].rowid:
+                        links.append(Link(index, str(row[1]), memory))
         return links
 
     def compaction_candidates(
@@ -402,6 +396,26 @@ class MemoryReads:
 
 
 _FORWARD, _BACKWARD = "created_at, rowid", "created_at DESC, rowid DESC"
+
+
+def _neighbour_statement(
+    tenant: str, anchors: Sequence[list[tuple[str, str, list[Any], str, int]]]
+) -> tuple[str, list[Any]]:
+    """One ``UNION ALL`` of these anchors' branches (:func:`_neighbour_branches`), each row led
+    by its anchor's position in ``anchors`` and its relation; ("", []) without branches."""
+    branches: list[str] = []
+    params: list[Any] = []
+    for number, branch_list in enumerate(anchors):
+        for relation, where, args, order, limit in branch_list:
+            # Literal position and relation (ints and fixed words, never user text).
+            alias = f"b{len(branches)}"
+            branches.append(
+                f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
+                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where} "
+                f"ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
+            )
+            params.extend((tenant, *args))
+    return " UNION ALL ".join(branches), params
 
 
 def _neighbour_branches(
