@@ -303,3 +303,27 @@ def test_the_lookup_bucket_is_the_indexed_expression() -> None:
         (expected,) = store._query(f"SELECT CAST(? / {_BUCKET_SECONDS} AS INTEGER)", (at,))[0]
         assert bucket_of(at) == expected, at
     store.close()
+
+
+def test_search_reads_only_rows_not_known(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        for i in range(12):
+            w.insert(_memory(f"m{i}", content=f"deploy note {i}", at=float(i)))
+    plain = store.search("t", ["deploy"], limit=5)
+    read: list[list[Any]] = []
+    query = store._query
+
+    def counted(sql: str, params: Any) -> list[Any]:
+        if "FROM memory_rows WHERE rowid IN" in sql:
+            read.append(list(params[:-1]))
+        return query(sql, params)
+
+    store._query = counted  # type: ignore[method-assign]
+    known = {m.rowid: m for m, _ in plain[:3]}
+    assert store.search("t", ["deploy"], limit=5, known=known) == plain
+    assert read == [[m.rowid for m, _ in plain[3:]]]
+    read.clear()
+    assert store.search("t", ["deploy"], limit=5, known={m.rowid: m for m, _ in plain}) == plain
+    assert read == []
+    store.close()

@@ -390,12 +390,15 @@ class Store(Protocol):
         *,
         limit: int = 100,
         require: Collection[str] = (),
+        known: Mapping[int, Memory] | None = None,
     ) -> list[tuple[Memory, float]]:
         """Full-text candidates for ``terms`` (any of them), best first, with a positive score.
 
         With ``require`` (some of ``terms``), nothing is searched (``[]``) unless one of them is
         among the terms worth searching (too common ones are left out): a bridge hop on a
-        hit's new words whose every new word is too common would repeat the main search."""
+        hit's new words whose every new word is too common would repeat the main search.
+        ``known``: memories of ``tenant`` read earlier in the same retrieval, by rowid; a
+        backend may return these instead of reading their rows again (the same results)."""
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached token counts for these memories under ``tokenizer`` (missing ones left out)."""
