@@ -132,6 +132,7 @@ class Alias:
     created_at: float
 
 
+@fast_init  # an assemble reads a few hundred (~0.5 us each, against ~0.7)
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenCount:
     """Tokens of one memory under one tokenizer: as a chat message and as a rendered line."""

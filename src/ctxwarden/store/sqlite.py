@@ -909,7 +909,7 @@ class SQLiteStore(MemoryReads):
             "WHERE memories_fts MATCH ? AND rowid >= ? ORDER BY score, rowid LIMIT ?",
             (match, floor, page),
         )
-        rank = {int(r[0]): float(r[1]) for r in ranked_rows}
+        rank: dict[int, float] = dict(ranked_rows)  # (rowid INTEGER, bm25 REAL) pairs
         found: list[tuple[Memory, float]] = []
         ids = list(rank)
         # Rows are read in rank order, only as many as the tenant's best `limit` need (with a
@@ -973,8 +973,8 @@ class SQLiteStore(MemoryReads):
         """The (quoted) terms found in :data:`VERY_COMMON_SHARE` of the rows or more: decided by
         their counts in a store of up to :data:`VERY_COMMON_WINDOW` rows, else by their share of
         the newest that many rows (cached 10 minutes)."""
-        if len(frequency) < 2:
-            return set()
+        if len(frequency) < 2 or max(frequency.values()) < VERY_COMMON_MIN_ROWS:
+            return set()  # none can be (no statement: a term in fewer rows never is)
         stored = int(self._query("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
         if stored <= VERY_COMMON_WINDOW:
             cutoff = very_common_rows(stored)
