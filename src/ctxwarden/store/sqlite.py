@@ -973,8 +973,10 @@ class SQLiteStore(MemoryReads):
         """The (quoted) terms found in :data:`VERY_COMMON_SHARE` of the rows or more: decided by
         their counts in a store of up to :data:`VERY_COMMON_WINDOW` rows, else by their share of
         the newest that many rows (cached 10 minutes)."""
-        if len(frequency) < 2 or max(frequency.values()) < VERY_COMMON_MIN_ROWS:
-            return set()  # none can be (no statement: a term in fewer rows never is)
+        if len(frequency) < 2 or max(frequency.values()) < min(
+            VERY_COMMON_MIN_ROWS, COMMON_TERM_ROWS
+        ):
+            return set()  # none can be: a term in fewer rows never is (either branch below)
         stored = int(self._query("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
         if stored <= VERY_COMMON_WINDOW:
             cutoff = very_common_rows(stored)
