@@ -484,7 +484,7 @@ class Store(Protocol):
     def neighbours(
         self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
     ) -> list[Link]:
-        """The conversation around each anchor, in one indexed statement: up to ``turns``
+        """The conversation around each anchor, in indexed statements: up to ``turns``
         ``message`` memories before and after it in its place (its thread when it replies in
         one, else its session and channel), its parent (through an alias if the parent was
         folded) and thread root, and the first ``replies`` replies to it and to its parent
