@@ -255,7 +255,9 @@ def retrieve(
             extra_terms = [t for t in query_terms(memories[rowid].content) if t not in asked][:4]
             if extra_terms:
                 # Only if a new word is worth searching: else the hop repeats the main search.
-                found = store.search(tenant, [*extra_terms, *terms], limit=hop, require=extra_terms)
+                found = store.search(
+                    tenant, [*extra_terms, *terms], limit=hop, require=extra_terms, known=memories
+                )
                 add("bridge", found)
 
     sources = (

@@ -524,6 +524,30 @@ def test_search_ranks_and_filters(store: Store) -> None:
     assert [m.id for m, _ in store.search("t", ['"quoted" noon'])] in ([], ["b"])
 
 
+def test_search_with_known_rows_gives_the_same_hits(store: Store) -> None:
+    with store.write() as w:
+        for i in range(30):
+            w.insert(_memory(f"m{i}", content=f"deploy {'kafka ' * (i % 4)}note {i}", at=i))
+        w.insert(_memory("x", tenant="u", content="deploy kafka elsewhere"))
+    plain = store.search("t", ["deploy", "kafka"], limit=10)
+    # Known rows: some of the hits (one changed, to tell where it came from), a non-hit and
+    # another tenant's memory under a hit's rowid (never taken for this tenant's row).
+    first, second = plain[0][0], plain[1][0]
+    other = store.search("u", ["kafka"])[0][0]
+    known = {
+        first.rowid: first,
+        second.rowid: second._replace(content="as read before"),
+        plain[2][0].rowid: other._replace(rowid=plain[2][0].rowid),
+        store.get("t", "m29").rowid: store.get("t", "m29"),
+    }
+    again = store.search("t", ["deploy", "kafka"], limit=10, known=known)
+    assert [(m.rowid, s) for m, s in again] == [(m.rowid, s) for m, s in plain]
+    assert [m for m, _ in again][2:] == [m for m, _ in plain][2:]
+    assert again[0][0] == first
+    assert again[1][0].content in ("as read before", second.content)  # a backend may re-read
+    assert store.search("t", ["zebra"], known=known) == []
+
+
 def test_iter_memories_pages_in_order(store: Store) -> None:
     with store.write() as w:
         for i in range(1203):

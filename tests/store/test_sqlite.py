@@ -12,7 +12,7 @@ import pytest
 from ctxwarden.errors import StoreError
 from ctxwarden.store import migrations
 from ctxwarden.store.base import NewMemory, TokenCount
-from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.store.sqlite import COMPOUND_REUSE, SQLiteStore
 
 
 def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,
@@ -112,7 +112,7 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     store.close()
 
 
-def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
+def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "x.db")
     with store.write() as w:
         w.insert(_memory("a", content="a question?", at=1.0))
@@ -136,10 +136,28 @@ def test_neighbours_is_one_statement_of_index_searches(tmp_path: Path) -> None:
     assert {(link.anchor, link.relation, link.memory.id) for link in links} >= {
         (0, "reply", "b"), (1, "parent", "a")
     }  # fmt: skip
-    assert len(statements) == 1
+    assert len(statements) == 3
     touching = [step for step in plan if " memories " in f"{step} " or " aliases " in step]
     assert touching
     assert all(step.startswith("SEARCH") for step in touching), plan
+    # A new compound text runs one statement per anchor, whose text depends on the anchor's
+    # shape only (the statement cache keeps it compiled).
+    with store.write() as w:
+        w.insert(_memory("m", content="other", at=4.0, channel=None))
+    other = store.get("t", "m")
+    statements.clear()
+    store.neighbours("t", [anchors[2], anchors[0]])
+    again = list(statements)
+    statements.clear()
+    store.neighbours("t", [other])
+    assert statements == again[:1]
+    # A compound text that keeps coming back runs as one UNION ALL: the same links in order.
+    links = store.neighbours("t", [*anchors, other])
+    for _ in range(COMPOUND_REUSE - 1):
+        assert store.neighbours("t", [*anchors, other]) == links
+    statements.clear()
+    assert store.neighbours("t", [*anchors, other]) == links
+    assert len(statements) == 1
     store.close()
 
 
@@ -284,4 +302,28 @@ def test_the_lookup_bucket_is_the_indexed_expression() -> None:
     for at in (0.0, 299.999, 300.0, -0.5, -300.0, 1_800_000_123.25, 1e300, -1e300):
         (expected,) = store._query(f"SELECT CAST(? / {_BUCKET_SECONDS} AS INTEGER)", (at,))[0]
         assert bucket_of(at) == expected, at
+    store.close()
+
+
+def test_search_reads_only_rows_not_known(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    with store.write() as w:
+        for i in range(12):
+            w.insert(_memory(f"m{i}", content=f"deploy note {i}", at=float(i)))
+    plain = store.search("t", ["deploy"], limit=5)
+    read: list[list[Any]] = []
+    query = store._query
+
+    def counted(sql: str, params: Any) -> list[Any]:
+        if "FROM memory_rows WHERE rowid IN" in sql:
+            read.append(list(params[:-1]))
+        return query(sql, params)
+
+    store._query = counted  # type: ignore[method-assign]
+    known = {m.rowid: m for m, _ in plain[:3]}
+    assert store.search("t", ["deploy"], limit=5, known=known) == plain
+    assert read == [[m.rowid for m, _ in plain[3:]]]
+    read.clear()
+    assert store.search("t", ["deploy"], limit=5, known={m.rowid: m for m, _ in plain}) == plain
+    assert read == []
     store.close()

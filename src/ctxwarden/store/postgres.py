@@ -483,10 +483,12 @@ class PostgresStore(MemoryReads):
         *,
         limit: int = 100,
         require: Collection[str] = (),
+        known: Mapping[int, Memory] | None = None,
     ) -> list[tuple[Memory, float]]:
         """tsvector/GIN search, any term (a phrase each), ranked by BM25 as FTS5 ranks it
         (per-tenant IDF, saturated term frequency, length normalisation; common terms dropped
         as on SQLite): see :mod:`ctxwarden.store.pg_lexical`. Positive scores, higher is better.
+        ``known`` is accepted and not used: one statement ranks and reads the rows here.
         """
         plan = self._lexical.statement(self._query, tenant, terms, limit, require=require)
         if plan is None:

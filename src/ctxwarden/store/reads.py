@@ -280,72 +280,40 @@ class MemoryReads:
             out.extend(memory_of(r) for r in rows)
         return out
 
+    def _compiled(self, sql: str) -> bool:
+        """Whether ``sql`` is likely compiled already (see :meth:`neighbours`). A server
+        backend: always (one round trip beats several)."""
+        return True
+
     def neighbours(
         self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
     ) -> list[Link]:
-        """The conversation around each anchor (see :meth:`Store.neighbours`): one statement,
-        a ``UNION ALL`` of small index range scans (``memories_channel_recent``,
-        ``memories_thread``, ``memories_reply``, the ``(tenant, id)`` key), each bounded by its
-        own ``LIMIT``, so a message with thousands of replies costs ``replies`` rows. Beyond
-        40 anchors, one statement per 40 (SQLite allows 500 terms in a compound SELECT)."""
-        if len(anchors) > 40:
-            return [
-                Link(start + link.anchor, link.relation, link.memory)
-                for start in range(0, len(anchors), 40)
-                for link in self.neighbours(
-                    tenant, anchors[start : start + 40], turns=turns, replies=replies
-                )
-            ]
-        branches: list[str] = []
-        params: list[Any] = []
-
-        def branch(index: int, relation: str, where: str, args: Sequence[Any], order: str,
-                   limit: int) -> None:  # fmt: skip
-            # Literal anchor index and relation (ints and fixed words, never user text).
-            branches.append(
-                f"SELECT {index} AS anchor, '{relation}' AS relation, b{len(branches)}.* FROM "
-                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where} "
-                f"ORDER BY {order} LIMIT {int(limit)}) AS b{len(branches)}"
-            )
-            params.extend((tenant, *args))
-
-        forward, backward = "created_at, rowid", "created_at DESC, rowid DESC"
-        for index, anchor in enumerate(anchors):
-            at = (anchor.created_at, anchor.rowid)
-            in_thread = anchor.thread_id is not None and anchor.thread_id != anchor.id
-            if in_thread:
-                place, place_args = "thread_id = ?", [anchor.thread_id]
-            elif anchor.channel is None:
-                place, place_args = "session = ? AND channel IS NULL", [anchor.session]
-            else:
-                place, place_args = "session = ? AND channel = ?", [anchor.session, anchor.channel]
-            if turns > 0:
-                branch(index, "before", f"{place} AND kind = 'message' AND (created_at, rowid) "
-                       "< (?, ?)", [*place_args, *at], backward, turns)  # fmt: skip
-                branch(index, "after", f"{place} AND kind = 'message' AND (created_at, rowid) "
-                       "> (?, ?)", [*place_args, *at], forward, turns)  # fmt: skip
-            if anchor.reply_to is not None:
-                branch(index, "parent", "id = ?", [anchor.reply_to], "rowid", 1)
-                alias = "rowid = (SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)"
-                branch(index, "parent", alias, [tenant, anchor.reply_to], "rowid", 1)
-                if replies > 0:
-                    branch(index, "sibling", "reply_to = ? AND kind = 'message' AND rowid <> ?",
-                           [anchor.reply_to, anchor.rowid], forward, replies)  # fmt: skip
-            if in_thread and anchor.thread_id != anchor.reply_to:
-                branch(index, "root", "id = ?", [anchor.thread_id], "rowid", 1)
-            if replies > 0:
-                branch(index, "reply", "reply_to = ? AND kind = 'message'", [anchor.id], forward,
-                       replies)  # fmt: skip
-                if not in_thread:
-                    branch(index, "reply", "thread_id = ? AND kind = 'message'", [anchor.id],
-                           forward, replies)  # fmt: skip
-        if not branches:
-            return []
+        """The conversation around each anchor (see :meth:`Store.neighbours`): a ``UNION ALL``
+        of small index range scans (``memories_channel_recent``, ``memories_thread``,
+        ``memories_reply``, the ``(tenant, id)`` key), each bounded by its own ``LIMIT``, so a
+        message with thousands of replies costs ``replies`` rows. One statement for every
+        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT). A statement whose
+        text is new (:meth:`_compiled`) runs as one statement per anchor instead, whose text
+        depends only on that anchor's shape (thread, channel, reply): compiling a 32-branch
+        ``UNION ALL`` costs SQLite ~10 times running it. The same rows in the same order."""
+        per_anchor = [_neighbour_branches(tenant, a, turns, replies) for a in anchors]
         links: list[Link] = []
-        for row in self._read(" UNION ALL ".join(branches), params):
-            memory, index = memory_of(row[2:]), int(row[0])
-            if memory.rowid != anchors[index].rowid:
-                links.append(Link(index, str(row[1]), memory))
+        for start in range(0, len(anchors), 40):
+            group = list(range(start, min(start + 40, len(anchors))))
+            sql, params = _neighbour_statement(tenant, [per_anchor[i] for i in group])
+            if not sql:
+                continue
+            if len(group) == 1 or self._compiled(sql):
+                statements = [(group, sql, params)]
+            else:
+                statements = [([i], *_neighbour_statement(tenant, [per_anchor[i]])) for i in group]
+            for indexes, text, args in statements:
+                if not text:
+                    continue
+                for row in self._read(text, args):
+                    memory, index = memory_of(row[2:]), indexes[int(row[0])]
+                    if memory.rowid != anchors[index].rowid:
+                        links.append(Link(index, str(row[1]), memory))
         return links
 
     def compaction_candidates(
@@ -425,3 +393,64 @@ class MemoryReads:
             for row in rows:
                 yield memory_of(row)
             last = (rows[-1][9], rows[-1][0])
+
+
+_FORWARD, _BACKWARD = "created_at, rowid", "created_at DESC, rowid DESC"
+
+
+def _neighbour_statement(
+    tenant: str, anchors: Sequence[list[tuple[str, str, list[Any], str, int]]]
+) -> tuple[str, list[Any]]:
+    """One ``UNION ALL`` of these anchors' branches (:func:`_neighbour_branches`), each row led
+    by its anchor's position in ``anchors`` and its relation; ("", []) without branches."""
+    branches: list[str] = []
+    params: list[Any] = []
+    for number, branch_list in enumerate(anchors):
+        for relation, where, args, order, limit in branch_list:
+            # Literal position and relation (ints and fixed words, never user text).
+            alias = f"b{len(branches)}"
+            branches.append(
+                f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
+                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where} "
+                f"ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
+            )
+            params.extend((tenant, *args))
+    return " UNION ALL ".join(branches), params
+
+
+def _neighbour_branches(
+    tenant: str, anchor: Memory, turns: int, replies: int
+) -> list[tuple[str, str, list[Any], str, int]]:
+    """The branches of :meth:`MemoryReads.neighbours` for one anchor, in order: (relation,
+    condition, its parameters, order, limit). The text depends only on the anchor's shape
+    (thread, channel, reply) and the limits, never on its values."""
+    out: list[tuple[str, str, list[Any], str, int]] = []
+    at = [anchor.created_at, anchor.rowid]
+    in_thread = anchor.thread_id is not None and anchor.thread_id != anchor.id
+    place_args: list[Any]
+    if in_thread:
+        place, place_args = "thread_id = ?", [anchor.thread_id]
+    elif anchor.channel is None:
+        place, place_args = "session = ? AND channel IS NULL", [anchor.session]
+    else:
+        place, place_args = "session = ? AND channel = ?", [anchor.session, anchor.channel]
+    if turns > 0:
+        out.append(("before", f"{place} AND kind = 'message' AND (created_at, rowid) < (?, ?)",
+                    [*place_args, *at], _BACKWARD, turns))  # fmt: skip
+        out.append(("after", f"{place} AND kind = 'message' AND (created_at, rowid) > (?, ?)",
+                    [*place_args, *at], _FORWARD, turns))  # fmt: skip
+    if anchor.reply_to is not None:
+        out.append(("parent", "id = ?", [anchor.reply_to], "rowid", 1))
+        alias = "rowid = (SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ?)"
+        out.append(("parent", alias, [tenant, anchor.reply_to], "rowid", 1))
+        if replies > 0:
+            out.append(("sibling", "reply_to = ? AND kind = 'message' AND rowid <> ?",
+                        [anchor.reply_to, anchor.rowid], _FORWARD, replies))  # fmt: skip
+    if in_thread and anchor.thread_id != anchor.reply_to:
+        out.append(("root", "id = ?", [anchor.thread_id], "rowid", 1))
+    if replies > 0:
+        out.append(("reply", "reply_to = ? AND kind = 'message'", [anchor.id], _FORWARD, replies))
+        if not in_thread:
+            out.append(("reply", "thread_id = ? AND kind = 'message'", [anchor.id], _FORWARD,
+                        replies))  # fmt: skip
+    return out

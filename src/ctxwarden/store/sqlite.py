@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,17 @@ WAL_BACKSTOP_PAGES = 10_000
 #: ~1 ms less a query, mostly in FTS5 ranking and row reads. The pages are the OS's file cache
 #: (shared, evictable), not the process's own memory.
 MMAP_BYTES = 1 << 32
+#: Compiled statements the connection keeps (the sqlite3 module's LRU cache, keyed by text;
+#: its default is 128). A request runs ~20 statements, several with ``IN`` lists whose length
+#: (so text) varies, and ingest others: with 128, statements used at every request fell out of
+#: the cache between requests and were compiled again.
+STATEMENT_CACHE = 1024
+#: A compound statement (neighbours of several anchors) runs as one statement once its text
+#: came this many times, else as one statement per anchor (see ``SQLiteStore._compiled``).
+#: Over 200 retrievals among threads and replies, 199 texts were distinct: one statement each
+#: cost ~5 ms CPU a call (compiling), one per anchor 0.7 ms; a chat server's anchors (one
+#: shape) repeat a few texts, where one cached statement costs ~5 % less than one per anchor.
+COMPOUND_REUSE = 8
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
 #: Rarest terms are searched while the rows they match add up to at most this many, and no search
@@ -673,7 +684,11 @@ class SQLiteStore(MemoryReads):
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=30.0,
+                cached_statements=STATEMENT_CACHE,
             )
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = NORMAL")
@@ -697,6 +712,8 @@ class SQLiteStore(MemoryReads):
         self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
+        # Runs of each compound statement's text, by hash (see _compiled), least recent first.
+        self._seen_texts: dict[int, int] = {}
         self._common_cache: dict[str, tuple[bool, float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
         # The change stamp (see _change_stamp) each cached scope was last checked at.
@@ -798,22 +815,36 @@ class SQLiteStore(MemoryReads):
             "SELECT ?, key, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
             (cursor.lastrowid, rows),
         )
-        # One row per memory even if a caller lists it twice: sum its tokens. The stats live in
-        # the narrow memory_access (migration 8), not in the wide memory row; the join skips a
-        # memory erased since it was retrieved (its stats row would break the foreign key).
+        # One row per memory even if a caller lists it twice: its tokens summed here (a GROUP
+        # BY in the statement cost ~20 % more). The stats live in the narrow memory_access
+        # (migration 8), not in the wide memory row; the join skips a memory erased since it
+        # was retrieved (its stats row would break the foreign key).
+        tokens: dict[int, int] = {}
+        for i in entry.inclusions:
+            tokens[i.rowid] = tokens.get(i.rowid, 0) + i.tokens
         self._conn.execute(
-            "WITH inc(rowid, tokens) AS (SELECT value ->> 0, sum(value ->> 3) "
-            "FROM json_each(?) GROUP BY 1) "
-            f"{ACCESS_UPSERT} SELECT inc.rowid, 1, ?, 1.0, ?, inc.tokens "
-            "FROM inc JOIN memories m ON m.rowid = inc.rowid WHERE true "
-            f"{_ACCESS_BUMP}",
-            (rows, now, now),
+            f"{ACCESS_UPSERT} SELECT m.rowid, 1, ?, 1.0, ?, j.value ->> 1 FROM json_each(?) j "
+            f"JOIN memories m ON m.rowid = j.value ->> 0 WHERE true {_ACCESS_BUMP}",
+            (now, now, json.dumps(list(tokens.items()), separators=(",", ":"))),
         )
 
     # -- reads ------------------------------------------------------------------------------
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._query(sql, params)
+
+    def _compiled(self, sql: str) -> bool:
+        """Whether this text ran :data:`COMPOUND_REUSE` times already (counted here, by hash):
+        compiling a neighbour statement of many branches costs ~10 times running it, so it is
+        worth compiling only if it keeps coming back to the statement cache. Those of anchors
+        of one shape do (a chat server's), those of threads and replies rarely repeat."""
+        key = hash(sql)
+        with self._lock:
+            count = self._seen_texts.pop(key, 0)
+            if len(self._seen_texts) >= STATEMENT_CACHE // 4:
+                del self._seen_texts[next(iter(self._seen_texts))]
+            self._seen_texts[key] = count + 1  # the most recent last
+            return count >= COMPOUND_REUSE
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
         with self._lock:
@@ -830,8 +861,11 @@ class SQLiteStore(MemoryReads):
         *,
         limit: int = 100,
         require: Collection[str] = (),
+        known: Mapping[int, Memory] | None = None,
     ) -> list[tuple[Memory, float]]:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
+        Rows in ``known`` (this tenant's memories by rowid, read earlier in the same retrieval)
+        are not read again: a bridge hop's hits were ~60 % of them (~4 us a row read).
 
         With more than two terms, the rarest are searched while the rows they match add up to
         at most :func:`row_budget` (``limit``), and none found in :data:`COMMON_TERM_ROWS` rows
@@ -875,7 +909,7 @@ class SQLiteStore(MemoryReads):
             "WHERE memories_fts MATCH ? AND rowid >= ? ORDER BY score, rowid LIMIT ?",
             (match, floor, page),
         )
-        rank = {int(r[0]): float(r[1]) for r in ranked_rows}
+        rank: dict[int, float] = dict(ranked_rows)  # (rowid INTEGER, bm25 REAL) pairs
         found: list[tuple[Memory, float]] = []
         ids = list(rank)
         # Rows are read in rank order, only as many as the tenant's best `limit` need (with a
@@ -887,6 +921,17 @@ class SQLiteStore(MemoryReads):
             wanted = limit - len(found)
             chunk = ids[start : start + (wanted if not start else min(500, max(wanted, 16)))]
             start += len(chunk)
+            if known:
+                unread = []
+                for rowid in chunk:
+                    memory = known.get(rowid)
+                    if memory is not None and memory.tenant == tenant:
+                        found.append((memory, -rank[rowid]))
+                    else:
+                        unread.append(rowid)
+                chunk = unread
+                if not chunk:
+                    continue
             marks = ",".join("?" * len(chunk))
             for row in self._query(
                 f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
@@ -928,8 +973,10 @@ class SQLiteStore(MemoryReads):
         """The (quoted) terms found in :data:`VERY_COMMON_SHARE` of the rows or more: decided by
         their counts in a store of up to :data:`VERY_COMMON_WINDOW` rows, else by their share of
         the newest that many rows (cached 10 minutes)."""
-        if len(frequency) < 2:
-            return set()
+        if len(frequency) < 2 or max(frequency.values()) < min(
+            VERY_COMMON_MIN_ROWS, COMMON_TERM_ROWS
+        ):
+            return set()  # none can be: a term in fewer rows never is (either branch below)
         stored = int(self._query("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
         if stored <= VERY_COMMON_WINDOW:
             cutoff = very_common_rows(stored)
@@ -955,21 +1002,19 @@ class SQLiteStore(MemoryReads):
         return found
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
-        """Cached counts for these rowids under ``tokenizer``."""
-        out: dict[int, TokenCount] = {}
-        ids = list(rowids)
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
+        """Cached counts for these rowids under ``tokenizer``. One statement of one text (the
+        rowids as a JSON array): an ``IN`` list's text changes with its length, and each new
+        length was compiled again."""
+        if not rowids:
+            return {}
+        return {
+            rowid: TokenCount(rowid=rowid, tokenizer=tokenizer, message=message, line=line)
             for rowid, message, line in self._query(
-                f"SELECT memory_rowid, message, line FROM token_counts WHERE tokenizer = ? "
-                f"AND memory_rowid IN ({marks})",
-                [tokenizer, *chunk],
-            ):
-                out[rowid] = TokenCount(
-                    rowid=rowid, tokenizer=tokenizer, message=message, line=line
-                )
-        return out
+                "SELECT t.memory_rowid, t.message, t.line FROM json_each(?) j "
+                "JOIN token_counts t ON t.memory_rowid = j.value AND t.tokenizer = ?",
+                (json.dumps([int(r) for r in rowids], separators=(",", ":")), tokenizer),
+            )
+        }
 
     def vacuum(self) -> None:
         """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
