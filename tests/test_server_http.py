@@ -378,3 +378,11 @@ def test_the_key_check_and_the_engine_work_share_one_worker_thread(
             hops.clear()
             assert client.get("/health").status_code == 200
             assert hops == []
+
+
+def test_credentials_keep_the_key_out_of_their_repr() -> None:
+    from ctxwarden.server.http import Credentials, Principal
+
+    local = Principal(tenant="default", scopes=frozenset({"read"}))
+    credentials = Credentials(token="cw_id_s3cret", authenticate=lambda _token: local)
+    assert "s3cret" not in repr(credentials)

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio.to_thread
@@ -367,8 +367,8 @@ class Credentials:
     costs one thread hop rather than one for the check and another for the work.
     """
 
-    token: str | None
-    authenticate: Callable[[str | None], Principal]
+    token: str | None = field(repr=False)  # keys never reach logs or reprs
+    authenticate: Callable[[str | None], Principal] = field(repr=False)
 
     async def run(self, scope: str, work: Callable[[Principal], _T]) -> _T:
         """In one worker thread: the caller's principal, which must hold ``scope``, then
