@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from ctxwarden.errors import (
     StoreError,
     UpstreamError,
 )
-from ctxwarden.server.http import ServerConfig, create_app, status_for
+from ctxwarden.server.http import SCOPES, ServerConfig, create_app, status_for
 from serving import serve
 
 JSON = {"content-type": "application/json"}
@@ -291,3 +292,97 @@ def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: s
     assert {c["id"] for c in detailed["candidates"]} >= {"m3"}
     assert bad.status_code == 422
     assert bad.json()["error"]["field"] == "query.report"
+
+
+def test_a_missing_or_malformed_key_is_refused_before_the_body_is_validated() -> None:
+    from ctxwarden.server.http import Principal
+
+    checked: list[str | None] = []
+
+    def authenticate(token: str | None) -> Principal:
+        checked.append(token)
+        if token != "good":
+            raise AuthError("unknown key")
+        return Principal(tenant="default", scopes=frozenset({"read"}))
+
+    bad_body = {"query": "no session"}
+    with (
+        Engine.open(":memory:") as engine,
+        serve(create_app(engine, ServerConfig(authenticate=authenticate))) as url,
+        httpx.Client(base_url=url) as client,
+    ):
+        for headers in ({}, {"Authorization": "Basic good"}, {"Authorization": "Bearer"}):
+            r = client.post("/v1/assemble", json=bad_body, headers=headers)
+            assert r.status_code == 401, (headers, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert checked == []  # refused from the header alone
+        good = {"Authorization": "Bearer good"}
+        assert client.post("/v1/assemble", json=bad_body, headers=good).status_code == 422
+        unknown = {"Authorization": "Bearer nope"}
+        body = {"session": "s", "query": "hello"}
+        assert client.post("/v1/assemble", json=body, headers=unknown).status_code == 401
+        assert client.post("/v1/ingest", json={"records": RECORDS}, headers=good).status_code == 403
+        assert client.post("/v1/assemble", json=body, headers=good).status_code == 200
+        assert checked == ["nope", "good", "good"]
+
+
+@pytest.mark.parametrize("keys", [True, False], ids=["authenticate", "no-auth"])
+def test_the_key_check_and_the_engine_work_share_one_worker_thread(
+    keys: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio.to_thread
+
+    from ctxwarden.server.http import Principal
+
+    hops: list[int] = []
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
+        hops.append(threading.get_ident())
+        return await real_run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted_run_sync)
+    threads: dict[str, int] = {}
+
+    def authenticate(token: str | None) -> Principal:
+        threads["auth"] = threading.get_ident()
+        return Principal(tenant="default", scopes=frozenset(SCOPES))
+
+    def on_loop(app: Any) -> Any:
+        async def middleware(scope: Any, receive: Any, send: Any) -> None:
+            threads["loop"] = threading.get_ident()
+            await app(scope, receive, send)
+
+        return middleware
+
+    config = ServerConfig(authenticate=authenticate if keys else None)
+    with Engine.open(":memory:") as engine:
+        real_assemble = engine.assemble
+
+        def assemble(**kwargs: Any) -> Any:
+            threads["engine"] = threading.get_ident()
+            return real_assemble(**kwargs)
+
+        engine.assemble = assemble  # type: ignore[method-assign]
+        app = create_app(engine, config)
+        with serve(on_loop(app)) as url, httpx.Client(base_url=url) as client:
+            headers = {"Authorization": "Bearer k"} if keys else {}
+            client.post("/v1/ingest", json={"records": RECORDS, "session": "s"}, headers=headers)
+            hops.clear()
+            r = client.post("/v1/assemble", json={"session": "s", "query": "x"}, headers=headers)
+            assert r.status_code == 200, r.text
+            assert hops == [threads["loop"]]  # one hand-off from the event loop
+            assert threads["engine"] != threads["loop"]
+            if keys:
+                assert threads["auth"] == threads["engine"]
+            hops.clear()
+            assert client.get("/health").status_code == 200
+            assert hops == []
+
+
+def test_credentials_keep_the_key_out_of_their_repr() -> None:
+    from ctxwarden.server.http import Credentials, Principal
+
+    local = Principal(tenant="default", scopes=frozenset({"read"}))
+    credentials = Credentials(token="cw_id_s3cret", authenticate=lambda _token: local)
+    assert "s3cret" not in repr(credentials)

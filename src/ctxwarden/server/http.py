@@ -36,8 +36,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio.to_thread
 from fastapi import Depends, FastAPI, Query, Request
@@ -70,6 +70,8 @@ from ctxwarden.types import Context
 __all__ = ["STATUS_BY_ERROR", "ServerConfig", "context_body", "create_app", "status_for"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: The one table from error class to HTTP status; the first matching row (most specific first)
 #: wins. A ConfigError raised while serving a request is the request naming something the
@@ -111,8 +113,10 @@ class ServerConfig:
     that run the engine's (synchronous) work; admitted requests beyond it wait for one. The GIL
     and the store's one connection serialise most of that work, so a few threads answer as
     many requests per second as forty, without forty requests interleaving (bench/serve.py).
-    ``authenticate``: maps the bearer token (or None) to a :class:`Principal`; None serves every
-    request as the engine's default tenant with every scope (a loopback development server).
+    ``authenticate``: maps the bearer token to a :class:`Principal` (in the worker thread that
+    then runs the request's work; a request without a token gets 401 before it is called); None
+    serves every request as the engine's default tenant with every scope (a loopback
+    development server).
     """
 
     max_body_bytes: int = 1 << 20
@@ -354,8 +358,50 @@ def _bearer(request: Request) -> str | None:
     return token.strip()
 
 
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a request's ``Authorization`` header says, read on the event loop (no I/O).
+
+    :meth:`run` checks them and does the endpoint's work in one worker thread: the key lookup
+    (``ServerConfig.authenticate`` reads the store) never runs on the event loop, and a request
+    costs one thread hop rather than one for the check and another for the work.
+    """
+
+    token: str | None = field(repr=False)  # keys never reach logs or reprs
+    authenticate: Callable[[str | None], Principal] = field(repr=False)
+
+    async def run(self, scope: str, work: Callable[[Principal], _T]) -> _T:
+        """In one worker thread: the caller's principal, which must hold ``scope``, then
+        ``work(principal)``."""
+
+        def call() -> _T:
+            principal = self.authenticate(self.token)
+            principal.require(scope)
+            return work(principal)
+
+        return await anyio.to_thread.run_sync(call)
+
+
+async def credentials_of(request: Request) -> Credentials:
+    """The caller's credentials (the dependency every endpoint takes). It runs before the body
+    is validated: a missing or malformed ``Authorization`` header is a 401 even for a bad body;
+    the key itself is checked in the endpoint's worker thread (:meth:`Credentials.run`)."""
+    token = _bearer(request)
+    config: ServerConfig = request.app.state.config
+    if config.authenticate is None:
+        local: Credentials = request.app.state.local_credentials
+        return local
+    if token is None:
+        raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+    return Credentials(token=token, authenticate=config.authenticate)
+
+
+CallerCredentials = Annotated[Credentials, Depends(credentials_of)]
+
+
 def principal_of(request: Request) -> Principal:
-    """The caller of ``request`` (the dependency every endpoint takes)."""
+    """The caller of ``request``, authenticated where this runs (the proxy's dependency; the
+    HTTP API's endpoints take :func:`credentials_of` and check the key in their worker)."""
     token = _bearer(request)
     config: ServerConfig = request.app.state.config
     if config.authenticate is None:
@@ -386,6 +432,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     app.state.config = config
     metrics = Metrics()
     app.state.metrics = metrics
+    local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
+    app.state.local_credentials = Credentials(token=None, authenticate=lambda _token: local)
 
     @app.exception_handler(CtxwardenError)
     async def _ctxwarden_error(request: Request, exc: CtxwardenError) -> JSONResponse:
@@ -413,34 +461,40 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         )
 
     @app.get("/health")
-    def health() -> dict[str, str]:
+    async def health() -> dict[str, str]:
         """Liveness: the process answers."""
         return {"status": "ok"}
 
+    # Every endpoint below is async and does all its work, the key check included, in one
+    # worker thread (Credentials.run): no engine or store call runs on the event loop.
+
     @app.post("/v1/ingest")
-    def ingest(body: IngestBody, caller: Caller) -> Response:
+    async def ingest(body: IngestBody, caller: CallerCredentials) -> Response:
         """Ingest records into the caller's tenant; all or nothing."""
-        caller.require("write")
-        for number, record in enumerate(body.records, start=1):
-            if "tenant" in record and record["tenant"] != caller.tenant:
-                raise InputError(
-                    "records cannot name another tenant: leave 'tenant' out",
-                    field="tenant",
-                    line=number,
-                )
-        result = engine.ingest(body.records, tenant=caller.tenant, session=body.session)
-        metrics.observe_ingest(result.counts)
-        return _json(
-            {
-                "outcomes": [o.to_dict() for o in result.outcomes],
-                "counts": result.counts,
-            }
-        )
+
+        def work(principal: Principal) -> Response:
+            for number, record in enumerate(body.records, start=1):
+                if "tenant" in record and record["tenant"] != principal.tenant:
+                    raise InputError(
+                        "records cannot name another tenant: leave 'tenant' out",
+                        field="tenant",
+                        line=number,
+                    )
+            result = engine.ingest(body.records, tenant=principal.tenant, session=body.session)
+            metrics.observe_ingest(result.counts)
+            return _json(
+                {
+                    "outcomes": [o.to_dict() for o in result.outcomes],
+                    "counts": result.counts,
+                }
+            )
+
+        return await caller.run("write", work)
 
     @app.post("/v1/assemble")
-    def assemble(
+    async def assemble(
         body: AssembleBody,
-        caller: Caller,
+        caller: CallerCredentials,
         report: Annotated[Literal["summary", "full"], Query()] = "summary",
     ) -> Response:
         """Assemble the context of one turn.
@@ -449,93 +503,106 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         ``?report=full`` it also lists every retrieval candidate with its score components
         (hundreds for a large budget, most of the response).
         """
-        caller.require("read")
-        began = time.perf_counter()
-        context = engine.assemble(
-            session=body.session,
-            query=body.query,
-            model=body.model,
-            budget=body.budget,
-            system=body.system,
-            tools=body.tools,
-            channel=body.channel,
-            items=body.items,
-            tenant=caller.tenant,
-        )
-        metrics.observe_context(context, time.perf_counter() - began)
-        return _json(context_body(context, full=report == "full"))
+
+        def work(principal: Principal) -> Response:
+            began = time.perf_counter()
+            context = engine.assemble(
+                session=body.session,
+                query=body.query,
+                model=body.model,
+                budget=body.budget,
+                system=body.system,
+                tools=body.tools,
+                channel=body.channel,
+                items=body.items,
+                tenant=principal.tenant,
+            )
+            metrics.observe_context(context, time.perf_counter() - began)
+            return _json(context_body(context, full=report == "full"))
+
+        return await caller.run("read", work)
 
     @app.post("/v1/search")
-    def search(body: SearchBody, caller: Caller) -> Response:
+    async def search(body: SearchBody, caller: CallerCredentials) -> Response:
         """Full-text search of the caller's memories."""
-        caller.require("read")
-        hits = engine.search(body.query, tenant=caller.tenant, limit=body.limit)
-        return _json({"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]})
+
+        def work(principal: Principal) -> Response:
+            hits = engine.search(body.query, tenant=principal.tenant, limit=body.limit)
+            return _json({"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]})
+
+        return await caller.run("read", work)
 
     @app.get("/v1/memories/{memory_id}")
-    def get_memory(memory_id: str, caller: Caller) -> dict[str, Any]:
+    async def get_memory(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
         """One memory by id (or the aggregate it was folded into)."""
-        caller.require("read")
-        return engine.get(memory_id, tenant=caller.tenant).to_dict()
+        return await caller.run("read", lambda p: engine.get(memory_id, tenant=p.tenant).to_dict())
 
     @app.post("/v1/memories/{memory_id}/pin")
-    def pin(memory_id: str, caller: Caller) -> dict[str, Any]:
+    async def pin(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
         """Pin a memory: it is then always offered to the pinned block."""
-        caller.require("write")
-        return engine.pin(memory_id, pinned=True, tenant=caller.tenant).to_dict()
+        return await caller.run(
+            "write", lambda p: engine.pin(memory_id, pinned=True, tenant=p.tenant).to_dict()
+        )
 
     @app.post("/v1/memories/{memory_id}/unpin")
-    def unpin(memory_id: str, caller: Caller) -> dict[str, Any]:
+    async def unpin(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
         """Unpin a memory."""
-        caller.require("write")
-        return engine.pin(memory_id, pinned=False, tenant=caller.tenant).to_dict()
+        return await caller.run(
+            "write", lambda p: engine.pin(memory_id, pinned=False, tenant=p.tenant).to_dict()
+        )
 
     @app.delete("/v1/memories/{memory_id}")
-    def delete(memory_id: str, caller: Caller) -> dict[str, Any]:
+    async def delete(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
         """Delete a memory; a content-free tombstone remains."""
-        caller.require("delete")
-        engine.delete(memory_id, tenant=caller.tenant)
+        await caller.run("delete", lambda p: engine.delete(memory_id, tenant=p.tenant))
         return {"deleted": memory_id}
 
     @app.delete("/v1/sessions/{session}")
-    def delete_session(session: str, caller: Caller) -> dict[str, Any]:
+    async def delete_session(session: str, caller: CallerCredentials) -> dict[str, Any]:
         """Erase a session: its memories, the summaries built from them, its inclusion log."""
-        caller.require("delete")
-        return {"session": session, "deleted": engine.delete_session(session, tenant=caller.tenant)}
+        deleted = await caller.run(
+            "delete", lambda p: engine.delete_session(session, tenant=p.tenant)
+        )
+        return {"session": session, "deleted": deleted}
 
     @app.delete("/v1/tenant")
-    def delete_tenant(caller: Caller) -> dict[str, Any]:
+    async def delete_tenant(caller: CallerCredentials) -> dict[str, Any]:
         """Erase every memory of the caller's tenant and revoke its API keys (this one too)."""
-        caller.require("delete")
-        return {"tenant": caller.tenant, "deleted": engine.delete_tenant(tenant=caller.tenant)}
+        return await caller.run(
+            "delete",
+            lambda p: {"tenant": p.tenant, "deleted": engine.delete_tenant(tenant=p.tenant)},
+        )
 
     @app.get("/v1/stats")
-    def stats(caller: Caller) -> dict[str, Any]:
+    async def stats(caller: CallerCredentials) -> dict[str, Any]:
         """Counts of the caller's tenant."""
-        caller.require("read")
-        return engine.stats(tenant=caller.tenant)
+        return await caller.run("read", lambda p: engine.stats(tenant=p.tenant))
 
     @app.post("/v1/compact/plan")
-    def compact_plan(body: CompactBody, caller: Caller) -> dict[str, Any]:
+    async def compact_plan(body: CompactBody, caller: CallerCredentials) -> dict[str, Any]:
         """What compaction would do now in the caller's tenant (reads only)."""
-        caller.require("read")
-        return engine.compact_plan(policy=body.policy(), tenant=caller.tenant).to_dict()
+        return await caller.run(
+            "read", lambda p: engine.compact_plan(policy=body.policy(), tenant=p.tenant).to_dict()
+        )
 
     @app.post("/v1/compact/apply")
-    def compact_apply(body: CompactBody, caller: Caller) -> dict[str, Any]:
+    async def compact_apply(body: CompactBody, caller: CallerCredentials) -> dict[str, Any]:
         """Compact the caller's old, unused memories into summaries (extractive, offline),
         one transaction per cluster; originals leave tombstones. Needs the delete scope."""
-        caller.require("delete")
-        plan = engine.compact_plan(policy=body.policy(), tenant=caller.tenant)
-        result = engine.compact(plan)
-        metrics.observe_compaction(len(result.summaries), result.compacted)
-        return {
-            "summaries": list(result.summaries),
-            "compacted": result.compacted,
-            "already_done": result.already_done,
-            "stale": result.stale,
-            "tokens_saved": plan.tokens_saved,
-        }
+
+        def work(principal: Principal) -> dict[str, Any]:
+            plan = engine.compact_plan(policy=body.policy(), tenant=principal.tenant)
+            result = engine.compact(plan)
+            metrics.observe_compaction(len(result.summaries), result.compacted)
+            return {
+                "summaries": list(result.summaries),
+                "compacted": result.compacted,
+                "already_done": result.already_done,
+                "stale": result.stale,
+                "tokens_saved": plan.tokens_saved,
+            }
+
+        return await caller.run("delete", work)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics_endpoint() -> Response:
