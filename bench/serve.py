@@ -2,7 +2,7 @@
 
     python bench/serve.py [--requests 20000] [--saturation-requests 20000] [--rate R]
                           [--rate-share 0.5] [--connections 32] [--seed 2000] [--report summary]
-                          [--vocabulary chat|tiny] [--breakdown N]
+                          [--vocabulary chat|tiny] [--breakdown N [--warm N] [--pause MS]]
 
 Starts ``ctxwarden serve --no-auth`` on 127.0.0.1 (a free port, a temporary database) in its own
 process, seeds ``--seed`` messages over ``--sessions`` sessions, then runs two phases over
@@ -33,7 +33,9 @@ Each phase prints answered req/s, p50/p99 and errors per operation, the mean of
 request (from /proc, Linux) and the load average. The load generator shares the machine with
 the server. ``--breakdown N`` skips the server and assembles N times in process on the same kind
 of store, printing the CPU time of each phase (timers wrapped around the engine's own
-functions).
+functions), after ``--warm`` untimed ones (token counts cached, as in a running server);
+``--pause MS`` sleeps that long before each call, as a server idles between requests (the CPU
+time of the same call grows with the pause: caches go cold).
 """
 
 from __future__ import annotations
@@ -125,6 +127,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="server's worker threads")
     parser.add_argument("--breakdown", type=int, default=0, help="in-process phase CPU times")
     parser.add_argument(
+        "--warm", type=int, default=0, help="with --breakdown: untimed assembles first"
+    )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="with --breakdown: ms to sleep before each assemble (an idle core between requests)",
+    )
+    parser.add_argument(
         "--vocabulary",
         choices=["chat", "tiny"],
         default="chat",
@@ -209,13 +220,17 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
                     for _ in range(min(500, args.seed - start))
                 ]
             )  # fmt: skip
+        for _ in range(args.warm):
+            engine.assemble(session=rng.choice(sessions), query=text(8), budget=4000)
         spent.clear()
         began = time.process_time()
         for _ in range(args.breakdown):
+            if args.pause:
+                time.sleep(args.pause / 1000)  # process_time does not count the sleep
             engine.assemble(session=rng.choice(sessions), query=text(8), budget=4000)
         total = time.process_time() - began
     print(f"assemble, CPU ms per call over {args.breakdown} calls ({args.seed} messages stored, "
-          f"{args.vocabulary} vocabulary)")  # fmt: skip
+          f"{args.vocabulary} vocabulary, {args.pause:g} ms pause before each)")  # fmt: skip
     print(f"{'total':<36} {total / args.breakdown * 1000:>7.1f}")
     for _, _, label in phases:
         print(f"{label:<36} {spent[label] / args.breakdown * 1000:>7.1f}")
