@@ -332,7 +332,7 @@ def retrieve(
         picked.append(rowid)
 
     # Neighbours of the best hits: the turns around each, its thread, the other side of its
-    # question/answer pair (see _relations). One store statement for all of them.
+    # question/answer pair (see _relations), in one store call (Store.neighbours).
     expanding = w.neighbours + w.answer + w.thread > 0
     anchors = [memories[r] for r in picked[: w.expand]] if expanding else []
     links = store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies) if anchors else []
