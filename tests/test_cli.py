@@ -88,6 +88,10 @@ def test_demo_runs() -> None:
     result = ctxwarden("demo")
     assert "recent" in result.stdout
     assert "persistent" in result.stdout
+    # The default budget shows every block at work: the related block holds the superseded
+    # standup time the recent history no longer reaches.
+    assert "Related earlier messages" in result.stdout
+    assert "standup is at 9:45" in result.stdout
 
 
 def test_cli_embed_detects_a_model_change(tmp_path: Path) -> None:

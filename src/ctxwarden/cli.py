@@ -413,7 +413,9 @@ def demo(
     query: Annotated[
         str, typer.Option(help="Question to assemble for.")
     ] = "When is the standup now, and who owns the release checklist?",
-    budget: Annotated[int, typer.Option(help="Token budget.")] = 350,
+    budget: Annotated[
+        int, typer.Option(help="Token budget (the default leaves the related block room).")
+    ] = 450,
     model: Annotated[str, typer.Option(help="Model.")] = "gpt-4o",
 ) -> None:
     """Ingest a small bundled sample into a temporary store and show an assembled context."""
