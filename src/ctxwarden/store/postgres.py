@@ -42,7 +42,7 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
-from ctxwarden.store.sqlite import _TARGET_COLUMNS, _target
+from ctxwarden.store.sqlite import _TARGET_COLUMNS, _keep_wanted
 from ctxwarden.store.writes import ACCESS_UPSERT, MemoryWrites, access_bump
 from ctxwarden.types import Memory
 
@@ -164,16 +164,7 @@ class _PostgresWriter(MemoryWrites):
                         f"AS newest FROM ({sql}) AS lookup) AS ranked WHERE newest <= %s"
                     )
                     params.append(near_limit)
-                rows = self._conn.execute(sql, params).fetchall()
-                for row in rows:
-                    target = _target(row)
-                    scope_value = target.session if scope == "session" else target.channel
-                    pair = (
-                        scope_value,
-                        target.content_hash if key == "content_hash" else target.near_key,
-                    )
-                    if pair in wanted:
-                        found.setdefault(target.rowid, target)
+                _keep_wanted(found, self._conn.execute(sql, params).fetchall(), scope, key, wanted)
         return list(found.values())
 
     def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:

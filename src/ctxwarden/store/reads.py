@@ -280,10 +280,9 @@ class MemoryReads:
             out.extend(memory_of(r) for r in rows)
         return out
 
-    def _compiled(self, sql: str) -> bool:
-        """Whether ``sql`` is likely compiled already (see :meth:`neighbours`). A server
-        backend: always (one round trip beats several)."""
-        return True
+    #: Neighbours as one statement per anchor rather than one for all (see :meth:`neighbours`).
+    #: A server backend sends one: one round trip beats several.
+    _NEIGHBOURS_PER_ANCHOR = False
 
     def neighbours(
         self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
@@ -292,28 +291,22 @@ class MemoryReads:
         of small index range scans (``memories_channel_recent``, ``memories_thread``,
         ``memories_reply``, the ``(tenant, id)`` key), each bounded by its own ``LIMIT``, so a
         message with thousands of replies costs ``replies`` rows. One statement for every
-        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT). A statement whose
-        text is new (:meth:`_compiled`) runs as one statement per anchor instead, whose text
-        depends only on that anchor's shape (thread, channel, reply): compiling a 32-branch
-        ``UNION ALL`` costs SQLite ~10 times running it. The same rows in the same order."""
+        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT); with
+        :attr:`_NEIGHBOURS_PER_ANCHOR`, one per anchor, whose text depends only on that
+        anchor's shape (thread, channel, reply) and so stays in a statement cache. The same
+        rows in the same order either way."""
         per_anchor = [_neighbour_branches(tenant, a, turns, replies) for a in anchors]
+        size = 1 if self._NEIGHBOURS_PER_ANCHOR else 40
         links: list[Link] = []
-        for start in range(0, len(anchors), 40):
-            group = list(range(start, min(start + 40, len(anchors))))
+        for start in range(0, len(anchors), size):
+            group = range(start, min(start + size, len(anchors)))
             sql, params = _neighbour_statement(tenant, [per_anchor[i] for i in group])
             if not sql:
                 continue
-            if len(group) == 1 or self._compiled(sql):
-                statements = [(group, sql, params)]
-            else:
-                statements = [([i], *_neighbour_statement(tenant, [per_anchor[i]])) for i in group]
-            for indexes, text, args in statements:
-                if not text:
-                    continue
-                for row in self._read(text, args):
-                    memory, index = memory_of(row[2:]), indexes[int(row[0])]
-                    if memory.rowid != anchors[index].rowid:
-                        links.append(Link(index, str(row[1]), memory))
+            for row in self._read(sql, params):
+                memory, index = memory_of(row[2:]), group[int(row[0])]
+                if memory.rowid != anchors[index].rowid:
+                    links.append(Link(index, str(row[1]), memory))
         return links
 
     def compaction_candidates(

@@ -24,10 +24,10 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -80,12 +80,6 @@ MMAP_BYTES = 1 << 32
 #: (so text) varies, and ingest others: with 128, statements used at every request fell out of
 #: the cache between requests and were compiled again.
 STATEMENT_CACHE = 1024
-#: A compound statement (neighbours of several anchors) runs as one statement once its text
-#: came this many times, else as one statement per anchor (see ``SQLiteStore._compiled``).
-#: Over 200 retrievals among threads and replies, 199 texts were distinct: one statement each
-#: cost ~5 ms CPU a call (compiling), one per anchor 0.7 ms; a chat server's anchors (one
-#: shape) repeat a few texts, where one cached statement costs ~5 % less than one per anchor.
-COMPOUND_REUSE = 8
 #: A search term in at least this many rows is too common to search for (see ``search``).
 COMMON_TERM_ROWS = 2000
 #: Rarest terms are searched while the rows they match add up to at most this many, and no search
@@ -244,6 +238,26 @@ def _target(row: tuple[Any, ...]) -> FoldTarget:
     )
 
 
+def _keep_wanted(
+    found: dict[int, FoldTarget],
+    rows: Iterable[tuple[Any, ...]],
+    scope: str,
+    key: str,
+    wanted: set[tuple[str | None, str]],
+) -> None:
+    """Add to ``found`` (by rowid) the targets among ``rows`` (of ``_TARGET_COLUMNS``) whose
+    (``scope``, ``key``) pair is wanted: a lookup matches every scope with every key it was
+    given, so a row may pair one wanted scope with another's key. Both backends use it."""
+    for row in rows:
+        target = _target(row)
+        pair = (
+            target.session if scope == "session" else target.channel,
+            target.content_hash if key == "content_hash" else target.near_key,
+        )
+        if pair in wanted:
+            found.setdefault(target.rowid, target)
+
+
 _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
@@ -279,6 +293,74 @@ def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[
 
 #: The inclusion log's access-stats bump in SQLite's dialect.
 _ACCESS_BUMP = access_bump("max")
+
+
+class _Lookup(NamedTuple):
+    """One de-dup lookup (see ``_SQLiteWriter.find_targets``): the ``wanted`` (scope value,
+    key) pairs of ``tenant`` among messages seen since ``since``, ``through`` the index on
+    (tenant, ``scope``, bucket, ``key``)."""
+
+    tenant: str
+    through: str
+    scope: str
+    key: str
+    wanted: set[tuple[str | None, str]]
+    since: float
+
+
+def _scope_order(value: str | None) -> tuple[bool, str]:
+    """Sort key of scope values (sessions or channels): by value, NULL (no channel) last."""
+    return (value is None, value or "")
+
+
+def _seek_statements(lookup: _Lookup, buckets: list[int]) -> list[tuple[str, list[Any]]]:
+    """Statements seeking each (scope, bucket, key) of the lookup's pairs in its index (CROSS
+    JOIN: the pairs are the outer loop whatever statistics the planner has)."""
+    tenant, index, scope, key, wanted, since = lookup
+    pairs = sorted(wanted, key=lambda p: (*_scope_order(p[0]), p[1]))
+    columns = ", ".join(f"m.{c.strip()}" for c in _TARGET_COLUMNS.split(","))
+    out: list[tuple[str, list[Any]]] = []
+    for start in range(0, len(pairs), _CHUNK):
+        chunk = pairs[start : start + _CHUNK]
+        sql = (
+            f"SELECT {columns} FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) AS p "
+            f"CROSS JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
+            f"AND m.{scope} IS p.column1 AND {_BUCKET} IN ({','.join('?' * len(buckets))}) "
+            f"AND m.{key} = p.column2 WHERE m.last_seen_at >= ? AND m.kind = 'message'"
+        )
+        params = [item for pair in chunk for item in pair]
+        out.append((sql, [*params, tenant, *buckets, since]))
+    return out
+
+
+def _scan_statements(lookup: _Lookup, first: int) -> list[tuple[str, list[Any]]]:
+    """Statements reading the window's entries of the lookup's index in its scopes once and
+    testing the key there."""
+    tenant, index, scope, key, wanted, since = lookup
+    scopes = sorted({p[0] for p in wanted}, key=_scope_order)
+    keys = sorted({p[1] for p in wanted})
+    values = [v for v in scopes if v is not None]
+    # `IN` for the scope values (few: sessions or channels) and the keys; NULL channels
+    # need their own `IS NULL` arm.
+    arms: list[tuple[str, list[Any]]] = []
+    if values:
+        arms.append((f"{scope} IN ({','.join('?' * len(values))})", values))
+    if scopes[-1] is None:
+        arms.append((f"{scope} IS NULL", []))
+    out: list[tuple[str, list[Any]]] = []
+    for arm, arm_values in arms:
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            out.append(
+                (
+                    f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
+                    f"WHERE tenant = ? AND {arm} AND {_BUCKET} >= ? "
+                    f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
+                    "AND kind = 'message'",
+                    [tenant, *arm_values, first, *chunk, since],
+                )
+            )
+    return out
 
 
 class _SQLiteWriter(MemoryWrites):
@@ -398,42 +480,28 @@ class _SQLiteWriter(MemoryWrites):
             if not wanted:
                 continue
             first = bucket_of(since)
-            plan = self._probe_plan(tenant, index, scope, key, wanted, since, first, rows_since)
+            lookup = _Lookup(tenant, index, scope, key, wanted, since)
+            plan = self._probe_plan(lookup, first, rows_since)
             if plan == []:
                 continue  # none of these scopes has a message seen within the window
             statements = (
-                self._seek_statements(tenant, index, scope, key, wanted, since, plan)
+                _seek_statements(lookup, plan)
                 if plan is not None
-                else self._scan_statements(tenant, index, scope, key, wanted, since, first)
+                else _scan_statements(lookup, first)
             )
             for sql, params in statements:
                 if key == "near_key" and near_limit is not None:
                     sql, params = _newest_per_key(sql, params, near_limit)
-                for row in self._conn.execute(sql, params):
-                    target = _target(row)
-                    scope_value = target.session if scope == "session" else target.channel
-                    pair = (
-                        scope_value,
-                        target.content_hash if key == "content_hash" else target.near_key,
-                    )
-                    if pair in wanted:
-                        found.setdefault(target.rowid, target)
+                _keep_wanted(found, self._conn.execute(sql, params), scope, key, wanted)
         return list(found.values())
 
     def _probe_plan(
-        self,
-        tenant: str,
-        index: str,
-        scope: str,
-        key: str,
-        wanted: set[tuple[str | None, str]],
-        since: float,
-        first: int,
-        rows_since: dict[float, int],
+        self, lookup: _Lookup, first: int, rows_since: dict[float, int]
     ) -> list[int] | None:
         """The buckets to seek for each pair of ``wanted`` (from ``first`` to the newest of
         their scopes), [] when their scopes have no message seen within the window, or None
         when reading the window's index entries once costs less than the seeks."""
+        tenant, index, scope, key, wanted, since = lookup
         if len(wanted) > _SEEK_PAIRS:
             return None
         # Seeking costs ~8 times reading one index entry: worth it when the window holds more
@@ -456,7 +524,7 @@ class _SQLiteWriter(MemoryWrites):
             rows_since[since] = estimate
         if len(wanted) * _SEEK_COST > estimate:
             return None
-        values = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
+        values = sorted({p[0] for p in wanted}, key=_scope_order)
         # Per scope value, its newest bucket: one seek each, in index order.
         (newest,) = self._conn.execute(
             f"SELECT max((SELECT {_BUCKET} FROM memories INDEXED BY {index} WHERE tenant = ? "
@@ -470,70 +538,6 @@ class _SQLiteWriter(MemoryWrites):
         if buckets > _SEEK_BUCKETS or len(wanted) * buckets * _SEEK_COST > estimate:
             return None
         return list(range(first, newest + 1))
-
-    @staticmethod
-    def _seek_statements(
-        tenant: str,
-        index: str,
-        scope: str,
-        key: str,
-        wanted: set[tuple[str | None, str]],
-        since: float,
-        buckets: list[int],
-    ) -> list[tuple[str, list[Any]]]:
-        """Lookups seeking each (scope, bucket, key) of ``wanted`` in ``index`` (CROSS JOIN: the
-        pairs are the outer loop whatever statistics the planner has)."""
-        pairs = sorted(wanted, key=lambda p: (p[0] is None, p[0] or "", p[1]))
-        columns = ", ".join(f"m.{c.strip()}" for c in _TARGET_COLUMNS.split(","))
-        out: list[tuple[str, list[Any]]] = []
-        for start in range(0, len(pairs), _CHUNK):
-            chunk = pairs[start : start + _CHUNK]
-            sql = (
-                f"SELECT {columns} FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) AS p "
-                f"CROSS JOIN memories AS m INDEXED BY {index} ON m.tenant = ? "
-                f"AND m.{scope} IS p.column1 AND {_BUCKET} IN ({','.join('?' * len(buckets))}) "
-                f"AND m.{key} = p.column2 WHERE m.last_seen_at >= ? AND m.kind = 'message'"
-            )
-            params = [item for pair in chunk for item in pair]
-            out.append((sql, [*params, tenant, *buckets, since]))
-        return out
-
-    @staticmethod
-    def _scan_statements(
-        tenant: str,
-        index: str,
-        scope: str,
-        key: str,
-        wanted: set[tuple[str | None, str]],
-        since: float,
-        first: int,
-    ) -> list[tuple[str, list[Any]]]:
-        """Lookups reading the window's entries of ``index`` in the scopes of ``wanted`` once
-        and testing the key there."""
-        scopes = sorted({p[0] for p in wanted}, key=lambda v: (v is None, v or ""))
-        keys = sorted({p[1] for p in wanted})
-        values = [v for v in scopes if v is not None]
-        # `IN` for the scope values (few: sessions or channels) and the keys; NULL channels
-        # need their own `IS NULL` arm.
-        arms: list[tuple[str, list[Any]]] = []
-        if values:
-            arms.append((f"{scope} IN ({','.join('?' * len(values))})", values))
-        if scopes[-1] is None:
-            arms.append((f"{scope} IS NULL", []))
-        out: list[tuple[str, list[Any]]] = []
-        for arm, arm_values in arms:
-            for start in range(0, len(keys), _CHUNK):
-                chunk = keys[start : start + _CHUNK]
-                out.append(
-                    (
-                        f"SELECT {_TARGET_COLUMNS} FROM memories INDEXED BY {index} "
-                        f"WHERE tenant = ? AND {arm} AND {_BUCKET} >= ? "
-                        f"AND {key} IN ({','.join('?' * len(chunk))}) AND last_seen_at >= ? "
-                        "AND kind = 'message'",
-                        [tenant, *arm_values, first, *chunk, since],
-                    )
-                )
-        return out
 
     def update_aggregates(self, updates: Sequence[AggregateUpdate]) -> None:
         self._conn.executemany(
@@ -677,6 +681,13 @@ class SQLiteStore(MemoryReads):
     0
     """
 
+    # One neighbours statement per anchor (its text fixed by the anchor's shape, so compiled
+    # once): a UNION ALL over a retrieval's anchors has a new text whenever their mix of
+    # threads, replies and channels changes, and compiling 32 branches costs ~10 times running
+    # them (200 retrievals among threads: ~5 ms CPU a call against 0.7). Where every anchor has
+    # one shape (a chat server's) the two cost the same (0.26 ms).
+    _NEIGHBOURS_PER_ANCHOR = True
+
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._lock = threading.RLock()
@@ -712,8 +723,6 @@ class SQLiteStore(MemoryReads):
         self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
-        # Runs of each compound statement's text, by hash (see _compiled), least recent first.
-        self._seen_texts: dict[int, int] = {}
         self._common_cache: dict[str, tuple[bool, float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
         # The change stamp (see _change_stamp) each cached scope was last checked at.
@@ -832,19 +841,6 @@ class SQLiteStore(MemoryReads):
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._query(sql, params)
-
-    def _compiled(self, sql: str) -> bool:
-        """Whether this text ran :data:`COMPOUND_REUSE` times already (counted here, by hash):
-        compiling a neighbour statement of many branches costs ~10 times running it, so it is
-        worth compiling only if it keeps coming back to the statement cache. Those of anchors
-        of one shape do (a chat server's), those of threads and replies rarely repeat."""
-        key = hash(sql)
-        with self._lock:
-            count = self._seen_texts.pop(key, 0)
-            if len(self._seen_texts) >= STATEMENT_CACHE // 4:
-                del self._seen_texts[next(iter(self._seen_texts))]
-            self._seen_texts[key] = count + 1  # the most recent last
-            return count >= COMPOUND_REUSE
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
         with self._lock:
