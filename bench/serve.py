@@ -2,7 +2,8 @@
 
     python bench/serve.py [--requests 20000] [--saturation-requests 20000] [--rate R]
                           [--rate-share 0.5] [--connections 32] [--seed 2000] [--report summary]
-                          [--vocabulary chat|tiny] [--breakdown N [--warm N] [--pause MS]]
+                          [--vocabulary chat|tiny] [--client raw|httpx]
+                          [--breakdown N [--warm N] [--pause MS]]
 
 Starts ``ctxwarden serve --no-auth`` on 127.0.0.1 (a free port, a temporary database) in its own
 process, seeds ``--seed`` messages over ``--sessions`` sessions, then runs two phases over
@@ -28,6 +29,14 @@ Little's law the mean is connections / throughput), not what a client at a sane 
 Latency runs from the due time, so a server that falls behind is charged for the requests it
 delayed (no coordinated omission).
 
+The client (``--client``): ``raw`` (default) sends each request as bytes encoded before the run
+over a plain keep-alive socket and parses only the status line and ``Content-Length`` of the
+answer, as wrk2 does, so the load generator's own work (~0.03 ms a request) stays out of the
+latency it measures and off the cores the server needs. ``httpx`` sends the same requests with
+httpx's client (what this bench used before session 7): it costs ~0.3-0.6 ms of CPU a request in
+its 32-thread process, which both adds to every latency and takes CPU from the server on a small
+machine; kept to compare.
+
 Each phase prints answered req/s, p50/p99 and errors per operation, the mean of
 ``engine.assemble`` inside the server (from ``/metrics``), the server process's CPU time per
 request (from /proc, Linux) and the load average. The load generator shares the machine with
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import random
 import socket
@@ -53,6 +63,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -83,6 +94,84 @@ class Text:
         if self.tiny:
             return " ".join(self.rng.choice(TINY_WORDS) for _ in range(words))
         return chat_text.sentence(self.draws, self.words, self.weights, words=words)
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection sending pre-encoded requests (``--client raw``).
+
+    Of an answer only the status line and ``Content-Length`` are parsed; the body is read and
+    dropped. Every answer of the server under test has a ``Content-Length`` (its responses are
+    whole bodies): anything else is an error of the bench, not a latency.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.address = (host, port)
+        self.timeout = timeout
+        self.sock: socket.socket | None = None
+        self.buffer = b""
+
+    def request(self, raw: bytes) -> int:
+        """Send ``raw`` (a whole request) and return the answer's status; reconnects once if the
+        kept-alive connection was closed by the server, raises OSError otherwise."""
+        for attempt in (1, 2):
+            if self.sock is None:
+                self.sock = socket.create_connection(self.address, timeout=self.timeout)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.buffer = b""
+            try:
+                self.sock.sendall(raw)
+                return self._answer()
+            except (ConnectionError, EOFError):
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _answer(self) -> int:
+        assert self.sock is not None
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            self._fill()
+        head = self.buffer[:end].decode("latin-1").lower()
+        status = int(head[9:12])
+        length = None
+        close = False
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name == "content-length":
+                length = int(value)
+            elif name == "connection" and "close" in value:
+                close = True
+        if length is None:
+            raise OSError(f"an answer without Content-Length: {head.splitlines()[0]!r}")
+        need = end + 4 + length
+        while len(self.buffer) < need:
+            self._fill()
+        self.buffer = self.buffer[need:]
+        if close:
+            self.close()
+        return status
+
+    def _fill(self) -> None:
+        assert self.sock is not None
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise EOFError("the server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def encoded(host: str, path: str, body: dict[str, Any]) -> bytes:
+    """The whole HTTP/1.1 request ``POST path`` with ``body`` as JSON."""
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    return head.encode() + data
 
 
 def free_port() -> int:
@@ -121,6 +210,12 @@ def main() -> None:
         help="assemble's report (full: every retrieval candidate)",
     )
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="load generator: pre-encoded requests on plain sockets (raw) or httpx's client",
+    )
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--seed", type=int, default=2000, help="messages stored before the run")
     parser.add_argument("--max-concurrency", type=int, default=64, help="server's gate")
@@ -286,7 +381,7 @@ def run(
 
     print(f"{args.seed} messages seeded over {args.sessions} sessions; "
           f"{args.vocabulary} vocabulary; {args.connections} connections; "
-          f"assemble budget 4000, report={args.report}; "
+          f"assemble budget 4000, report={args.report}; {args.client} client; "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     rate = args.rate
     if args.saturation_requests:
@@ -349,14 +444,22 @@ def load(
     cursor = iter(range(len(plan)))
     began = 0.0
 
+    address = urlsplit(base)
+    raw = (
+        [encoded(address.netloc, path, body) for path, body in bodies]
+        if args.client == "raw"
+        else None
+    )
+
     def worker() -> None:
-        with httpx.Client(base_url=base, timeout=60) as client:
+        connection = Connection(address.hostname or "", address.port or 80, timeout=60)
+        client = httpx.Client(base_url=base, timeout=60) if raw is None else None
+        try:
             while True:
                 with lock:
                     index = next(cursor, None)
                 if index is None:
                     return
-                path, body = bodies[index]
                 if rate is None:
                     due = time.perf_counter()
                 else:
@@ -365,8 +468,13 @@ def load(
                     if wait > 0:
                         time.sleep(wait)
                 try:
-                    status = client.post(path, json=body).status_code
-                except httpx.HTTPError:
+                    if client is None:
+                        assert raw is not None
+                        status = connection.request(raw[index])
+                    else:
+                        path, body = bodies[index]
+                        status = client.post(path, json=body).status_code
+                except (OSError, httpx.HTTPError):
                     status = 0
                 took = time.perf_counter() - due
                 with lock:
@@ -374,6 +482,10 @@ def load(
                     statuses[status] = statuses.get(status, 0) + 1
                     if status != 200:
                         errors[plan[index]] += 1
+        finally:
+            connection.close()
+            if client is not None:
+                client.close()
 
     count_before, sum_before = assemble_metrics(base)
     load_before = os.getloadavg()[0]
