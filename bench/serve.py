@@ -31,20 +31,19 @@ delayed (no coordinated omission).
 
 The client (``--client``): ``raw`` (default) sends each request as bytes encoded before the run
 over a plain keep-alive socket and parses only the status line and ``Content-Length`` of the
-answer, as wrk2 does, so the load generator's own work (~0.03 ms a request) stays out of the
-latency it measures and off the cores the server needs. ``httpx`` sends the same requests with
-httpx's client (what this bench used before session 7): it costs ~0.3-0.6 ms of CPU a request in
-its 32-thread process, which both adds to every latency and takes CPU from the server on a small
-machine; kept to compare.
+answer, as wrk2 does, so the load generator's own work stays out of the latency it measures and
+off the cores the server needs: ~0.2 ms of CPU a request (mostly its 32 threads waking), against
+~2 ms with ``httpx``, which sends the same requests with httpx's client (this bench's client
+before session 7; kept to compare).
 
 Each phase prints answered req/s, p50/p99 and errors per operation, the mean of
 ``engine.assemble`` inside the server (from ``/metrics``), the server process's CPU time per
-request (from /proc, Linux) and the load average. The load generator shares the machine with
-the server. ``--breakdown N`` skips the server and assembles N times in process on the same kind
-of store, printing the CPU time of each phase (timers wrapped around the engine's own
-functions), after ``--warm`` untimed ones (token counts cached, as in a running server);
-``--pause MS`` sleeps that long before each call, as a server idles between requests (the CPU
-time of the same call grows with the pause: caches go cold).
+request (from /proc, Linux), the load average and the load generator's own CPU per request. The
+load generator shares the machine with the server. ``--breakdown N`` skips the server and
+assembles N times in process on the same kind of store, printing the CPU time of each phase
+(timers wrapped around the engine's own functions), after ``--warm`` untimed ones (token counts
+cached, as in a running server); ``--pause MS`` sleeps that long before each call, as a server
+idles between requests (the CPU time of the same call grows with the pause: caches go cold).
 """
 
 from __future__ import annotations
@@ -349,6 +348,7 @@ class Phase:
     errors: dict[str, int]
     statuses: dict[int, int]
     server_cpu: float
+    client_cpu: float
     load: tuple[float, float]
     inside: float
 
@@ -490,6 +490,7 @@ def load(
     count_before, sum_before = assemble_metrics(base)
     load_before = os.getloadavg()[0]
     cpu_before = cpu_seconds(server.pid)
+    client_before = time.process_time()
     threads = [threading.Thread(target=worker) for _ in range(args.connections)]
     began = time.perf_counter()
     for thread in threads:
@@ -498,10 +499,13 @@ def load(
         thread.join()
     wall = time.perf_counter() - began
     server_cpu = cpu_seconds(server.pid) - cpu_before
+    client_cpu = time.process_time() - client_before
     load_after = os.getloadavg()[0]
     count_after, sum_after = assemble_metrics(base)
     inside = (sum_after - sum_before) / max(1.0, count_after - count_before)
-    return Phase(wall, latencies, errors, statuses, server_cpu, (load_before, load_after), inside)
+    return Phase(
+        wall, latencies, errors, statuses, server_cpu, client_cpu, (load_before, load_after), inside
+    )
 
 
 def assemble_metrics(base: str) -> tuple[float, float]:
@@ -534,6 +538,7 @@ def report(title: str, phase: Phase, requests: int) -> None:
         f"request (all operations), {phase.server_cpu / phase.wall:.2f} cores; load average "
         f"(1 min) {phase.load[0]:.1f} before, {phase.load[1]:.1f} after"
     )
+    print(f"load generator CPU {phase.client_cpu / requests * 1000:.2f} ms per request")
 
 
 if __name__ == "__main__":
