@@ -364,13 +364,13 @@ class MemoryReads:
         return [api_key_of(r) for r in rows]
 
     def authors(self, tenant: str) -> list[str]:
-        """The distinct authors of ``tenant``'s memories, sorted."""
+        """The distinct authors of ``tenant``'s memories, sorted by code point (in Python: an
+        ``ORDER BY`` would follow PostgreSQL's collation, so the backends could disagree)."""
         rows = self._read(
-            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL "
-            "ORDER BY author",
+            "SELECT DISTINCT author FROM memories WHERE tenant = ? AND author IS NOT NULL",
             (tenant,),
         )
-        return [str(r[0]) for r in rows]
+        return sorted(str(r[0]) for r in rows)
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of ``tenant``, oldest first, a page at a time."""
