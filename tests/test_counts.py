@@ -119,8 +119,7 @@ def test_another_writer_reusing_a_rowid_never_meets_a_stale_count(
     assert len(a._token_counts) >= 11
     b.delete("last")
     b.ingest(
-        [{"id": "new", "session": "s", "author": "zed", "channel": "ops",
-          "created_at": 1_700_001_000,
+        [{"id": "new", "session": "s", "created_at": 1_700_001_000,
           "content": "a much longer message that costs many more tokens than the two letters did"}]
     )  # fmt: skip
     new = next(m for m in _all(store) if m.id == "new")

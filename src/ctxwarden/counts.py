@@ -7,31 +7,38 @@ counts of a memory never change (its rendering is fixed by fields no write updat
 :class:`~ctxwarden.engine.Engine` keeps the ones it has read or made in a :class:`CountCache`
 and asks the store only for the rest.
 
-**Never a count for other text.** An entry is filed under ``(tokenizer, rowid)`` and holds a
-:func:`fingerprint` of everything :func:`ctxwarden.render.message_text` and
+**Never a count for other text.** An entry is filed under a :func:`fingerprint`: a hash of the
+tokenizer, the rowid and everything :func:`ctxwarden.render.message_text` and
 :func:`~ctxwarden.render.line_text` read (the content itself, role, author, kind, creation time,
-channel, the untrusted verdict), plus the memory's id and content hash. A lookup serves the
-count only when the memory in hand has the same fingerprint, so a rowid SQLite reuses after the
-last row is erased, a memory re-ingested under an erased id, a summary rebuilt with new content,
-or rows another process (or server) wrote into the same database never meet a stale entry: the
-entry misses and is replaced. What render reads that may change on a stored row (an aggregate's
-``dup_count``, ``last_seen_at`` and ``latest_content``, ``pinned``) is not in the counts:
-assembly counts an aggregate's volume note when it renders it, and pinning shows in ``kind``
-only. A test checks that every field render reads moves the fingerprint.
+channel, the untrusted verdict); a hit is served only when the count it finds was also made for
+that rowid and tokenizer. So a rowid SQLite reuses after the last row is erased, a memory
+re-ingested under an erased id with other text, a summary rebuilt with new content, or rows
+another process (or server) wrote into the same database never meet a stale entry: they miss,
+and the stale entry ages out. The id and content hash are not in it: they add nothing to what
+is rendered (the content is hashed whole; ``content_hash`` is of the normalised text, so two
+texts can share it). What may change on a stored row (an aggregate's ``dup_count``,
+``last_seen_at`` and ``latest_content``; ``pinned``) is not in the counts: assembly counts an
+aggregate's volume note when it renders it, and render reads ``kind``, never ``pinned``. A test
+changes each field of a memory in turn and checks that whatever moves the rendered texts moves
+the fingerprint.
 
-The fingerprint is Python's ``hash`` of those fields (64 bits, SipHash keyed per process for
-strings), so two renderings share one at odds of about 2**-64 per reused rowid. The cache holds
-no text: keys, fingerprints and counts only, so erased text does not stay alive in it (the
-engine also empties it when it erases).
+The fingerprint is Python's ``hash`` of those fields (64 bits; SipHash keyed per process for
+strings), so two renderings at one rowid share it at odds of about 2**-64. The cache holds no
+text: fingerprints and counts only, so erased text does not stay alive in it (the engine also
+empties it when it erases).
 
-**Bounded**: at most ``size`` entries (:data:`COUNT_CACHE_SIZE`, 65,536), least recently used
-out first. An entry is its key tuple, a fingerprint and a shared ``TokenCount`` in an
-``OrderedDict`` slot: about 300 bytes (measured with tracemalloc, rowids past 2**30), so the
-default bound is ~20 MB per engine at most.
+**Bounded**: at most ``size`` entries (:data:`COUNT_CACHE_SIZE`, 65,536; ``0`` turns it off),
+the longest cached out first (a hit does not refresh its entry: that would cost a list move per
+hit, and a count evicted while still in use is read from the store again). An entry is an
+``OrderedDict`` slot, its integer key and a ``TokenCount``: about 300 bytes (tracemalloc, rowids
+and counts past the small-int cache), so the default bound is ~20 MB per engine at most.
 
 **Threads**: the HTTP server calls one engine from several threads. Each lookup or fill of a
-batch holds one lock (a few microseconds for 150 rows); an entry's fingerprint and counts are one
-tuple, replaced whole, so a count is always checked against the fingerprint it was stored with.
+batch holds one lock (tens of microseconds for 150 rows), and a hit is checked against the
+count object it found, so no thread can be served a count made for other text. One race is the
+store's, not the cache's: a count read from the store after another process replaced the row
+read a moment before (same rowid) belongs to the new row, exactly as without the cache; the
+cache files it under the old row's fingerprint, which the new row never matches.
 
 It sits above the :class:`~ctxwarden.store.base.Store` protocol, so SQLite and PostgreSQL
 behave alike.
