@@ -46,6 +46,7 @@ from ctxwarden.assemble import (
     text_segments,
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
+from ctxwarden.counts import COUNT_CACHE_SIZE, CountCache
 from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key, exact_scopes
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.errors import (
@@ -150,6 +151,9 @@ class EngineConfig:
     #: Layer C of de-dup (:mod:`ctxwarden.semantic`): with ``semantic.enabled`` each embedding
     #: batch is followed by a pass that folds near-identical embeddings (off by default).
     semantic: SemanticConfig = field(default_factory=SemanticConfig)
+    #: Bound of the in-process cache of token counts (:mod:`ctxwarden.counts`; ~300 bytes an
+    #: entry, so ~20 MB at the default): assembly asks the store only for counts it lacks.
+    count_cache_size: int = COUNT_CACHE_SIZE
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -164,6 +168,10 @@ class EngineConfig:
             )
         if self.related_candidates < 0:
             raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
+        if self.count_cache_size < 0:
+            raise ConfigError(
+                f"count_cache_size: {self.count_cache_size} is negative; 0 turns the cache off"
+            )
         if self.recent_page < 1:
             raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
         if not 0 < self.window_threshold <= 1:
@@ -274,6 +282,9 @@ class Engine:
         # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
         # are checked against the row's id and last_seen_at before use.
         self._analysed: OrderedDict[int, Analysed] = OrderedDict()
+        # Token counts read or made here, checked against each memory's rendering inputs
+        # (:mod:`ctxwarden.counts`): assembly asks the store only for the ones it lacks.
+        self._token_counts = CountCache(self.config.count_cache_size)
         self._embedder = embedder
         self._vector_state: tuple[bool, tuple[str, ...]] | None = None
         self._vector_state_at = 0.0
@@ -898,6 +909,7 @@ class Engine:
         if not found:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
         self._analysed.clear()
+        self._token_counts.clear()
         self.store.scrub()
 
     def delete_session(
@@ -909,6 +921,7 @@ class Engine:
         with self.store.write() as writer:
             erased = writer.delete_session(tenant, session, deleted_at=self.clock(), reason=reason)
         self._analysed.clear()
+        self._token_counts.clear()
         self.store.scrub()
         return len(erased)
 
@@ -920,6 +933,7 @@ class Engine:
         with self.store.write() as writer:
             erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
         self._analysed.clear()
+        self._token_counts.clear()
         self.store.scrub()
         return len(erased)
 
@@ -1356,9 +1370,14 @@ class Engine:
         return cost
 
     def _counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
-        """Cached counts for these memories, counting (and caching) the missing ones."""
-        counts = self.store.token_counts([m.rowid for m in memories], tok.name)
-        missing = [m for m in memories if m.rowid not in counts]
+        """Counts for these memories by rowid: from the engine's count cache, else the store,
+        else counted now (and stored); what came from the store or the tokenizer is cached."""
+        counts, unknown = self._token_counts.lookup(memories, tok.name)
+        if not unknown:
+            return counts
+        read = self.store.token_counts([m.rowid for m in unknown], tok.name)
+        counts.update(read)
+        missing = [m for m in unknown if m.rowid not in read]
         if missing:
             fresh = [
                 TokenCount(
@@ -1371,6 +1390,7 @@ class Engine:
             ]
             self.store.put_token_counts(fresh)
             counts.update((c.rowid, c) for c in fresh)
+        self._token_counts.fill((m, counts[m.rowid]) for m in unknown)
         return counts
 
     def _line_candidates(
@@ -1542,7 +1562,7 @@ class _RecentWalk:
         self.tok = tok
         self.fmt = fmt
         self._first_page: list[Memory] | None = None
-        self._fresh: list[TokenCount] = []
+        self._fresh: list[tuple[Memory, TokenCount]] = []
         self._line_tokens = 0  # line costs of the messages walked (for typical_line)
         self._lines = 0
 
@@ -1569,7 +1589,7 @@ class _RecentWalk:
         page = self._first_page or []
         limit = self.engine.config.recent_page
         while page:
-            counts = self.engine.store.token_counts([m.rowid for m in page], self.tok.name)
+            counts = self._page_counts(page)
             for memory in page:
                 if memory.role == "tool":
                     pending.insert(0, memory)
@@ -1589,6 +1609,17 @@ class _RecentWalk:
             page = self._page((last.created_at, last.rowid), limit)
         return units
 
+    def _page_counts(self, page: Sequence[Memory]) -> dict[int, TokenCount]:
+        """The counts of a page the engine's cache or the store holds (the rest are counted by
+        :meth:`_unit`, stored by :meth:`flush_counts`)."""
+        cache = self.engine._token_counts
+        counts, unknown = cache.lookup(page, self.tok.name)
+        if unknown:
+            read = self.engine.store.token_counts([m.rowid for m in unknown], self.tok.name)
+            counts.update(read)
+            cache.fill((m, read[m.rowid]) for m in unknown if m.rowid in read)
+        return counts
+
     def _unit(self, group: Sequence[Memory], counts: Mapping[int, TokenCount]) -> Candidate:
         texts = []
         cost = 0
@@ -1607,7 +1638,7 @@ class _RecentWalk:
                     message=self.tok.count(render.message_text(memory)),
                     line=self.tok.count(render.line_text(memory)),
                 )
-                self._fresh.append(cached)
+                self._fresh.append((memory, cached))
             if memory.role != "tool" and not memory.tool_calls:  # never a related line
                 self._line_tokens += cached.line
                 self._lines += 1
@@ -1629,8 +1660,11 @@ class _RecentWalk:
         return self._line_tokens / self._lines
 
     def flush_counts(self) -> None:
+        """Store the counts made during the walk, then cache them (after the store has them,
+        so a count the cache serves is one the store holds too)."""
         if self._fresh:
-            self.engine.store.put_token_counts(self._fresh)
+            self.engine.store.put_token_counts([count for _, count in self._fresh])
+            self.engine._token_counts.fill(self._fresh)
             self._fresh = []
 
 
