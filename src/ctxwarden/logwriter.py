@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 1024
 #: Entries written per transaction at most.
 DEFAULT_BATCH = 64
+#: Seconds the thread lets entries gather after the first before it writes them (unless a
+#: flush, a close or a full batch calls it sooner): fewer transactions and thread wake-ups.
+DEFAULT_LINGER = 0.02
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,11 +82,18 @@ class LogWriter:
     """
 
     def __init__(
-        self, store: Store, *, capacity: int = DEFAULT_CAPACITY, batch: int = DEFAULT_BATCH
+        self,
+        store: Store,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        batch: int = DEFAULT_BATCH,
+        linger: float = DEFAULT_LINGER,
     ) -> None:
         self._store = store
         self._capacity = capacity
         self._batch = batch
+        self._linger = linger
+        self._hurry = False  # a flush waits: write without lingering
         self._queue: deque[ContextLog] = deque()
         self._changed = threading.Condition(threading.Lock())
         # Entries ever queued, and how many of them are done (written or failed): the queue is
@@ -105,12 +115,14 @@ class LogWriter:
             if room:
                 self._queue.append(entry)
                 self._queued += 1
+                wake = len(self._queue) == 1 or len(self._queue) >= self._batch
                 if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
                         target=self._run, name="ctxwarden-log", daemon=True
                     )
                     self._thread.start()
-                self._changed.notify_all()
+                if wake:
+                    self._changed.notify_all()
                 return
             self._synchronous += 1
         self._store.log_context(entry)
@@ -119,6 +131,9 @@ class LogWriter:
         """Return once every entry queued before this call is written (or has failed)."""
         with self._changed:
             target = self._queued
+            if self._done < target:
+                self._hurry = True
+                self._changed.notify_all()
             while self._done < target:
                 thread = self._thread
                 if thread is None or not thread.is_alive():
@@ -157,6 +172,11 @@ class LogWriter:
             with self._changed:
                 while not self._queue and not self._stopping:
                     self._changed.wait()
+                if self._linger and not (
+                    self._stopping or self._hurry or len(self._queue) >= self._batch
+                ):
+                    self._changed.wait(self._linger)
+                self._hurry = False
                 if not self._queue:
                     return  # stopping, and everything is written
                 batch = [self._queue.popleft() for _ in range(min(self._batch, len(self._queue)))]
