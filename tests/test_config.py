@@ -42,3 +42,27 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
         load_settings(config).engine_config()
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "missing.toml")
+
+
+def test_inclusion_log_defaults_to_deferred_in_the_servers_only(tmp_path: Path) -> None:
+    from ctxwarden.cli import _engine
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'db = "{tmp_path / "x.db"}"\n')
+    settings = load_settings(config)
+    assert settings.engine_config().inclusion_log == "sync"
+    for server, flag, expected in [
+        (False, None, "sync"),
+        (True, None, "deferred"),
+        (True, "sync", "sync"),
+    ]:
+        with _engine(settings, server=server, inclusion_log=flag) as engine:
+            assert engine.config.inclusion_log == expected
+    config.write_text(f'db = "{tmp_path / "x.db"}"\ninclusion_log = "sync"\n')
+    with _engine(load_settings(config), server=True) as engine:
+        assert engine.config.inclusion_log == "sync"  # the setting wins over the default
+    with pytest.raises(ConfigError, match="inclusion_log"):
+        _engine(settings, server=True, inclusion_log="later")
+    config.write_text("inclusion_log = 'later'\n")
+    with pytest.raises(ConfigError, match="config.inclusion_log"):
+        load_settings(config)

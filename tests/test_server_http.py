@@ -386,3 +386,22 @@ def test_credentials_keep_the_key_out_of_their_repr() -> None:
     local = Principal(tenant="default", scopes=frozenset({"read"}))
     credentials = Credentials(token="cw_id_s3cret", authenticate=lambda _token: local)
     assert "s3cret" not in repr(credentials)
+
+
+def test_metrics_expose_the_deferred_inclusion_log() -> None:
+    from ctxwarden.engine import EngineConfig
+
+    config = EngineConfig(inclusion_log="deferred")
+    with (
+        Engine.open(":memory:", config=config) as engine,
+        serve(create_app(engine)) as url,
+        httpx.Client(base_url=url) as client,
+    ):
+        client.post("/v1/ingest", json={"records": RECORDS})
+        for _ in range(3):
+            client.post("/v1/assemble", json={"session": "default", "query": "deploy?"})
+        assert client.get("/v1/stats").json()["contexts"] == 3  # read after a flush
+        text = client.get("/metrics").text
+    assert 'ctxwarden_inclusion_log_entries_total{outcome="written"} 3.0' in text
+    assert 'ctxwarden_inclusion_log_entries_total{outcome="failed"} 0.0' in text
+    assert "ctxwarden_inclusion_log_pending 0.0" in text

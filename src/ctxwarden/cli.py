@@ -51,9 +51,17 @@ def _settings() -> Settings:
     return load_settings(_state.get("config"), **_state.get("flags", {}))
 
 
-def _engine(settings: Settings | None = None) -> Engine:
+def _engine(
+    settings: Settings | None = None, *, server: bool = False, inclusion_log: str | None = None
+) -> Engine:
+    """The engine of a command. ``inclusion_log`` (a server's ``--inclusion-log``) wins over
+    the setting, which wins over the default: ``deferred`` for a server (the log write leaves
+    the request path), ``sync`` for a one-shot command."""
     settings = settings or _settings()
-    return Engine.open(settings.db, config=settings.engine_config())
+    if inclusion_log is not None:
+        settings = settings.model_copy(update={"inclusion_log": inclusion_log})
+    default = "deferred" if server else "sync"
+    return Engine.open(settings.db, config=settings.engine_config(inclusion_log=default))
 
 
 def _read_records(path: str) -> Iterator[dict[str, Any]]:
@@ -463,6 +471,13 @@ def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> A
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
 ]
+InclusionLog = Annotated[
+    str | None,
+    typer.Option(
+        "--inclusion-log",
+        help="sync, or deferred (written by a background thread; the servers' default).",
+    ),
+]
 
 
 @app.command()
@@ -473,6 +488,7 @@ def serve(
     max_concurrency: Annotated[int, typer.Option(help="Requests run at once (429 above).")] = 16,
     threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
+    inclusion_log: InclusionLog = None,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
     import uvicorn
@@ -480,7 +496,7 @@ def serve(
     from ctxwarden.server.http import create_app
     from ctxwarden.server.runtime import prepare
 
-    with _engine() as engine:
+    with _engine(server=True, inclusion_log=inclusion_log) as engine:
         config = _server_config(
             engine,
             host,
@@ -556,6 +572,7 @@ def proxy(
         list[str] | None, typer.Option(help="Tool-name pattern to hold for approval (repeat).")
     ] = None,
     no_auth: NoAuth = False,
+    inclusion_log: InclusionLog = None,
 ) -> None:
     """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
     import uvicorn
@@ -570,7 +587,7 @@ def proxy(
         raise ConfigError("upstream: not set; pass --upstream URL or set it in the config")
     patterns = tuple(destructive or settings.destructive_tools)
     with (
-        _engine(settings) as engine,
+        _engine(settings, server=True, inclusion_log=inclusion_log) as engine,
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
         server = _server_config(engine, host, no_auth)
@@ -585,6 +602,7 @@ def mcp(
     host: Annotated[str, typer.Option(help="Address for http.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
     no_auth: NoAuth = False,
+    inclusion_log: InclusionLog = None,
 ) -> None:
     """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context).
 
@@ -595,7 +613,7 @@ def mcp(
 
     if transport not in ("stdio", "http"):
         raise ConfigError(f"transport: {transport!r} is not stdio or http")
-    with _engine() as engine:
+    with _engine(server=True, inclusion_log=inclusion_log) as engine:
         if transport == "stdio":
             create_mcp_server(engine).run("stdio")
             return

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     semantic_dedupe: bool = _SEMANTIC.enabled
     semantic_threshold: float = _SEMANTIC.threshold
     semantic_window_seconds: float = _SEMANTIC.window_seconds
+    #: How assemble writes the inclusion log (``sync`` or ``deferred``, see
+    #: :attr:`EngineConfig.inclusion_log`); unset: ``deferred`` in the servers, ``sync`` in
+    #: one-shot commands.
+    inclusion_log: Literal["sync", "deferred"] | None = None
 
     _file_data: dict[str, Any] = {}
 
@@ -122,8 +126,9 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls, cls._file_data))
 
-    def engine_config(self) -> EngineConfig:
-        """The engine's typed configuration; :class:`ConfigError` names a bad field."""
+    def engine_config(self, *, inclusion_log: str = "sync") -> EngineConfig:
+        """The engine's typed configuration; :class:`ConfigError` names a bad field.
+        ``inclusion_log`` is the caller's default when the setting is unset."""
         models = tuple(ModelSpec.from_mapping(m) for m in self.models)
         return EngineConfig(
             default_model=self.default_model,
@@ -151,6 +156,7 @@ class Settings(BaseSettings):
                 threshold=self.semantic_threshold,
                 window_seconds=self.semantic_window_seconds,
             ),
+            inclusion_log=self.inclusion_log or inclusion_log,
         )
 
 

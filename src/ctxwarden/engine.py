@@ -58,6 +58,7 @@ from ctxwarden.errors import (
     NotFound,
 )
 from ctxwarden.fold import NEAR_CANDIDATES, Aggregate, Analysed, FoldIndex
+from ctxwarden.logwriter import DEFAULT_CAPACITY, LogCounters, LogWriter
 from ctxwarden.models import ModelSpec, default_registry
 from ctxwarden.provenance import (
     PROVENANCE_KEY,
@@ -154,12 +155,24 @@ class EngineConfig:
     #: Bound of the in-process cache of token counts (:mod:`ctxwarden.counts`; ~300 bytes an
     #: entry, so ~20 MB at the default): assembly asks the store only for counts it lacks.
     count_cache_size: int = COUNT_CACHE_SIZE
+    #: How :meth:`Engine.assemble` writes its inclusion-log entry and access bumps: ``"sync"``
+    #: (before it returns) or ``"deferred"`` (queued for a background thread, written in
+    #: batches; every engine method that reads or erases the log or the access stats waits for
+    #: what was queued before it; see :mod:`ctxwarden.logwriter`). The servers default to
+    #: ``"deferred"``, the library to ``"sync"`` (no thread an in-process user did not ask for).
+    inclusion_log: str = "sync"
+    #: With ``"deferred"``: entries that may wait; when full, ``assemble`` writes its own.
+    inclusion_log_queue: int = DEFAULT_CAPACITY
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.embed not in ("off", "sync", "background"):
             raise ConfigError(f"embed: {self.embed!r} must be 'off', 'sync' or 'background'")
+        if self.inclusion_log not in ("sync", "deferred"):
+            raise ConfigError(f"inclusion_log: {self.inclusion_log!r} must be 'sync' or 'deferred'")
+        if self.inclusion_log_queue < 1:
+            raise ConfigError(f"inclusion_log_queue: {self.inclusion_log_queue} must be at least 1")
         if self.embed_batch < 1:
             raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
         if not isinstance(self.semantic, SemanticConfig):
@@ -293,6 +306,11 @@ class Engine:
         self._embed_wake = threading.Event()
         self._embed_stop = threading.Event()
         self._embed_thread: threading.Thread | None = None
+        self._log_writer = (
+            LogWriter(store, capacity=self.config.inclusion_log_queue)
+            if self.config.inclusion_log == "deferred"
+            else None
+        )
 
     @classmethod
     def open(
@@ -320,14 +338,46 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        """Stop background embedding (finishing its batch) and close the store."""
+        """Stop background embedding (finishing its batch), write the inclusion-log entries
+        still queued (``inclusion_log="deferred"``) and close the store."""
         thread = self._embed_thread
         if thread is not None:
             self._embed_stop.set()
             self._embed_wake.set()
             thread.join()
             self._embed_thread = None
+        if self._log_writer is not None:
+            self._log_writer.close()
         self.store.close()
+
+    def flush_log(self) -> None:
+        """Wait until every inclusion-log entry of the assembles that returned before this
+        call is written (``inclusion_log="deferred"``; a no-op with ``"sync"``). The engine's
+        own readers of the log and of access stats call it; call it before reading the store
+        directly.
+
+        >>> with Engine.open(":memory:", config=EngineConfig(inclusion_log="deferred")) as e:
+        ...     context = e.assemble(session="s", query="hello")
+        ...     e.flush_log()
+        ...     e.inclusions(context.id)
+        []
+        """
+        if self._log_writer is not None:
+            self._log_writer.flush()
+
+    def log_counters(self) -> LogCounters:
+        """The background log writer's counts: entries pending, written, failed (each also
+        logged), and written synchronously because its queue was full. All zero with
+        ``inclusion_log="sync"``, where a failed write raises from :meth:`assemble`."""
+        if self._log_writer is None:
+            return LogCounters(pending=0, written=0, batches=0, failed=0, synchronous=0)
+        return self._log_writer.counters()
+
+    def inclusions(self, context_id: str) -> list[dict[str, Any]]:
+        """The inclusion log of one assembled context (``Context.id``): ``[{memory_id,
+        block, tokens}]`` in the order they were placed; ``[]`` if none was logged."""
+        self.flush_log()
+        return self.store.inclusions(context_id)
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -773,6 +823,7 @@ class Engine:
             )
 
         def merge(fold: SemanticFold) -> bool:
+            self.flush_log()  # the merge adds up both memories' access stats
             with self.store.write() as writer:
                 return writer.merge(
                     fold.tenant,
@@ -876,10 +927,12 @@ class Engine:
 
     def get(self, id: str, *, tenant: str | None = None) -> Memory:
         """The memory with caller id ``id``, or the aggregate it was folded into."""
+        self.flush_log()  # its access stats
         return self.store.get(tenant or self.config.tenant, id)
 
     def stats(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts per channel: records seen, memories stored, duplicates folded; top families."""
+        self.flush_log()  # the count of contexts
         return self.store.stats(tenant or self.config.tenant)
 
     def search(
@@ -889,11 +942,13 @@ class Engine:
         if limit < 1:
             raise InputError(f"{limit} must be at least 1", field="limit")
         terms = query_terms(query)
+        self.flush_log()  # the access stats of the memories returned
         return self.store.search(tenant or self.config.tenant, terms, limit=limit)
 
     def pin(self, id: str, *, pinned: bool = True, tenant: str | None = None) -> Memory:
         """Pin (or with ``pinned=False`` unpin) a memory; returns it. :class:`NotFound` if none."""
         tenant = tenant or self.config.tenant
+        self.flush_log()  # the access stats of the memory returned
         with self.store.write() as writer:
             found = writer.set_pinned(tenant, id, pinned)
         if not found:
@@ -904,6 +959,7 @@ class Engine:
         """Erase a memory: its text leaves every table and index, and every summary built from
         it is removed too; content-free tombstones remain. :class:`NotFound` if none."""
         tenant = tenant or self.config.tenant
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
             found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)
         if not found:
@@ -918,6 +974,7 @@ class Engine:
         """Erase every memory of ``session`` (and the summaries built from them) and its
         inclusion log, leaving tombstones; how many memories were removed."""
         tenant = tenant or self.config.tenant
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
             erased = writer.delete_session(tenant, session, deleted_at=self.clock(), reason=reason)
         self._analysed.clear()
@@ -930,6 +987,7 @@ class Engine:
         memories were removed. Its API keys are revoked in the same transaction. Tool keys
         (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
         tenant = tenant or self.config.tenant
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
             erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
         self._analysed.clear()
@@ -958,6 +1016,7 @@ class Engine:
             self.registry.resolve(model or self.config.default_model).tokenizer
         )
         now = self.clock()
+        self.flush_log()  # the access threshold reads the access stats
         rows = self.store.compaction_candidates(tenant, created_before=now - policy.older_than)
         memories = [m for m, _ in rows]
         counts = self._counts(memories, tok)
@@ -988,6 +1047,7 @@ class Engine:
         :class:`~ctxwarden.summarize.ExtractiveSummarizer`. Re-running is safe.
         """
         plan = plan or self.compact_plan(policy=policy, tenant=tenant)
+        self.flush_log()  # bumps of a retired memory go to nothing once it is gone
         tok = (
             tokens.get_tokenizer(plan.tokenizer) if plan.tokenizer else self._ingest_tokenizers()[0]
         )
@@ -1151,7 +1211,9 @@ class Engine:
         cap is the model's window minus the response reserve and the safety margin. ``query``
         (the current turn) drives retrieval and is sent as the last user message. ``items``
         fills caller-supplied blocks (e.g. ``{"scratch": ["..."]}``). Writes an inclusion-log row
-        and bumps access stats unless ``log_inclusions`` is false.
+        and bumps access stats unless ``log_inclusions`` is false: before returning, or with
+        ``EngineConfig(inclusion_log="deferred")`` in a background thread (see
+        :meth:`flush_log`).
         """
         tenant = tenant or self.config.tenant
         policy = policy or self.config.policy
@@ -1308,21 +1370,23 @@ class Engine:
         context_id = uuid.uuid4().hex
         recent_walk.flush_counts()
         if log_inclusions:
-            self.store.log_context(
-                ContextLog(
-                    id=context_id,
-                    tenant=tenant,
-                    session=session,
-                    created_at=self.clock(),
-                    model=spec.name,
-                    tokenizer=tok.name,
-                    exact=tok.exact,
-                    cap=limits.cap,
-                    tokens=total,
-                    blocks={b.name: {"budget": b.budget, "used": b.used} for b in report.blocks},
-                    inclusions=[i for i in inclusions if i.rowid >= 0],
-                )
+            entry = ContextLog(
+                id=context_id,
+                tenant=tenant,
+                session=session,
+                created_at=self.clock(),
+                model=spec.name,
+                tokenizer=tok.name,
+                exact=tok.exact,
+                cap=limits.cap,
+                tokens=total,
+                blocks={b.name: {"budget": b.budget, "used": b.used} for b in report.blocks},
+                inclusions=[i for i in inclusions if i.rowid >= 0],
             )
+            if self._log_writer is not None:
+                self._log_writer.submit(entry)
+            else:
+                self.store.log_context(entry)
         return Context(
             id=context_id,
             messages=tuple(messages),

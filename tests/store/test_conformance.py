@@ -1381,3 +1381,38 @@ def test_ingest_one_at_a_time_decides_as_one_batch(store: Store) -> None:
     assert {"stored", "duplicate", "near_duplicate"} <= statuses
     assert outcomes(3) == single
     assert outcomes(len(stream)) == single
+
+
+def test_log_contexts_writes_a_list_in_one_transaction(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", content="one"))
+        b = w.insert(_memory("b", content="two"))
+
+    def entry(id: str, at: float, *included: tuple[int, str, int]) -> ContextLog:
+        return ContextLog(
+            id=id, tenant="t", session="s", created_at=at, model="m", tokenizer="x", exact=True,
+            cap=100, tokens=sum(t for _, _, t in included), blocks={"recent": {"used": 1}},
+            inclusions=[Inclusion(rowid=r, id=i, block="recent", tokens=t)
+                        for r, i, t in included],
+        )  # fmt: skip
+
+    store.log_contexts([])
+    # the same rows as one log_context per entry, in order (b twice: its bumps add up)
+    store.log_contexts(
+        [entry("c1", 200.0, (a, "a", 3), (b, "b", 4)), entry("c2", 300.0, (b, "b", 5))]
+    )
+    assert store.inclusions("c1") == [
+        {"memory_id": "a", "block": "recent", "tokens": 3},
+        {"memory_id": "b", "block": "recent", "tokens": 4},
+    ]
+    assert store.inclusions("c2") == [{"memory_id": "b", "block": "recent", "tokens": 5}]
+    got = store.get("t", "b")
+    assert (got.access_count, got.included_tokens_total, got.last_accessed_at) == (2, 9, 300.0)
+    assert got.access_score == pytest.approx(1.0 + math.exp(-100.0 / ACCESS_TAU_SECONDS))
+    assert store.stats("t")["contexts"] == 2
+    # all or nothing: a duplicate context id rolls back the entry before it too
+    with pytest.raises(INTEGRITY_ERRORS):
+        store.log_contexts([entry("c3", 400.0, (a, "a", 1)), entry("c1", 400.0, (a, "a", 1))])
+    assert store.inclusions("c3") == []
+    assert store.get("t", "a").access_count == 1
+    assert store.stats("t")["contexts"] == 2

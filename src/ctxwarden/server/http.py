@@ -430,7 +430,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     )
     app.state.engine = engine
     app.state.config = config
-    metrics = Metrics()
+    metrics = Metrics(engine.log_counters)
     app.state.metrics = metrics
     local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
     app.state.local_credentials = Credentials(token=None, authenticate=lambda _token: local)

@@ -13,11 +13,14 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from ctxwarden.logwriter import LogCounters
 from ctxwarden.types import Context
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -25,12 +28,39 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class Metrics:
-    """The counters and histograms of one server."""
+class _LogCollector(Collector):
+    """The engine's inclusion-log writer (:meth:`Engine.log_counters`), read at each scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Callable[[], LogCounters]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._counters()
+        yield GaugeMetricFamily(
+            "ctxwarden_inclusion_log_pending", "Inclusion-log entries queued, not written yet.",
+            value=c.pending,
+        )  # fmt: skip
+        entries = CounterMetricFamily(
+            "ctxwarden_inclusion_log_entries",
+            "Inclusion-log entries by how they ended (written in the background, failed, "
+            "written by assemble itself because the queue was full).",
+            labels=["outcome"],
+        )
+        entries.add_metric(["written"], c.written)
+        entries.add_metric(["failed"], c.failed)
+        entries.add_metric(["synchronous"], c.synchronous)
+        yield entries
+
+
+class Metrics:
+    """The counters and histograms of one server; with ``log_counters`` (the engine's
+    :meth:`~ctxwarden.engine.Engine.log_counters`) also its inclusion-log writer's."""
+
+    def __init__(self, log_counters: Callable[[], LogCounters] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        if log_counters is not None:
+            r.register(_LogCollector(log_counters))
         self.requests = Counter(
             "ctxwarden_http_requests", "HTTP requests answered.", ["route", "status"], registry=r
         )

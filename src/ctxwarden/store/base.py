@@ -410,6 +410,11 @@ class Store(Protocol):
     def log_context(self, entry: ContextLog) -> None:
         """Write the inclusion log row and bump access stats of every included memory."""
 
+    def log_contexts(self, entries: Sequence[ContextLog]) -> None:
+        """:meth:`log_context` of each entry in order, in one transaction: all are written or
+        none (an error rolls the whole list back and is raised). The engine's background log
+        writer (``EngineConfig(inclusion_log="deferred")``) writes its batches with it."""
+
     def inclusions(self, context_id: str) -> list[dict[str, Any]]:
         """The inclusion log of one context: ``[{memory_id, block, tokens}]`` in order."""
 

@@ -401,55 +401,86 @@ class PostgresStore(MemoryReads):
 
     def log_context(self, entry: ContextLog) -> None:
         """Write the inclusion log and bump access stats (count, time, decayed score, tokens)."""
+        self.log_contexts([entry])
+
+    def log_contexts(self, entries: Sequence[ContextLog]) -> None:
+        """Several entries in one transaction (one commit), all or none; see the protocol.
+
+        Each entry's access rows are locked in rowid order (see :meth:`_log_one`), but two
+        entries of one list may not be in order with each other: the existing access rows of
+        the whole list are locked first, in rowid order (after their memory rows, as a single
+        entry and a merge lock them), so a concurrent writer can conflict only on a memory's
+        first access row (a rare :class:`ConflictError`; the engine's log
+        writer then writes the entries one by one)."""
+        if not entries:
+            return
         with self.write() as writer:
             conn = writer._conn
-            row = conn.execute(
-                "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
-                "cap, tokens, blocks) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "RETURNING rowid",
-                (
-                    entry.id,
-                    entry.tenant,
-                    entry.session,
-                    entry.created_at,
-                    entry.model,
-                    entry.tokenizer,
-                    entry.exact,
-                    entry.cap,
-                    entry.tokens,
-                    json.dumps(entry.blocks, separators=(",", ":")),
-                ),
-            ).fetchone()
-            assert row is not None
-            if not entry.inclusions:
-                return
-            now = entry.created_at
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    [
-                        (row[0], position, inc.id, inc.block, inc.tokens)
-                        for position, inc in enumerate(entry.inclusions)
-                    ],
-                )
-                # One upsert of the narrow memory_access rows (migration 8), one per memory
-                # (a memory listed twice sums its tokens). The memory rows are key-share locked
-                # first, in rowid order, so concurrent assemblers never deadlock, a memory erased
-                # meanwhile is skipped (not a foreign-key error), and a merge (which locks them
-                # for update) waits or is waited for.
-                tokens: dict[int, int] = {}
-                for inc in entry.inclusions:
-                    tokens[inc.rowid] = tokens.get(inc.rowid, 0) + inc.tokens
-                ordered = sorted(tokens)
-                cur.execute(
-                    "WITH inc AS (SELECT m.rowid, t.tokens FROM memories m JOIN "
-                    "unnest(%s::bigint[], %s::bigint[]) AS t(rowid, tokens) "
-                    "ON m.rowid = t.rowid ORDER BY m.rowid FOR KEY SHARE OF m) "
-                    f"{ACCESS_UPSERT} SELECT rowid, 1, %s, 1.0, %s, tokens FROM inc "
-                    f"ORDER BY rowid {_ACCESS_BUMP}",
-                    (ordered, [tokens[r] for r in ordered], now, now),
-                )
+            if len(entries) > 1:
+                # memories before memory_access, as a single entry and a merge lock them
+                rowids = sorted({i.rowid for e in entries for i in e.inclusions})
+                conn.execute(
+                    "SELECT 1 FROM memories WHERE rowid = ANY(%s) ORDER BY rowid FOR KEY SHARE",
+                    (rowids,),
+                ).fetchall()
+                conn.execute(
+                    "SELECT 1 FROM memory_access WHERE memory_rowid = ANY(%s) "
+                    "ORDER BY memory_rowid FOR UPDATE",
+                    (rowids,),
+                ).fetchall()
+            for entry in entries:
+                self._log_one(conn, entry)
+
+    @staticmethod
+    def _log_one(conn: Conn, entry: ContextLog) -> None:
+        """One context's statements, inside a write transaction."""
+        row = conn.execute(
+            "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
+            "cap, tokens, blocks) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "RETURNING rowid",
+            (
+                entry.id,
+                entry.tenant,
+                entry.session,
+                entry.created_at,
+                entry.model,
+                entry.tokenizer,
+                entry.exact,
+                entry.cap,
+                entry.tokens,
+                json.dumps(entry.blocks, separators=(",", ":")),
+            ),
+        ).fetchone()
+        assert row is not None
+        if not entry.inclusions:
+            return
+        now = entry.created_at
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (row[0], position, inc.id, inc.block, inc.tokens)
+                    for position, inc in enumerate(entry.inclusions)
+                ],
+            )
+            # One upsert of the narrow memory_access rows (migration 8), one per memory
+            # (a memory listed twice sums its tokens). The memory rows are key-share locked
+            # first, in rowid order, so concurrent assemblers never deadlock, a memory erased
+            # meanwhile is skipped (not a foreign-key error), and a merge (which locks them
+            # for update) waits or is waited for.
+            tokens: dict[int, int] = {}
+            for inc in entry.inclusions:
+                tokens[inc.rowid] = tokens.get(inc.rowid, 0) + inc.tokens
+            ordered = sorted(tokens)
+            cur.execute(
+                "WITH inc AS (SELECT m.rowid, t.tokens FROM memories m JOIN "
+                "unnest(%s::bigint[], %s::bigint[]) AS t(rowid, tokens) "
+                "ON m.rowid = t.rowid ORDER BY m.rowid FOR KEY SHARE OF m) "
+                f"{ACCESS_UPSERT} SELECT rowid, 1, %s, 1.0, %s, tokens FROM inc "
+                f"ORDER BY rowid {_ACCESS_BUMP}",
+                (ordered, [tokens[r] for r in ordered], now, now),
+            )
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -795,6 +795,14 @@ class SQLiteStore(MemoryReads):
         if ticket[0] is not None:
             raise ticket[0]
 
+    def log_contexts(self, entries: Sequence[ContextLog]) -> None:
+        """Several entries in one transaction (one commit), all or none; see the protocol."""
+        if not entries:
+            return
+        with self.write():
+            for entry in entries:
+                self._log_one(entry)
+
     def _log_one(self, entry: ContextLog) -> None:
         """One context's statements, inside a write transaction. Set-based: the inclusions
         travel as one JSON array and SQLite expands it with ``json_each``, so logging costs
