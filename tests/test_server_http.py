@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -386,3 +388,105 @@ def test_credentials_keep_the_key_out_of_their_repr() -> None:
     local = Principal(tenant="default", scopes=frozenset({"read"}))
     credentials = Credentials(token="cw_id_s3cret", authenticate=lambda _token: local)
     assert "s3cret" not in repr(credentials)
+
+
+def _answers(app: Any) -> list[tuple[int, str | None, str | None, bytes]]:
+    """Status, content type, WWW-Authenticate and body of a fixed run of hot-endpoint requests
+    (plain ones and every kind of odd one) against ``app``."""
+    good = {"Authorization": "Bearer good"}
+    reader = {"Authorization": "Bearer reader"}
+    as_json = {**good, "content-type": "application/json"}
+    assemble = b'{"session": "s", "query": "who owns the checklist?"}'
+    requests: list[tuple[str, str, dict[str, str], bytes]] = [
+        ("/v1/ingest", "", as_json, json.dumps({"records": RECORDS, "session": "s"}).encode()),
+        ("/v1/assemble", "", as_json, assemble),
+        ("/v1/assemble", "", {"content-type": "application/json"}, assemble),
+        ("/v1/assemble", "", {**as_json, "Authorization": "Bearer nope"}, assemble),
+        ("/v1/assemble", "", {**as_json, "Authorization": "Basic good"}, assemble),
+        ("/v1/assemble", "", {"content-type": "application/json"}, b'{"query": "x"}'),
+        ("/v1/assemble", "", as_json, b'{"query": "x"}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "budget": 0}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "model": "no-such-model"}'),
+        ("/v1/assemble", "", {"content-type": "application/json"}, b'{"session": '),
+        ("/v1/assemble", "", as_json, b'{"session": '),
+        ("/v1/assemble", "", as_json, b""),
+        ("/v1/assemble", "", as_json, b"[" * 100_000),
+        ("/v1/assemble", "", as_json, b'{"session": "\xff"}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "budget": NaN}'),
+        ("/v1/assemble", "", good, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "text/plain"}, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "application/json; charset=utf-8"}, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "application/vnd.x+json"}, assemble),
+        ("/v1/assemble", "report=full", as_json, assemble),
+        ("/v1/assemble", "report=everything", as_json, assemble),
+        ("/v1/assemble", "report=everything", as_json, b'{"query": "x"}'),
+        ("/v1/search", "", as_json, b'{"query": "release checklist"}'),
+        ("/v1/search", "", as_json, b'{"query": "release checklist", "limit": 500}'),
+        ("/v1/search", "", as_json, b'{"query": 7}'),
+        ("/v1/search", "", as_json, b'{"query": "checklist", "limit": "3"}'),
+        ("/v1/search", "unknown=1", as_json, b'{"query": "checklist"}'),
+        ("/v1/ingest", "", {**as_json, **reader}, b'{"records": []}'),
+        ("/v1/ingest", "", as_json, b'{"records": [{"content": "x", "tenant": "other"}]}'),
+        ("/v1/ingest", "", as_json, b'{"records": {"content": "x"}}'),
+    ]
+
+    def authenticate(token: str | None) -> Any:
+        from ctxwarden.server.http import Principal
+
+        if token not in ("good", "reader"):
+            raise AuthError("unknown key")
+        scopes = frozenset(SCOPES) if token == "good" else frozenset({"read"})
+        return Principal(tenant="default", scopes=scopes)
+
+    answers = []
+    with serve(app(authenticate)) as url, httpx.Client(base_url=url) as client:
+        for path, query, headers, content in requests:
+            r = client.post(f"{path}?{query}" if query else path, content=content, headers=headers)
+            got = r.headers
+            answer = (r.status_code, got.get("content-type"), got.get("www-authenticate"))
+            # a context's id is random; memories' times (and the access score decaying with
+            # them) are the server's clock
+            content = re.sub(rb'"id":"[0-9a-f]{32}"', b'"id":"?"', r.content)
+            content = re.sub(rb'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"', b'"?"', content)
+            content = re.sub(rb'"access_score":[0-9.e-]+', b'"access_score":0', content)
+            answers.append((*answer, content))
+    return answers
+
+
+def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the hot endpoints call the endpoint directly for a plain request (_DirectRoute) and leave
+    # every other request to FastAPI's handler: the answers must be FastAPI's, byte for byte
+    import fastapi.routing
+    from fastapi.routing import APIRoute
+
+    from ctxwarden.server.http import _DirectRoute
+
+    general = 0
+    real_solve = fastapi.routing.solve_dependencies
+
+    async def counted_solve(*args: Any, **kwargs: Any) -> Any:
+        nonlocal general
+        general += 1
+        return await real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(fastapi.routing, "solve_dependencies", counted_solve)
+
+    def app(authenticate: Any) -> Any:
+        return create_app(Engine.open(":memory:"), ServerConfig(authenticate=authenticate))
+
+    direct = _answers(app)
+    direct_general = general
+    with monkeypatch.context() as patched:
+        patched.setattr(_DirectRoute, "get_route_handler", APIRoute.get_route_handler)
+        general = 0
+        reference = _answers(app)
+        reference_general = general
+    for number, (ours, theirs) in enumerate(zip(direct, reference, strict=True)):
+        assert ours == theirs, number
+    assert [a[0] for a in reference].count(200) >= 5
+    assert {a[0] for a in reference} >= {200, 400, 401, 403, 422}
+    # the eleven plain requests (JSON that parses, no query string, and a valid body or a
+    # refused key) did not go through it
+    assert reference_general - direct_general == 11
