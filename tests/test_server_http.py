@@ -334,16 +334,24 @@ def test_the_key_check_and_the_engine_work_share_one_worker_thread(
 ) -> None:
     import anyio.to_thread
 
+    from ctxwarden.server import http
     from ctxwarden.server.http import Principal
 
     hops: list[int] = []
     real_run_sync = anyio.to_thread.run_sync
+    real_in_worker = http._in_worker
 
     async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
         hops.append(threading.get_ident())
         return await real_run_sync(*args, **kwargs)
 
+    async def counted_in_worker(*args: Any, **kwargs: Any) -> Any:
+        hops.append(threading.get_ident())
+        return await real_in_worker(*args, **kwargs)
+
+    # either way to a worker thread counts: anyio's, or the app's own threads
     monkeypatch.setattr(anyio.to_thread, "run_sync", counted_run_sync)
+    monkeypatch.setattr(http, "_in_worker", counted_in_worker)
     threads: dict[str, int] = {}
 
     def authenticate(token: str | None) -> Principal:
@@ -490,3 +498,36 @@ def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
     # the eleven plain requests (JSON that parses, no query string, and a valid body or a
     # refused key) did not go through it
     assert reference_general - direct_general == 11
+
+
+def test_a_cancelled_request_waits_for_its_running_work() -> None:
+    # as anyio.to_thread.run_sync: the work in the worker thread is never abandoned
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ctxwarden.server.http import _in_worker
+
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def work() -> str:
+        started.set()
+        release.wait(10)
+        finished.append("work")
+        return "done"
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as workers:
+            assert await _in_worker(workers, lambda: 7) == 7
+            task = asyncio.ensure_future(_in_worker(workers, work))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # still waiting for the running work
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert finished == ["work"]
+
+    asyncio.run(main())
