@@ -531,3 +531,18 @@ def test_a_cancelled_request_waits_for_its_running_work() -> None:
             assert finished == ["work"]
 
     asyncio.run(main())
+
+
+def test_responses_are_the_bytes_json_dumps_wrote() -> None:
+    from ctxwarden.server.http import _json
+
+    bodies: list[Any] = [
+        {"hits": [{"memory": {"id": "m1", "content": 'é \u2028 <"x"> \\ \t 😀'}, "score": 1.5}]},
+        {"counts": {"stored": 2}, "n": [0, -1, 2**63 - 1, 0.1, 1 / 3, 1e16, -0.0, None, True]},
+        {"big": 2**70, 1: "a key that is not a string"},  # orjson refuses: json.dumps writes
+    ]
+    for body in bodies:
+        expected = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        response = _json(body)
+        assert response.body == expected.encode("utf-8")
+        assert response.headers["content-type"] == "application/json"
