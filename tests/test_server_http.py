@@ -405,7 +405,11 @@ def _answers(app: Any) -> list[tuple[int, str | None, str | None, bytes]]:
     reader = {"Authorization": "Bearer reader"}
     as_json = {**good, "content-type": "application/json"}
     assemble = b'{"session": "s", "query": "who owns the checklist?"}'
-    requests: list[tuple[str, str, dict[str, str], bytes]] = [
+    big = json.dumps({"session": "s", "query": "x" * 6000}).encode()  # over max_body_bytes
+    requests: list[tuple[str, str, dict[str, str], bytes | list[bytes]]] = [
+        ("/v1/assemble", "", as_json, [assemble[:10], assemble[10:]]),  # chunked
+        ("/v1/assemble", "", as_json, [big[:3000], big[3000:]]),
+        ("/v1/assemble", "", as_json, big),
         ("/v1/ingest", "", as_json, json.dumps({"records": RECORDS, "session": "s"}).encode()),
         ("/v1/assemble", "", as_json, assemble),
         ("/v1/assemble", "", {"content-type": "application/json"}, assemble),
@@ -449,7 +453,8 @@ def _answers(app: Any) -> list[tuple[int, str | None, str | None, bytes]]:
     answers = []
     with serve(app(authenticate)) as url, httpx.Client(base_url=url) as client:
         for path, query, headers, content in requests:
-            r = client.post(f"{path}?{query}" if query else path, content=content, headers=headers)
+            sent = iter(content) if isinstance(content, list) else content
+            r = client.post(f"{path}?{query}" if query else path, content=sent, headers=headers)
             got = r.headers
             answer = (r.status_code, got.get("content-type"), got.get("www-authenticate"))
             # a context's id is random; memories' times (and the access score decaying with
@@ -467,7 +472,6 @@ def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
     # the hot endpoints call the endpoint directly for a plain request (_DirectRoute) and leave
     # every other request to FastAPI's handler: the answers must be FastAPI's, byte for byte
     import fastapi.routing
-    from fastapi.routing import APIRoute
 
     from ctxwarden.server.http import _DirectRoute
 
@@ -482,22 +486,23 @@ def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
     monkeypatch.setattr(fastapi.routing, "solve_dependencies", counted_solve)
 
     def app(authenticate: Any) -> Any:
-        return create_app(Engine.open(":memory:"), ServerConfig(authenticate=authenticate))
+        config = ServerConfig(authenticate=authenticate, max_body_bytes=5000)
+        return create_app(Engine.open(":memory:"), config)
 
     direct = _answers(app)
     direct_general = general
     with monkeypatch.context() as patched:
-        patched.setattr(_DirectRoute, "get_route_handler", APIRoute.get_route_handler)
+        patched.setattr(_DirectRoute, "_direct_shape", lambda _self: False)
         general = 0
         reference = _answers(app)
         reference_general = general
     for number, (ours, theirs) in enumerate(zip(direct, reference, strict=True)):
         assert ours == theirs, number
     assert [a[0] for a in reference].count(200) >= 5
-    assert {a[0] for a in reference} >= {200, 400, 401, 403, 422}
-    # the eleven plain requests (JSON that parses, no query string, and a valid body or a
+    assert {a[0] for a in reference} >= {200, 400, 401, 403, 413, 422}
+    # the twelve plain requests (JSON that parses, no query string, and a valid body or a
     # refused key) did not go through it
-    assert reference_general - direct_general == 11
+    assert reference_general - direct_general == 12
 
 
 def test_a_cancelled_request_waits_for_its_running_work() -> None:

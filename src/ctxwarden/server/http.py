@@ -36,7 +36,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,6 +49,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden.compact import DAY, CompactionPolicy
@@ -463,22 +464,28 @@ class _DirectRoute(APIRoute):
     The endpoint, its parameters and its OpenAPI description are FastAPI's as declared; only
     how a request reaches the endpoint changes, and only for a route of the one shape the hot
     endpoints have (one JSON body model, the :func:`credentials_of` dependency, optional query
-    parameters, a :class:`Response` returned). A request with a body of
-    ``content-type: application/json``, no query string and a body that parses and validates
-    calls the endpoint directly: the same ``json.loads``, the same validator of the body field,
-    the same dependency, in the same order (body parsed, credentials, body validated). Any
-    other request (another content type, a query string, an empty, malformed or invalid
-    body, dependency overrides) goes to FastAPI's own handler, so every error a client can
-    see is FastAPI's. FastAPI's handler (dependency solving, content-type parsing, telemetry
-    hooks) cost about as much CPU as the rest of the server's part of a request.
+    parameters, a :class:`Response` returned). A request with ``content-type:
+    application/json``, no query string and a body that parses and validates calls the
+    endpoint directly: the same ``json.loads``, the same validator of the body field, the same
+    dependency, in the same order (body parsed, credentials, body validated), and its errors
+    go to the app's exception handlers as before. Any other request (another content type, a
+    query string, an empty, malformed or invalid body, a disconnect, dependency overrides)
+    goes to FastAPI's own route app with the body messages replayed, so every other answer a
+    client can see is FastAPI's. FastAPI's path (a Request, two exit stacks, dependency
+    solving, content-type parsing, telemetry hooks, exception wrappers) cost about as much CPU
+    as the rest of the server's part of a request.
     """
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        general = super().get_route_handler()
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        if self._direct_shape():
+            self.app = self._direct_app(self.app)
+
+    def _direct_shape(self) -> bool:
         dependant = self.dependant
         call = dependant.call
         body_field = self.body_field
-        if not (
+        return (
             body_field is not None
             and call is not None
             and inspect.iscoroutinefunction(call)
@@ -491,6 +498,7 @@ class _DirectRoute(APIRoute):
             and dependant.background_tasks_param_name is None
             and dependant.security_scopes_param_name is None
             and self.response_field is None
+            and self.max_body_size is None
             and len(dependant.dependencies) == 1
             and dependant.dependencies[0].call is credentials_of
             and dependant.dependencies[0].name is not None
@@ -500,41 +508,70 @@ class _DirectRoute(APIRoute):
                 and isinstance(q.field_info.default, _IMMUTABLE_DEFAULTS)
                 for q in dependant.query_params
             )
-        ):
-            return general
-        endpoint = call
+        )
+
+    def _direct_app(self, general: ASGIApp) -> ASGIApp:
+        endpoint = self.dependant.call
+        body_field = self.body_field
+        assert endpoint is not None
+        assert body_field is not None
         body_name = body_field.name
-        dependency_name = str(dependant.dependencies[0].name)
-        defaults = {q.name: q.field_info.default for q in dependant.query_params}
+        dependency_name = str(self.dependant.dependencies[0].name)
+        defaults = {q.name: q.field_info.default for q in self.dependant.query_params}
         overrides = self.dependency_overrides_provider
         validate = body_field.validate
         loc = ("body",)
+        path = self.path
 
-        async def handler(request: Request) -> Response:
-            scope = request.scope
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
             if (
                 scope["query_string"]
-                or request.headers.get("content-type") != "application/json"
+                or MAX_BODY_SIZE_SCOPE_KEY in scope
                 or (overrides is not None and getattr(overrides, "dependency_overrides", None))
             ):
-                return await general(request)
-            raw = await request.body()
+                await general(scope, receive, send)
+                return
+            content_type = None
+            for name, value in scope["headers"]:
+                if name == b"content-type":
+                    content_type = value  # the first, as Starlette's Headers.get
+                    break
+            if content_type != b"application/json":
+                await general(scope, receive, send)
+                return
+            received: list[Message] = []
+            while True:
+                message = await receive()
+                received.append(message)
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    break
+
+            async def replay() -> Message:
+                return received.pop(0) if received else await receive()
+
+            if received[-1]["type"] != "http.request":
+                await general(scope, replay, send)  # a disconnect: FastAPI's handling
+                return
+            raw = b"".join(m.get("body", b"") for m in received)
             if not raw:
-                return await general(request)
+                await general(scope, replay, send)
+                return
             try:
                 data = json.loads(raw)
             except Exception:
-                return await general(request)  # FastAPI's own answer (422 for malformed JSON)
-            caller = await credentials_of(request)
+                await general(scope, replay, send)  # FastAPI's answer (422 for malformed JSON)
+                return
+            caller = await credentials_of(Request(scope, receive, send))
             body, errors = validate(data, {}, loc=loc)
             if errors:
-                return await general(request)  # FastAPI's 422 naming the field
+                await general(scope, replay, send)  # FastAPI's 422 naming the field
+                return
             result = await endpoint(**defaults, **{body_name: body, dependency_name: caller})
             if not isinstance(result, Response):
-                raise TypeError(f"{self.path}: the endpoint must return a Response")
-            return result
+                raise TypeError(f"{path}: the endpoint must return a Response")
+            await result(scope, receive, send)
 
-        return handler
+        return app
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
