@@ -539,6 +539,8 @@ def test_a_cancelled_request_waits_for_its_running_work() -> None:
 
 
 def test_responses_are_the_bytes_json_dumps_wrote() -> None:
+    from datetime import UTC, datetime
+
     from ctxwarden.server.http import _json
 
     bodies: list[Any] = [
@@ -551,3 +553,5 @@ def test_responses_are_the_bytes_json_dumps_wrote() -> None:
         response = _json(body)
         assert response.body == expected.encode("utf-8")
         assert response.headers["content-type"] == "application/json"
+    with pytest.raises(TypeError):  # not JSON: refused as json.dumps refused it
+        _json({"when": datetime.now(UTC)})

@@ -323,6 +323,16 @@ class CompactBody(BaseModel):
         return CompactionPolicy(older_than=self.older_than, access_threshold=self.access_threshold)
 
 
+#: orjson refuses what ``json.dumps`` would write differently or refuse (subclasses of str,
+#: int, dict and list such as enums or numpy scalars, dataclasses, datetimes): ``_json`` then
+#: falls back to ``json.dumps``
+_ORJSON_AS_JSON = (
+    orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+)
+
+
 def _json(body: Any) -> Response:
     """A JSON response serialised in one ``orjson.dumps`` call.
 
@@ -337,7 +347,7 @@ def _json(body: Any) -> Response:
     text.)
     """
     try:
-        data = orjson.dumps(body)
+        data = orjson.dumps(body, option=_ORJSON_AS_JSON)
     except orjson.JSONEncodeError:
         text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         data = text.encode("utf-8")
