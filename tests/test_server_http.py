@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -332,16 +334,24 @@ def test_the_key_check_and_the_engine_work_share_one_worker_thread(
 ) -> None:
     import anyio.to_thread
 
+    from ctxwarden.server import http
     from ctxwarden.server.http import Principal
 
     hops: list[int] = []
     real_run_sync = anyio.to_thread.run_sync
+    real_in_worker = http._in_worker
 
     async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
         hops.append(threading.get_ident())
         return await real_run_sync(*args, **kwargs)
 
+    async def counted_in_worker(*args: Any, **kwargs: Any) -> Any:
+        hops.append(threading.get_ident())
+        return await real_in_worker(*args, **kwargs)
+
+    # either way to a worker thread counts: anyio's, or the app's own threads
     monkeypatch.setattr(anyio.to_thread, "run_sync", counted_run_sync)
+    monkeypatch.setattr(http, "_in_worker", counted_in_worker)
     threads: dict[str, int] = {}
 
     def authenticate(token: str | None) -> Principal:
@@ -405,3 +415,162 @@ def test_metrics_expose_the_deferred_inclusion_log() -> None:
     assert 'ctxwarden_inclusion_log_entries_total{outcome="written"} 3.0' in text
     assert 'ctxwarden_inclusion_log_entries_total{outcome="failed"} 0.0' in text
     assert "ctxwarden_inclusion_log_pending 0.0" in text
+
+
+def _answers(app: Any) -> list[tuple[int, str | None, str | None, bytes]]:
+    """Status, content type, WWW-Authenticate and body of a fixed run of hot-endpoint requests
+    (plain ones and every kind of odd one) against ``app``."""
+    good = {"Authorization": "Bearer good"}
+    reader = {"Authorization": "Bearer reader"}
+    as_json = {**good, "content-type": "application/json"}
+    assemble = b'{"session": "s", "query": "who owns the checklist?"}'
+    big = json.dumps({"session": "s", "query": "x" * 6000}).encode()  # over max_body_bytes
+    requests: list[tuple[str, str, dict[str, str], bytes | list[bytes]]] = [
+        ("/v1/assemble", "", as_json, [assemble[:10], assemble[10:]]),  # chunked
+        ("/v1/assemble", "", as_json, [big[:3000], big[3000:]]),
+        ("/v1/assemble", "", as_json, big),
+        ("/v1/ingest", "", as_json, json.dumps({"records": RECORDS, "session": "s"}).encode()),
+        ("/v1/assemble", "", as_json, assemble),
+        ("/v1/assemble", "", {"content-type": "application/json"}, assemble),
+        ("/v1/assemble", "", {**as_json, "Authorization": "Bearer nope"}, assemble),
+        ("/v1/assemble", "", {**as_json, "Authorization": "Basic good"}, assemble),
+        ("/v1/assemble", "", {"content-type": "application/json"}, b'{"query": "x"}'),
+        ("/v1/assemble", "", as_json, b'{"query": "x"}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "budget": 0}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "model": "no-such-model"}'),
+        ("/v1/assemble", "", {"content-type": "application/json"}, b'{"session": '),
+        ("/v1/assemble", "", as_json, b'{"session": '),
+        ("/v1/assemble", "", as_json, b""),
+        ("/v1/assemble", "", as_json, b"[" * 100_000),
+        ("/v1/assemble", "", as_json, b'{"session": "\xff"}'),
+        ("/v1/assemble", "", as_json, b'{"session": "s", "budget": NaN}'),
+        ("/v1/assemble", "", good, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "text/plain"}, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "application/json; charset=utf-8"}, assemble),
+        ("/v1/assemble", "", {**good, "content-type": "application/vnd.x+json"}, assemble),
+        ("/v1/assemble", "report=full", as_json, assemble),
+        ("/v1/assemble", "report=everything", as_json, assemble),
+        ("/v1/assemble", "report=everything", as_json, b'{"query": "x"}'),
+        ("/v1/search", "", as_json, b'{"query": "release checklist"}'),
+        ("/v1/search", "", as_json, b'{"query": "release checklist", "limit": 500}'),
+        ("/v1/search", "", as_json, b'{"query": 7}'),
+        ("/v1/search", "", as_json, b'{"query": "checklist", "limit": "3"}'),
+        ("/v1/search", "unknown=1", as_json, b'{"query": "checklist"}'),
+        ("/v1/ingest", "", {**as_json, **reader}, b'{"records": []}'),
+        ("/v1/ingest", "", as_json, b'{"records": [{"content": "x", "tenant": "other"}]}'),
+        ("/v1/ingest", "", as_json, b'{"records": {"content": "x"}}'),
+    ]
+
+    def authenticate(token: str | None) -> Any:
+        from ctxwarden.server.http import Principal
+
+        if token not in ("good", "reader"):
+            raise AuthError("unknown key")
+        scopes = frozenset(SCOPES) if token == "good" else frozenset({"read"})
+        return Principal(tenant="default", scopes=scopes)
+
+    answers = []
+    with serve(app(authenticate)) as url, httpx.Client(base_url=url) as client:
+        for path, query, headers, content in requests:
+            sent = iter(content) if isinstance(content, list) else content
+            r = client.post(f"{path}?{query}" if query else path, content=sent, headers=headers)
+            got = r.headers
+            answer = (r.status_code, got.get("content-type"), got.get("www-authenticate"))
+            # a context's id is random; memories' times (and the access score decaying with
+            # them) are the server's clock
+            content = re.sub(rb'"id":"[0-9a-f]{32}"', b'"id":"?"', r.content)
+            content = re.sub(rb'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"', b'"?"', content)
+            content = re.sub(rb'"access_score":[0-9.e-]+', b'"access_score":0', content)
+            answers.append((*answer, content))
+    return answers
+
+
+def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the hot endpoints call the endpoint directly for a plain request (_DirectRoute) and leave
+    # every other request to FastAPI's handler: the answers must be FastAPI's, byte for byte
+    import fastapi.routing
+
+    from ctxwarden.server.http import _DirectRoute
+
+    general = 0
+    real_solve = fastapi.routing.solve_dependencies
+
+    async def counted_solve(*args: Any, **kwargs: Any) -> Any:
+        nonlocal general
+        general += 1
+        return await real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(fastapi.routing, "solve_dependencies", counted_solve)
+
+    def app(authenticate: Any) -> Any:
+        config = ServerConfig(authenticate=authenticate, max_body_bytes=5000)
+        return create_app(Engine.open(":memory:"), config)
+
+    direct = _answers(app)
+    direct_general = general
+    with monkeypatch.context() as patched:
+        patched.setattr(_DirectRoute, "_direct_shape", lambda _self: False)
+        general = 0
+        reference = _answers(app)
+        reference_general = general
+    for number, (ours, theirs) in enumerate(zip(direct, reference, strict=True)):
+        assert ours == theirs, number
+    assert [a[0] for a in reference].count(200) >= 5
+    assert {a[0] for a in reference} >= {200, 400, 401, 403, 413, 422}
+    # the twelve plain requests (JSON that parses, no query string, and a valid body or a
+    # refused key) did not go through it
+    assert reference_general - direct_general == 12
+
+
+def test_a_cancelled_request_waits_for_its_running_work() -> None:
+    # as anyio.to_thread.run_sync: the work in the worker thread is never abandoned
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ctxwarden.server.http import _in_worker
+
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def work() -> str:
+        started.set()
+        release.wait(10)
+        finished.append("work")
+        return "done"
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as workers:
+            assert await _in_worker(workers, lambda: 7) == 7
+            task = asyncio.ensure_future(_in_worker(workers, work))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # still waiting for the running work
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert finished == ["work"]
+
+    asyncio.run(main())
+
+
+def test_responses_are_the_bytes_json_dumps_wrote() -> None:
+    from datetime import UTC, datetime
+
+    from ctxwarden.server.http import _json
+
+    bodies: list[Any] = [
+        {"hits": [{"memory": {"id": "m1", "content": 'é \u2028 <"x"> \\ \t 😀'}, "score": 1.5}]},
+        {"counts": {"stored": 2}, "n": [0, -1, 2**63 - 1, 0.1, 1 / 3, 1e16, -0.0, None, True]},
+        {"big": 2**70, 1: "a key that is not a string"},  # orjson refuses: json.dumps writes
+    ]
+    for body in bodies:
+        expected = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        response = _json(body)
+        assert response.body == expected.encode("utf-8")
+        assert response.headers["content-type"] == "application/json"
+    with pytest.raises(TypeError):  # not JSON: refused as json.dumps refused it
+        _json({"when": datetime.now(UTC)})

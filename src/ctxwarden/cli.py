@@ -506,7 +506,9 @@ def serve(
             threads=threads,
         )
         prepare(engine)
-        uvicorn.run(create_app(engine, config), host=host, port=port, log_level="warning")
+        uvicorn.run(
+            create_app(engine, config), host=host, port=port, log_level="warning", access_log=False
+        )
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the servers.")
@@ -593,7 +595,7 @@ def proxy(
         server = _server_config(engine, host, no_auth)
         app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
         prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning")
+        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
 
 
 @app.command()
@@ -627,7 +629,7 @@ def mcp(
         authenticate = config.authenticate or (lambda _token: local)
         app_ = create_mcp_http_app(engine, authenticate, host=host)
         prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning")
+        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
 
 
 def show_context(console: Console, context: Context) -> None:

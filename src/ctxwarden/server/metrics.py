@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -98,19 +99,39 @@ class Metrics:
         self.rejected = Counter(
             "ctxwarden_http_rejected", "Requests refused by a limit.", ["reason"], registry=r
         )
+        # label children looked up once (prometheus_client's .labels() per observation cost
+        # more than the observation; the label sets are small and fixed)
+        self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._block_children: dict[str, tuple[Any, Any]] = {}
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.request_seconds.labels(route=route).observe(seconds)
+        children = self._request_children.get((route, status))
+        if children is None:
+            children = (
+                self.requests.labels(route=route, status=str(status)),
+                self.request_seconds.labels(route=route),
+            )
+            self._request_children[(route, status)] = children
+        count, latency = children
+        count.inc()
+        latency.observe(seconds)
 
     def observe_context(self, context: Context, seconds: float) -> None:
         """Record one assembly: latency, tokens and each block's use of its budget."""
         self.assemble_seconds.observe(seconds)
         self.context_tokens.inc(context.tokens)
         for block in context.report.blocks:
-            self.block_used.labels(block=block.name).inc(block.used)
-            self.block_budget.labels(block=block.name).inc(block.budget)
+            children = self._block_children.get(block.name)
+            if children is None:
+                children = (
+                    self.block_used.labels(block=block.name),
+                    self.block_budget.labels(block=block.name),
+                )
+                self._block_children[block.name] = children
+            used, budget = children
+            used.inc(block.used)
+            budget.inc(block.budget)
 
     def observe_ingest(self, counts: Mapping[str, int]) -> None:
         """Count ingest outcomes (stored, duplicate, near_duplicate, known)."""
