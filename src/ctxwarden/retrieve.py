@@ -65,6 +65,8 @@ from ctxwarden.vectors import _numkong
 __all__ = ["Hit", "RetrievalWeights", "retrieve"]
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
+#: ``ranks`` entry keys of each candidate source, made once (not an f-string per row).
+_RANK_KEYS = {s: f"{s}_rank" for s in ("bm25", "vector", "author_vector", "bridge")}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,15 +216,16 @@ def retrieve(
 
     def add(source: str, found: Sequence[tuple[Memory, float]]) -> None:
         rank = 0
+        rank_key = _RANK_KEYS.get(source) or f"{source}_rank"
         for memory, raw in found:
             if keep is not None and not keep(memory):
                 continue
             rank += 1
             memories.setdefault(memory.rowid, memory)
             entry = ranks.setdefault(memory.rowid, {})
-            if entry.get(f"{source}_rank", math.inf) > rank:  # a list searched twice: best rank
+            if entry.get(rank_key, math.inf) > rank:  # a list searched twice: best rank
                 entry[source] = raw
-                entry[f"{source}_rank"] = float(rank)
+                entry[rank_key] = float(rank)
 
     terms = query_terms(query)
     if terms and w.lexical > 0:
@@ -244,10 +247,12 @@ def retrieve(
     # lena works on") names the first; the second shares words with the first, not with the
     # question. The best hits' own words that the query lacks are searched once more.
     if w.bridge > 0 and w.bridge_hits > 0:
+        # An entry's rank keys are in _RANK_KEYS order (the order of the add() calls above), so
+        # the terms are summed in the order the entry holds them.
         first = sorted(
             ranks,
-            key=lambda r: (-sum(1.0 / (w.rrf_k + v) for k, v in ranks[r].items()
-                                if k.endswith("_rank")), r),
+            key=lambda r: (-sum(1.0 / (w.rrf_k + ranks[r][k]) for k in _RANK_KEYS.values()
+                                if k in ranks[r]), r),
         )[: w.bridge_hits]  # fmt: skip
         asked = set(terms)
         hop = w.bridge_candidates
@@ -266,12 +271,9 @@ def retrieve(
         ("author_vector", w.author_vector),
         ("bridge", w.bridge),
     )
+    keyed = [(_RANK_KEYS[source], weight) for source, weight in sources]
     fused = {
-        rowid: sum(
-            weight / (w.rrf_k + entry[f"{source}_rank"])
-            for source, weight in sources
-            if f"{source}_rank" in entry
-        )
+        rowid: sum(weight / (w.rrf_k + entry[key]) for key, weight in keyed if key in entry)
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
@@ -287,15 +289,14 @@ def retrieve(
         author = named_author.get(memory.author)
         if author is None:
             author = named_author[memory.author] = float(_named(memory.author, query_words))
-        components = dict(entry)
-        components.update(relevance=relevance, recency=recency, access=access, author=author)
-        components["value"] = (
-            relevance + w.recency * recency + w.access * access + w.author * author * relevance
-        )
+        value = relevance + w.recency * recency + w.access * access + w.author * author * relevance
+        # One dict display (not dict() then update()): ~200 candidates a turn.
+        components = {**entry, "relevance": relevance, "recency": recency, "access": access,
+                      "author": author, "value": value}  # fmt: skip
         if entities:
             entity = _entity_share(entities, memory.content)
             components["entity"] = entity
-            components["value"] += w.entity * entity * relevance
+            components["value"] = value + w.entity * entity * relevance
         scored[rowid] = components
 
     # MMR over word sets, greedy, among the best `mmr_top` (the rest keep their value order).
@@ -308,24 +309,23 @@ def retrieve(
     # at every step, in ~1/3 of the time.
     mu = 1.0 - w.mmr_lambda
     lifted = [w.mmr_lambda * scored[r]["value"] for r in head]
-    nearest = np.zeros(len(head))
-    near = [0.0] * len(head)
+    nearest = np.zeros(len(head))  # each memory's greatest similarity to a pick so far
     bounds = [(-value, index) for index, value in enumerate(lifted)]
     heapq.heapify(bounds)
     picked: list[int] = []
     while bounds:
         _, index = heapq.heappop(bounds)
-        fresh = (-(lifted[index] - mu * near[index]), index)
+        penalty = mu * nearest.item(index)  # one element, not the whole array as a list
+        fresh = (-(lifted[index] - penalty), index)
         if bounds and fresh > bounds[0]:
             heapq.heappush(bounds, fresh)
             continue
         rowid = head[index]
-        penalty = mu * near[index]
-        scored[rowid]["mmr_penalty"] = penalty
-        scored[rowid]["score"] = scored[rowid]["value"] - penalty
+        components = scored[rowid]
+        components["mmr_penalty"] = penalty
+        components["score"] = components["value"] - penalty
         picked.append(rowid)
         np.maximum(nearest, similarity[index], out=nearest)
-        near = nearest.tolist()
     for rowid in tail:
         scored[rowid]["mmr_penalty"] = 0.0
         scored[rowid]["score"] = scored[rowid]["value"]
@@ -365,15 +365,18 @@ def retrieve(
             scored[rowid] = components
 
     costs = cost(list(memories.values()))
-    hits = []
+    # Sorted as (-density, rowid, hit) tuples, not with a key function (~200 hits): rowids are
+    # unique, so a Hit is never compared.
+    ordered = []
     for rowid, components in scored.items():
         tokens = max(1, int(costs.get(rowid, 1)))
-        density = components["score"] / tokens**w.density
+        score = components["score"]
+        density = score / tokens**w.density
         components["density"] = density
-        hits.append(Hit(memory=memories[rowid], score=components["score"], tokens=tokens,
-                        components=components))  # fmt: skip
-    hits.sort(key=lambda h: (-h.components["density"], h.memory.rowid))
-    return hits
+        hit = Hit(memory=memories[rowid], score=score, tokens=tokens, components=components)
+        ordered.append((-density, rowid, hit))
+    ordered.sort()
+    return [hit for _, _, hit in ordered]
 
 
 # A question: a "?" that ends a sentence (not one inside a URL's query string).
