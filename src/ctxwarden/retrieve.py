@@ -43,6 +43,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -67,6 +68,7 @@ __all__ = ["Hit", "RetrievalWeights", "retrieve"]
 _WORDS = re.compile(r"\w+", re.UNICODE)
 #: ``ranks`` entry keys of each candidate source, made once (not an f-string per row).
 _RANK_KEYS = {s: f"{s}_rank" for s in ("bm25", "vector", "author_vector", "bridge")}
+_RANK_KEY_SET = frozenset(_RANK_KEYS.values())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,6 +160,14 @@ def _mask(text: str) -> tuple[bytes, int]:
     return hit
 
 
+@functools.lru_cache(maxsize=8)
+def _upper(count: int) -> npt.NDArray[np.bool_]:
+    """The strict upper triangle of a ``count`` x ``count`` matrix, as a read-only mask."""
+    upper = np.triu(np.ones((count, count), dtype=bool), 1)
+    upper.flags.writeable = False
+    return upper
+
+
 def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     """Pairwise Jaccard similarity of the texts' word sets (words hashed into 1,024 bits).
 
@@ -173,8 +183,11 @@ def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
     # Only the upper triangle is written (the rest is whatever the memory held, so it is
     # masked before any arithmetic): mirror it. Two empty sets (distance 0 in the kernel)
     # share nothing: similar to nothing, as a memory is to itself.
-    distance = np.triu(np.asarray(_numkong().jaccards_symmetric(masks, dtype="uint1")), 1)
-    similarity: npt.NDArray[np.float64] = np.triu(1.0 - distance.astype(np.float64), 1)
+    # (A cached mask of the upper triangle, not np.triu's twice built one: the same values.)
+    upper = _upper(count)
+    distance = np.where(upper, np.asarray(_numkong().jaccards_symmetric(masks, dtype="uint1")), 0)
+    similarity: npt.NDArray[np.float64] = np.zeros((count, count))
+    np.subtract(1.0, distance, out=similarity, where=upper, dtype=np.float64)
     similarity += similarity.T
     empty = [index for index, (_, size) in enumerate(packed) if not size]
     if empty:
@@ -247,12 +260,10 @@ def retrieve(
     # lena works on") names the first; the second shares words with the first, not with the
     # question. The best hits' own words that the query lacks are searched once more.
     if w.bridge > 0 and w.bridge_hits > 0:
-        # An entry's rank keys are in _RANK_KEYS order (the order of the add() calls above), so
-        # the terms are summed in the order the entry holds them.
         first = sorted(
             ranks,
-            key=lambda r: (-sum(1.0 / (w.rrf_k + ranks[r][k]) for k in _RANK_KEYS.values()
-                                if k in ranks[r]), r),
+            key=lambda r: (-sum(1.0 / (w.rrf_k + v) for k, v in ranks[r].items()
+                                if k in _RANK_KEY_SET), r),
         )[: w.bridge_hits]  # fmt: skip
         asked = set(terms)
         hop = w.bridge_candidates
@@ -384,7 +395,7 @@ _QUESTION = re.compile(r"\?+(?=[\s\"')\]]|$)")
 
 
 def _is_question(text: str) -> bool:
-    return _QUESTION.search(text) is not None
+    return "?" in text and _QUESTION.search(text) is not None  # most texts ask nothing
 
 
 def _relations(
