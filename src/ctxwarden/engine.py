@@ -1290,7 +1290,7 @@ class Engine:
 
         messages: list[dict[str, Any]] = []
         included: list[str] = []
-        inclusions: list[Inclusion] = []
+        logged: list[tuple[str, Memory]] = []  # (block, memory) of each Inclusion, made once below
         total = 0
         data_intro_tokens = tok.count(render.data_intro())
         recent_cost = sum(c.tokens for _, c in recent_messages(plan, policy))
@@ -1332,13 +1332,13 @@ class Engine:
         for name, memory in [*held, *data_held]:
             if memory.rowid >= 0:
                 included.append(memory.id)
-                inclusions.append(Inclusion(rowid=memory.rowid, id=memory.id, block=name, tokens=0))
+                logged.append((name, memory))
         for name, cand in recent_messages(plan, policy):
             total += cand.tokens
             for memory, text in zip(cand.memories, cand.text.split("\x00"), strict=True):
                 messages.append(memory_message(memory, text))
                 included.append(memory.id)
-                inclusions.append(Inclusion(rowid=memory.rowid, id=memory.id, block=name, tokens=0))
+                logged.append((name, memory))
         if query_text and not query_in_history:
             messages.append({"role": "user", "content": query_text})
             total += fixed_parts["query"]
@@ -1350,8 +1350,8 @@ class Engine:
             )
         costs = _costs(plan)
         inclusions = [
-            Inclusion(rowid=i.rowid, id=i.id, block=i.block, tokens=costs.get(i.rowid, 0))
-            for i in inclusions
+            Inclusion(rowid=m.rowid, id=m.id, block=name, tokens=costs.get(m.rowid, 0))
+            for name, m in logged
         ]
         report = Report(
             model=spec.name,

@@ -283,8 +283,8 @@ def retrieve(
         ("bridge", w.bridge),
     )
     keyed = [(_RANK_KEYS[source], weight) for source, weight in sources]
-    fused = {
-        rowid: sum(weight / (w.rrf_k + entry[key]) for key, weight in keyed if key in entry)
+    fused = {  # sum of a list, not a generator: the same terms in the same order, sooner
+        rowid: sum([weight / (w.rrf_k + entry[key]) for key, weight in keyed if key in entry])
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
