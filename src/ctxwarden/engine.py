@@ -1256,9 +1256,10 @@ class Engine:
         fixed = sum(fixed_parts.values())
         available = max(0, limits.cap - fixed)
 
+        data_intro_tokens = tok.count(render.data_intro())  # counted once, used twice
         material = Material(
             count=tok.count,
-            frame=fmt.message_overhead(render.DATA_ROLE) + tok.count(render.data_intro()),
+            frame=fmt.message_overhead(render.DATA_ROLE) + data_intro_tokens,
         )
         material.recent = recent_walk.take(available)
         if query_text and self.config.related_candidates:
@@ -1292,7 +1293,6 @@ class Engine:
         included: list[str] = []
         logged: list[tuple[str, Memory]] = []  # (block, memory) of each Inclusion, made once below
         total = 0
-        data_intro_tokens = tok.count(render.data_intro())
         recent_cost = sum(c.tokens for _, c in recent_messages(plan, policy))
         others = fixed - fixed_parts["system"] - fixed_parts["template"]
         while True:
