@@ -244,13 +244,20 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             notes.append(f"summary {cand.ids[0]}: {dropped} line(s) already in persistent dropped")
         material.summaries = kept
 
+    headers: dict[str, int] = {}  # each block's header cost, counted once (not at every take)
+
+    def header_cost(name: str) -> int:
+        if name not in headers:
+            headers[name] = _header_cost(policy, material, name)
+        return headers[name]
+
     demand = {}
     for name in names:
         source = _source_of(policy, material, name)
         total = sum(c.tokens for c in source)
         data = any(b.name == name and b.source in DATA_SOURCES for b in policy.blocks)
         frame = material.frame if data else 0
-        demand[name] = total + (_header_cost(policy, material, name) + frame if total else 0)
+        demand[name] = total + (header_cost(name) + frame if total else 0)
     budgets = allocate(policy, available=available, demand=demand)
 
     chosen: dict[str, list[Candidate]] = {name: [] for name in names}
@@ -269,7 +276,7 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         block = policy.block(name)
         assert block is not None
         source = _source_of(policy, material, name)
-        header = _header_cost(policy, material, name)
+        header = header_cost(name)
         is_data = block.source in DATA_SOURCES
         is_recent = block.source == "recent"
         min_units = policy.min_recent_messages if is_recent else 0
