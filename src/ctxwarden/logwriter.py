@@ -56,7 +56,11 @@ DEFAULT_CAPACITY = 1024
 DEFAULT_BATCH = 64
 #: Seconds the thread lets entries gather after the first before it writes them (unless a
 #: flush, a close or a full batch calls it sooner): fewer transactions and thread wake-ups.
-DEFAULT_LINGER = 0.02
+#: 0.1 rather than 0.02: at ~50-150 assembles a second a batch holds ~5-15 entries, not 1-3
+#: (bench/serve.py, closed loop: 5.6 against 7.2 ms of server CPU per request, one run each);
+#: readers never wait for it (a flush hurries the thread), and a crash loses at most this
+#: long's entries.
+DEFAULT_LINGER = 0.1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
