@@ -134,7 +134,7 @@ class EngineConfig:
     dedupe: DedupeConfig | None = DEFAULT_DEDUPE
     tenant: str = "default"
     models: tuple[ModelSpec, ...] = ()
-    related_candidates: int = 100
+    related_candidates: int = 70
     recent_page: int = 32
     verifier: Verifier | None = field(default=None, repr=False, compare=False)
     auto_summarize: bool = False
