@@ -121,22 +121,9 @@ class CountCache:
             get, miss = self._entries.get, missing.append
             for memory in memories:
                 rowid = memory.rowid
-                metadata = memory.metadata  # fingerprint(), inlined: ~200 calls a turn
-                count = get(
-                    hash(
-                        (
-                            tokenizer,
-                            rowid,
-                            memory.content,
-                            memory.role,
-                            memory.author,
-                            memory.kind,
-                            memory.created_at,
-                            memory.channel,
-                            bool(metadata) and is_untrusted(metadata),
-                        )
-                    )
-                )
+                # One key function for lookup and fill: an inlined copy saved only a call per
+                # memory, and had it drifted from fingerprint() every lookup would miss.
+                count = get(fingerprint(memory, tokenizer))
                 # The rowid and tokenizer checked too: two fingerprints of other rows may meet.
                 if count is not None and count.rowid == rowid and count.tokenizer == tokenizer:
                     found[rowid] = count
