@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -394,7 +395,10 @@ def test_credentials_keep_the_key_out_of_their_repr() -> None:
     from ctxwarden.server.http import Credentials, Principal
 
     local = Principal(tenant="default", scopes=frozenset({"read"}))
-    credentials = Credentials(token="cw_id_s3cret", authenticate=lambda _token: local)
+    with ThreadPoolExecutor(1) as workers:
+        credentials = Credentials(
+            token="cw_id_s3cret", authenticate=lambda _token: local, workers=workers
+        )
     assert "s3cret" not in repr(credentials)
 
 

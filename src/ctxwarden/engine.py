@@ -1436,12 +1436,8 @@ class Engine:
     def _counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
         """Counts for these memories by rowid: from the engine's count cache, else the store,
         else counted now (and stored); what came from the store or the tokenizer is cached."""
-        counts, unknown = self._token_counts.lookup(memories, tok.name)
-        if not unknown:
-            return counts
-        read = self.store.token_counts([m.rowid for m in unknown], tok.name)
-        counts.update(read)
-        missing = [m for m in unknown if m.rowid not in read]
+        counts = self._stored_counts(memories, tok.name)
+        missing = [m for m in memories if m.rowid not in counts]
         if missing:
             fresh = [
                 TokenCount(
@@ -1454,7 +1450,17 @@ class Engine:
             ]
             self.store.put_token_counts(fresh)
             counts.update((c.rowid, c) for c in fresh)
-        self._token_counts.fill((m, counts[m.rowid]) for m in unknown)
+            self._token_counts.fill(zip(missing, fresh, strict=True))
+        return counts
+
+    def _stored_counts(self, memories: Sequence[Memory], tokenizer: str) -> dict[int, TokenCount]:
+        """The counts of these memories that the engine's count cache or the store holds, by
+        rowid (what the store held is cached); memories neither holds are left out."""
+        counts, unknown = self._token_counts.lookup(memories, tokenizer)
+        if unknown:
+            read = self.store.token_counts([m.rowid for m in unknown], tokenizer)
+            counts.update(read)
+            self._token_counts.fill((m, read[m.rowid]) for m in unknown if m.rowid in read)
         return counts
 
     def _line_candidates(
@@ -1675,13 +1681,7 @@ class _RecentWalk:
     def _page_counts(self, page: Sequence[Memory]) -> dict[int, TokenCount]:
         """The counts of a page the engine's cache or the store holds (the rest are counted by
         :meth:`_unit`, stored by :meth:`flush_counts`)."""
-        cache = self.engine._token_counts
-        counts, unknown = cache.lookup(page, self.tok.name)
-        if unknown:
-            read = self.engine.store.token_counts([m.rowid for m in unknown], self.tok.name)
-            counts.update(read)
-            cache.fill((m, read[m.rowid]) for m in unknown if m.rowid in read)
-        return counts
+        return self.engine._stored_counts(page, self.tok.name)
 
     def _unit(self, group: Sequence[Memory], counts: Mapping[int, TokenCount]) -> Candidate:
         texts = []

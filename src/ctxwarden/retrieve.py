@@ -229,7 +229,7 @@ def retrieve(
 
     def add(source: str, found: Sequence[tuple[Memory, float]]) -> None:
         rank = 0
-        rank_key = _RANK_KEYS.get(source) or f"{source}_rank"
+        rank_key = _RANK_KEYS[source]
         for memory, raw in found:
             if keep is not None and not keep(memory):
                 continue

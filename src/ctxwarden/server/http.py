@@ -395,8 +395,8 @@ class Credentials:
 
     token: str | None = field(repr=False)  # keys never reach logs or reprs
     authenticate: Callable[[str | None], Principal] = field(repr=False)
-    #: the app's worker threads (:func:`_in_worker`); None: anyio's default thread pool
-    workers: Executor | None = field(default=None, repr=False)
+    #: the app's worker threads (:func:`_in_worker`)
+    workers: Executor = field(repr=False)
 
     async def run(self, scope: str, work: Callable[[Principal], _T]) -> _T:
         """In one worker thread: the caller's principal, which must hold ``scope``, then
@@ -407,8 +407,6 @@ class Credentials:
             principal.require(scope)
             return work(principal)
 
-        if self.workers is None:
-            return await anyio.to_thread.run_sync(call)
         return await _in_worker(self.workers, call)
 
 

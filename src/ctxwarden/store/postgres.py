@@ -41,7 +41,14 @@ from ctxwarden.store.base import (
     TokenCount,
 )
 from ctxwarden.store.pg_lexical import Lexical
-from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
+from ctxwarden.store.reads import (
+    CONTEXT_COLUMNS,
+    MEMORY_COLUMNS,
+    MemoryReads,
+    context_row,
+    memory_of,
+    memory_row,
+)
 from ctxwarden.store.sqlite import _TARGET_COLUMNS, _keep_wanted
 from ctxwarden.store.writes import ACCESS_UPSERT, MemoryWrites, access_bump
 from ctxwarden.types import Memory
@@ -435,21 +442,9 @@ class PostgresStore(MemoryReads):
     def _log_one(conn: Conn, entry: ContextLog) -> None:
         """One context's statements, inside a write transaction."""
         row = conn.execute(
-            "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
-            "cap, tokens, blocks) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "RETURNING rowid",
-            (
-                entry.id,
-                entry.tenant,
-                entry.session,
-                entry.created_at,
-                entry.model,
-                entry.tokenizer,
-                entry.exact,
-                entry.cap,
-                entry.tokens,
-                json.dumps(entry.blocks, separators=(",", ":")),
-            ),
+            f"INSERT INTO contexts ({CONTEXT_COLUMNS}) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING rowid",
+            context_row(entry),
         ).fetchone()
         assert row is not None
         if not entry.inclusions:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound
-from ctxwarden.store.base import ApiKey, Link, NewMemory, Tombstone
+from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -58,6 +58,26 @@ def memory_of(row: Sequence[Any]) -> Memory:
         tuple(json.loads(attachments)) if attachments else (),
         json.loads(metadata) if metadata else _EMPTY, latest_content,
     )  # fmt: skip
+
+
+#: The columns of a ``contexts`` row (the inclusion log's header), in :func:`context_row` order.
+CONTEXT_COLUMNS = "id, tenant, session, created_at, model, tokenizer, exact, cap, tokens, blocks"
+
+
+def context_row(entry: ContextLog) -> tuple[Any, ...]:
+    """The insert parameters of ``entry``'s ``contexts`` row (both backends' insert)."""
+    return (
+        entry.id,
+        entry.tenant,
+        entry.session,
+        entry.created_at,
+        entry.model,
+        entry.tokenizer,
+        entry.exact,
+        entry.cap,
+        entry.tokens,
+        json.dumps(entry.blocks, separators=(",", ":")),
+    )
 
 
 def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:

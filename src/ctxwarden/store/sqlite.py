@@ -43,7 +43,14 @@ from ctxwarden.store.base import (
     NewMemory,
     TokenCount,
 )
-from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of, memory_row
+from ctxwarden.store.reads import (
+    CONTEXT_COLUMNS,
+    MEMORY_COLUMNS,
+    MemoryReads,
+    context_row,
+    memory_of,
+    memory_row,
+)
 from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.store.writes import (
     ACCESS_TAU_SECONDS,
@@ -812,20 +819,8 @@ class SQLiteStore(MemoryReads):
         )
         now = entry.created_at
         cursor = self._conn.execute(
-            "INSERT INTO contexts (id, tenant, session, created_at, model, tokenizer, exact, "
-            "cap, tokens, blocks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                entry.id,
-                entry.tenant,
-                entry.session,
-                entry.created_at,
-                entry.model,
-                entry.tokenizer,
-                int(entry.exact),
-                entry.cap,
-                entry.tokens,
-                json.dumps(entry.blocks, separators=(",", ":")),
-            ),
+            f"INSERT INTO contexts ({CONTEXT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            context_row(entry),
         )
         self._conn.execute(
             "INSERT INTO inclusions (context_rowid, position, memory_id, block, tokens) "
