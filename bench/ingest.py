@@ -8,6 +8,10 @@ counters, clock times, amounts and commit hashes (~35 %). Ingests it through ``E
 batches into a temporary SQLite file (WAL) with the default de-dup config, and prints messages/s
 overall and the cost per message of each 10k slice, which should stay flat as the store grows.
 ``--profile`` runs cProfile (CPU time) over the whole ingest and prints the top functions.
+``--plain-init`` runs it with the dataclasses' own generated ``__init__`` (``ctxwarden._fastinit``
+replaced by a no-op before ctxwarden is imported); ``--compare N`` runs N pairs of processes,
+plain and fast alternating, and prints CPU us per message of each (the issue-17 measure of
+whether ``fast_init`` matters for a whole ingest).
 
 CPU time per message is the measure to compare: on the shared 2-core machine wall time mostly
 counts waiting for a core (and CPU time itself rises a little with the load). 100k messages,
@@ -99,12 +103,15 @@ import argparse
 import cProfile
 import pstats
 import random
+import re
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
-
-from ctxwarden import Engine
 
 T0 = 1_800_000_000.0
 WORDS = str.split(
@@ -185,6 +192,8 @@ def run(
     slice_size = 10_000
     slices: list[tuple[float, float]] = []
     counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+    from ctxwarden import Engine  # imported here so that --plain-init can come first
+
     with Engine.open(path) as engine:
         engine.ingest(messages[:1])  # load the tokenizer outside the timing
         start = slice_start = time.perf_counter()
@@ -213,7 +222,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--plain-init", action="store_true", help="without ctxwarden._fastinit")
+    parser.add_argument("--compare", type=int, default=0, help="N pairs: plain and fast init")
     args = parser.parse_args()
+    if args.compare:
+        compare(args.compare, args.messages, args.batch)
+        return
+    if args.plain_init:
+        plain_init()
     messages = synthetic(args.messages)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
@@ -238,6 +254,34 @@ def main() -> None:
         print(
             f"| {index * 10}k-{(index + 1) * 10}k | {wall / 10_000 * 1e6:.1f} "
             f"| {cpu / 10_000 * 1e6:.1f} |"
+        )
+
+
+def plain_init() -> None:
+    """Make ``fast_init`` a no-op: the module is registered before ctxwarden imports it."""
+    if "ctxwarden" in sys.modules:
+        raise RuntimeError("--plain-init must run before ctxwarden is imported")
+    stub = types.ModuleType("ctxwarden._fastinit")
+    stub.fast_init = lambda cls: cls  # type: ignore[attr-defined]
+    sys.modules["ctxwarden._fastinit"] = stub
+
+
+def compare(pairs: int, messages: int, batch: int) -> None:
+    """``pairs`` runs of each variant in fresh processes, alternating (plain first)."""
+    cpu: dict[str, list[float]] = {"plain": [], "fast": []}
+    for _ in range(pairs):
+        for variant in ("plain", "fast"):
+            argv = [sys.executable, __file__, "--messages", str(messages), "--batch", str(batch)]
+            argv += ["--plain-init"] if variant == "plain" else []
+            out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+            found = re.search(r"process CPU time ([0-9.]+) s", out)
+            assert found, out
+            cpu[variant].append(float(found[1]) / (messages - 1) * 1e6)
+            print(f"{variant}: {cpu[variant][-1]:.1f} CPU us per message", flush=True)
+    for variant, values in cpu.items():
+        print(
+            f"{variant}: median {statistics.median(values):.1f} CPU us per message "
+            f"(runs {', '.join(f'{v:.1f}' for v in values)})"
         )
 
 
