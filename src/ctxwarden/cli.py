@@ -20,7 +20,8 @@ from rich.table import Table
 
 from ctxwarden.config import Settings, load_settings
 from ctxwarden.engine import Engine
-from ctxwarden.errors import ConfigError, CtxwardenError, InputError
+from ctxwarden.errors import ConfigError, CtxwardenError, InputError, MissingExtraError
+from ctxwarden.extras import extra_for
 from ctxwarden.types import Context
 
 __all__ = ["app", "main"]
@@ -659,9 +660,21 @@ def show_context(console: Console, context: Context) -> None:
 
 
 def main() -> None:
-    """Entry point: run the app, turning ctxwarden errors into one line and exit code 1."""
+    """Entry point: run the app, turning ctxwarden errors into one line and exit code 1 (2 for a
+    missing extra)."""
     try:
         app(standalone_mode=False)
+    except ImportError as exc:
+        # A server face without its extra: ctxwarden.server raises MissingExtraError, and a
+        # command's own `import uvicorn` a plain ModuleNotFoundError that extra_for maps.
+        missing = exc if isinstance(exc, MissingExtraError) else None
+        extra = extra_for(exc.name)
+        if missing is None and extra is not None:
+            missing = MissingExtraError(extra, [str(exc.name)])
+        if missing is None or _state.get("debug"):
+            raise
+        typer.echo(f"error: {missing}", err=True)
+        sys.exit(2)
     except CtxwardenError as exc:
         if _state.get("debug"):
             raise

@@ -8,6 +8,7 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     CtxwardenError
     ├── ConfigError        a setting, policy or registry entry is invalid
     │   └── BudgetError    a budget policy is invalid or cannot be met
+    ├── MissingExtraError  an optional extra is not installed (also an ImportError)
     ├── InputError         a record, request or argument is invalid (names the field and line)
     ├── TokenizerError     no tokenizer can be had, or text cannot be counted
     ├── StoreError         the database failed or is in an unexpected state
@@ -31,6 +32,7 @@ __all__ = [
     "CtxwardenError",
     "EmbedError",
     "InputError",
+    "MissingExtraError",
     "NotFound",
     "OverloadedError",
     "ScopeError",
@@ -57,6 +59,22 @@ class ConfigError(CtxwardenError):
 
 class BudgetError(ConfigError):
     """A budget policy is invalid (names the field) or cannot hold the fixed blocks."""
+
+
+class MissingExtraError(CtxwardenError, ImportError):
+    """A face or backend needs an optional extra that is not installed; says which to install.
+
+    >>> print(MissingExtraError("server", ["fastapi"]))
+    this needs the 'server' extra (fastapi is missing): pip install 'ctxwarden[server]'
+    """
+
+    def __init__(self, extra: str, missing: list[str]) -> None:
+        what = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+        install = f"pip install 'ctxwarden[{extra}]'"
+        super().__init__(f"this needs the {extra!r} extra ({what}): {install}")
+        self.extra = extra
+        self.missing = tuple(missing)
+        self.name = missing[0] if missing else None  # ImportError's: the module not found
 
 
 class InputError(CtxwardenError):
