@@ -19,13 +19,18 @@ Tokenizers (all offline, nothing downloads; files load lazily on first use):
 - ``mistral-tekken``: Mistral's Tekken (Nemo, Small 3, Ministral, Pixtral), from ``mistral-common``.
 - ``mistral-sp-v1``, ``mistral-sp-v3``, ``mistral-sp-v7``: Mistral's SentencePiece models (7B,
   Mixtral, Large 2), from ``mistral-common`` via ``sentencepiece``.
-- ``gemma3``: no offline tokenizer exists; an explicit :class:`FallbackTokenizer` over o200k_base.
+- ``o200k_harmony`` (gpt-oss) and ``deepseek``: see :mod:`ctxwarden.vocabs`.
+- ``gguf:<path>``: the tokenizer stored in a GGUF model file (exact; :mod:`ctxwarden.ggufvocab`).
+- ``gemma3``, ``gemini``, ``claude``, ``llama4``, ``gemma2``, ``phi3``, ``approx``: no offline
+  tokenizer exists; an explicit :class:`FallbackTokenizer` over o200k_base with a factor measured
+  per family (``ctxwarden.vocabs.FACTORS``); ``approx`` is the one unknown models get.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import gzip
 import hashlib
 import json
@@ -40,6 +45,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ctxwarden import vocabs
 from ctxwarden.errors import InputError, TokenizerError
 
 if TYPE_CHECKING:
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT_FORMATS",
     "GEMMA_FALLBACK_FACTOR",
+    "GGUF_PREFIX",
     "MAX_TEXT_CHARS",
     "RUN_LIMIT",
     "TOKENIZER_NAMES",
@@ -68,8 +75,9 @@ logger = logging.getLogger(__name__)
 RUN_LIMIT = 1024
 # Texts longer than this are refused rather than counted (64 MiB of characters).
 MAX_TEXT_CHARS = 64 * 1024 * 1024
-# Gemma 3 count = ceil(factor * (o200k tokens + digits + emoji)); see FallbackTokenizer.
-GEMMA_FALLBACK_FACTOR = 1.25
+# Gemma 3 count = ceil(factor * (o200k tokens + digits + emoji)); see FallbackTokenizer and
+# bench/tokenizer_margin.py (Gemma 3's real tokenizer needs 1.26 on code).
+GEMMA_FALLBACK_FACTOR = vocabs.FACTORS["gemini"]
 
 
 @runtime_checkable
@@ -415,15 +423,6 @@ def _load_sentencepiece(name: str) -> Tokenizer:
     return _SentencePieceTokenizer(name, processor)
 
 
-def _load_gemma3() -> Tokenizer:
-    logger.warning(
-        "no offline tokenizer for Gemma 3: counting with o200k_base x%g plus one token per "
-        "digit and emoji (an over-estimate; budgets will be conservative)",
-        GEMMA_FALLBACK_FACTOR,
-    )
-    return FallbackTokenizer(get_tokenizer("o200k_base"), factor=GEMMA_FALLBACK_FACTOR)
-
-
 _LOADERS: dict[str, Callable[[], Tokenizer]] = {
     "o200k_base": lambda: _load_openai("o200k_base", _O200K_PATTERN),
     "cl100k_base": lambda: _load_openai("cl100k_base", _CL100K_PATTERN),
@@ -433,12 +432,16 @@ _LOADERS: dict[str, Callable[[], Tokenizer]] = {
     "mistral-sp-v1": lambda: _load_sentencepiece("mistral-sp-v1"),
     "mistral-sp-v3": lambda: _load_sentencepiece("mistral-sp-v3"),
     "mistral-sp-v7": lambda: _load_sentencepiece("mistral-sp-v7"),
-    "gemma3": _load_gemma3,
+    "o200k_harmony": vocabs.load_harmony,
+    "deepseek": vocabs.load_deepseek,
+    **{name: functools.partial(vocabs.approximation, name) for name in vocabs.APPROXIMATIONS},
 }
 TOKENIZER_NAMES: tuple[str, ...] = tuple(_LOADERS)
+#: ``get_tokenizer("gguf:/path/to/model.gguf")`` reads the tokenizer of a GGUF model file.
+GGUF_PREFIX = "gguf:"
 
 _tokenizers: dict[str, Tokenizer] = {}
-_load_lock = threading.RLock()  # re-entrant: the Gemma fallback loads o200k_base inside
+_load_lock = threading.RLock()  # re-entrant: approximations and harmony load o200k_base inside
 
 
 def get_tokenizer(name: str) -> Tokenizer:
@@ -455,12 +458,22 @@ def get_tokenizer(name: str) -> Tokenizer:
     ctxwarden.errors.TokenizerError: unknown tokenizer 'gpt-5': known are o200k_base, ...
     """
     key = name.strip().lower() if isinstance(name, str) else name
+    if isinstance(key, str) and key.startswith(GGUF_PREFIX):
+        key = GGUF_PREFIX + name.strip()[len(GGUF_PREFIX) :]  # a path keeps its case
     tokenizer = _tokenizers.get(key)
     if tokenizer is not None:
         return tokenizer
     loader = _LOADERS.get(key)
+    if loader is None and isinstance(key, str) and key.startswith(GGUF_PREFIX):
+        from ctxwarden.ggufvocab import load_gguf
+
+        path = key[len(GGUF_PREFIX) :]
+        loader = lambda: load_gguf(path)  # noqa: E731
     if loader is None:
-        raise TokenizerError(f"unknown tokenizer {name!r}: known are {', '.join(TOKENIZER_NAMES)}")
+        raise TokenizerError(
+            f"unknown tokenizer {name!r}: known are {', '.join(TOKENIZER_NAMES)}, "
+            f"or {GGUF_PREFIX}<path to a .gguf model file>"
+        )
     with _load_lock:
         tokenizer = _tokenizers.get(key)
         if tokenizer is None:
@@ -589,6 +602,36 @@ _FAMILIES: dict[str, _Family] = {
         tools="[AVAILABLE_TOOLS] {tools}[/AVAILABLE_TOOLS]",
     ),
 }
+# gpt-oss (harmony): the system message the template always renders goes in the prefix; a
+# caller's system prompt becomes a developer message. Upper bounds: tool results are charged a
+# long function name, tool schemas as JSON (the template's TypeScript form is shorter).
+_HARMONY_SYSTEM = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\nCurrent date: 2026-11-25\n\nReasoning: medium\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.\n"
+    "Calls to these tools must go to the commentary channel: 'functions'.<|end|>"
+)
+_FAMILIES["harmony"] = _Family(
+    specials=(
+        *("<|start|>", "<|message|>", "<|end|>", "<|channel|>"),
+        *("<|constrain|>", "<|call|>", "<|return|>"),
+    ),
+    message="<|start|>{role}<|message|>\x00<|end|>",
+    by_role={
+        "system": "<|start|>developer<|message|># Instructions\n\n\x00\n\n<|end|>",
+        "developer": "<|start|>developer<|message|># Instructions\n\n\x00\n\n<|end|>",
+        "assistant": "<|start|>assistant<|channel|>final<|message|>\x00<|end|>",
+        "tool": "<|start|>functions.a_long_function_name to=assistant<|channel|>commentary"
+        "<|message|>\x00<|end|>",
+    },
+    prefix=_HARMONY_SYSTEM,
+    reply="<|start|>assistant",
+    tool_call="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
+    "<|message|>{arguments}<|call|>",
+    tools="<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n\n"
+    "{tools}\n\n}} // namespace functions<|end|>",
+    tool_json_indent=2,
+)
 CHAT_FORMATS: tuple[str, ...] = ("openai", *_FAMILIES)
 # The OpenAI cookbook rule (num_tokens_from_messages) for gpt-3.5/4/4o-era chat models.
 _OPENAI_PER_MESSAGE = 3
@@ -797,6 +840,7 @@ _DEFAULT_FORMAT_TOKENIZER = {
     "llama3": "llama3",
     "gemma": "gemma3",
     "mistral": "mistral-tekken",
+    "harmony": "o200k_harmony",
 }
 
 

