@@ -2,8 +2,8 @@
 
 bench/tokenizer_margin.py measures the factors on its corpus (even-numbered Python doc topics,
 five stdlib modules, JSON from seed 16, its own CJK and emoji lines); these samples are other
-topics, other modules, another seed and other lines, so a test over them checks the factors on
-text they were not picked from.
+topics, other modules, another seed and other lines (Russian, Greek, Hindi, Arabic, Hebrew, Thai,
+Ukrainian), so a test over them checks the factors on text they were not picked from.
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ CJK = [
     "電車が遅れているので、会議に十分ほど遅れます。申し訳ありません。",
     "이번 분기 목표를 다시 검토하고 다음 회의에서 논의합시다.",
     "数据库备份每天凌晨两点自动执行，保留最近三十天的记录。",
+]
+OTHER_SCRIPTS = [
+    "Добрый вечер! Отчёт за квартал готов, посмотрите его до пятницы, пожалуйста.",
+    "Пользователи жалуются, что приложение медленно открывается на старых телефонах.",
+    "Ο διακομιστής θα είναι εκτός λειτουργίας για συντήρηση το Σάββατο το πρωί.",
+    "कृपया अगले सप्ताह की बैठक के लिए अपनी रिपोर्ट तैयार रखें।",
+    "يرجى مراجعة التقرير قبل نهاية الأسبوع وإرسال ملاحظاتكم.",
+    "נא לשלוח את הדוח עד יום חמישי בבוקר, תודה רבה.",
+    "กรุณาส่งรายงานภายในวันศุกร์นี้ ขอบคุณครับ",
+    "Будь ласка, перевірте налаштування сервера перед оновленням.",
 ]
 EMOJI = [
     "congrats on the launch 🎊🥳🍾 well deserved 👏👏",
@@ -76,4 +86,5 @@ def samples() -> dict[str, list[str]]:
         "json": json_samples(),
         "cjk": CJK,
         "emoji": EMOJI,
+        "other-scripts": OTHER_SCRIPTS,
     }

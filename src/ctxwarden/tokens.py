@@ -236,24 +236,30 @@ class _SentencePieceTokenizer(_PieceTokenizer):
 # digit; o200k groups three) and emoji/pictographs (byte-level vocabularies spend 2-4 tokens on
 # many of them where o200k spends one or two).
 _SURCHARGED = re.compile("[\\d\u2600-\u27bf\U0001f000-\U0010ffff]")
+# Letters of the scripts between Latin and CJK (Greek, Cyrillic, Hebrew, Arabic, Indic, Thai,
+# Georgian, ... up to Greek Extended) cost half a token more each: o200k has many whole words of
+# them, other vocabularies spell them in pieces (Qwen needs 3.4x o200k on Hindi; with this
+# surcharge every large-vocabulary tokenizer measured fits under 1.6, bench/tokenizer_margin.py).
+_HALF_SURCHARGED = re.compile("[\u0370-\u1fff]")
 
 
 class FallbackTokenizer:
     """An explicit over-estimate for a model whose tokenizer cannot be had offline.
 
-    ``count = ceil(factor * (base.count(text) + digits + emoji))``: one extra token per digit
-    (Gemma splits every digit, o200k groups three) and per emoji/pictograph codepoint, and the
-    factor for vocabularies less efficient than o200k elsewhere. Measured against Qwen and Llama 3
-    as large-vocabulary stand-ins (tests/test_tokens.py): English, code, JSON and CJK stay within
-    1.1x of o200k, digits and emoji are covered by the surcharge. Greek and Hindi cost Qwen/Llama
-    up to 2.3x o200k; Gemma 3's 262k multilingual vocabulary is expected near o200k there, but
-    that is unmeasured here. ``exact`` is False and ``name``
-    says what it is, e.g. ``"approx(o200k_base)x1.25"``. ``encode`` returns the base tokenizer's
-    ids (not the model's; fewer than ``count``).
+    ``count = ceil(factor * units(text))`` with ``units = base.count(text) + digits + emoji +
+    0.5 * letters of the scripts between Latin and CJK``: one extra token per digit (Gemma, Qwen
+    and Mistral split every digit, o200k groups three) and per emoji/pictograph codepoint, half
+    a token per Greek, Cyrillic, Hebrew, Arabic, Indic, Thai... letter, and the factor for
+    vocabularies less efficient than o200k elsewhere. The factors in use are measured per family
+    by bench/tokenizer_margin.py over English prose, code, JSON, CJK, emoji and those scripts
+    (docs/models.md); they hold for natural text, not for adversarial character soup (a run of
+    one letter costs Tekken 3.9x o200k). ``exact`` is False and ``name`` says what it is, e.g.
+    ``"approx(o200k_base)x1.3"``. ``encode`` returns the base tokenizer's ids (not the model's;
+    fewer than ``count``).
 
-    >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.25)
+    >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.3)
     >>> (tok.name, tok.exact, tok.count("hello world"))
-    ('approx(o200k_base)x1.25', False, 3)
+    ('approx(o200k_base)x1.3', False, 3)
     """
 
     def __init__(self, base: Tokenizer, *, factor: float) -> None:
@@ -278,12 +284,17 @@ class FallbackTokenizer:
     def __repr__(self) -> str:
         return f"<FallbackTokenizer {self.name}>"
 
+    def units(self, text: str) -> float:
+        """The base count plus the surcharges, before the factor (see the class docstring)."""
+        extra = sum(1 for _ in _SURCHARGED.finditer(text))
+        half = sum(1 for _ in _HALF_SURCHARGED.finditer(text))
+        return self._base.count(text) + extra + 0.5 * half
+
     def count(self, text: str) -> int:
         """An over-estimate of the model's count (see the class docstring)."""
         if not text:
             return 0
-        extra = sum(1 for _ in _SURCHARGED.finditer(text))
-        return math.ceil(self._factor * (self._base.count(text) + extra))
+        return math.ceil(self._factor * self.units(text))
 
     def encode(self, text: str) -> list[int]:
         """The base tokenizer's ids (a stand-in: the model's own ids are unknown)."""
