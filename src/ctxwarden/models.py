@@ -382,7 +382,7 @@ _GEMMA = (
     _spec("gemma-2", "gemma2", 8192, "gemma", 2048, "approximated (generic x1.6)", "gemma2"),
     _spec("gemma", "gemma2", 8192, "gemma", 2048, "Gemma 1; approximated (generic x1.6)"),
 )
-_APPROX = "no public tokenizer: approximated (o200k_base x1.6)"
+_APPROX = "no public tokenizer: approximated (x2.0, measured on the Claude 2-era tokenizer)"
 _CLAUDE = (
     _spec("claude", "claude", 200000, "openai", 8192, _APPROX),
     _spec("claude-3-haiku", "claude", 200000, "openai", 4096, _APPROX),

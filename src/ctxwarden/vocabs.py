@@ -51,16 +51,21 @@ FACTORS: dict[str, float] = {
     # Llama 2's 32k SentencePiece (Phi-3/3.5); Mistral 7B v0.1's 32k SentencePiece stands in
     # for it: needs 1.33 on English and code, 2.00 on other scripts, 2.10 on CJK.
     "phi3": 2.15,
+    # Claude: Anthropic publishes no tokenizer for Claude 3 and later. The last one it published
+    # (Claude 2 era, in the anthropic SDK up to 0.38) needs 1.10 on English, 1.14 on code, 2.00
+    # on CJK and other scripts; later tokenizers are reported to spend more than o200k on English
+    # too, so the larger margin is kept.
+    "claude": 2.0,
     # Any model without a tokenizer here: the largest need among the large-vocabulary tokenizers
     # measured (Llama 3 1.16, Qwen 1.35, DeepSeek 1.44, Gemma 3 1.26, Mistral Tekken 1.56 on
-    # CJK). Claude (no public tokenizer), Llama 4 and Gemma 2 (not runnable offline) use it too.
+    # CJK). Llama 4 and Gemma 2 (not runnable offline) use it too.
     "approx": 1.6,
 }
 #: Approximate tokenizer names -> the family whose factor they use.
 APPROXIMATIONS: dict[str, str] = {
     "gemma3": "gemini",
     "gemini": "gemini",
-    "claude": "approx",
+    "claude": "claude",
     "llama4": "approx",
     "gemma2": "approx",
     "phi3": "phi3",
