@@ -204,3 +204,29 @@ def test_harmony_format_charges_its_system_preamble() -> None:
     assert tokens.count_messages(tok, harmony, messages) > 40 + tokens.count_messages(
         tok, openai, messages
     )
+
+
+def test_harmony_format_counts_tools_and_tool_calls() -> None:
+    tok = tokens.get_tokenizer("o200k_harmony")
+    fmt = tokens.get_chat_format("harmony", tok)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "lookup", "arguments": '{"q": "x"}'}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x is 4"},
+    ]
+    plain = tokens.count_messages(tok, fmt, messages[:1])
+    with_tools = tokens.count_messages(tok, fmt, messages[:1], tools)
+    assert with_tools > plain + tok.count('"lookup"')
+    assert tokens.count_messages(tok, fmt, messages, tools) > with_tools + tok.count("x is 4")
+
+
+def test_config_gguf_entry_must_name_a_file(tmp_path: Any) -> None:
+    from ctxwarden.errors import ConfigError
+
+    data = {"name": "m", "tokenizer": f"gguf:{tmp_path}/missing.gguf", "window": 4096,
+            "chat_format": "chatml"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"models\.m\.tokenizer: no GGUF model file"):
+        ModelSpec.from_mapping(data, where="models.m")

@@ -117,6 +117,11 @@ def _validate(spec: ModelSpec) -> None:
             f"tokenizer: unknown tokenizer {spec.tokenizer!r}; "
             f"known are {', '.join(TOKENIZER_NAMES)}, or {GGUF_PREFIX}<path to a .gguf file>"
         )
+    gguf_path = spec.tokenizer.strip()[len(GGUF_PREFIX) :]
+    if spec.tokenizer.strip().lower().startswith(GGUF_PREFIX) and not (
+        Path(gguf_path).expanduser().is_file()
+    ):
+        raise ConfigError(f"tokenizer: no GGUF model file at {gguf_path!r}")
     if isinstance(spec.window, bool) or not isinstance(spec.window, int) or spec.window <= 0:
         raise ConfigError(f"window: must be a positive integer of tokens, got {spec.window!r}")
     if spec.chat_format not in CHAT_FORMATS:
