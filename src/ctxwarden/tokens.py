@@ -614,13 +614,15 @@ _FAMILIES: dict[str, _Family] = {
     ),
 }
 # gpt-oss (harmony): the system message the template always renders goes in the prefix; a
-# caller's system prompt becomes a developer message. Upper bounds: tool results are charged a
-# long function name, tool schemas as JSON (the template's TypeScript form is shorter).
+# caller's system prompt becomes a developer message. Exact for text conversations (tested
+# against openai-harmony's renderer); upper bounds with tools: tool results are charged a long
+# function name, tool schemas as JSON (the template's TypeScript form is shorter), and the
+# system message's line about tools is counted with the tools block.
 _HARMONY_SYSTEM = (
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
     "Knowledge cutoff: 2024-06\nCurrent date: 2026-11-25\n\nReasoning: medium\n\n"
-    "# Valid channels: analysis, commentary, final. Channel must be included for every message.\n"
-    "Calls to these tools must go to the commentary channel: 'functions'.<|end|>"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+    "<|end|>"
 )
 _FAMILIES["harmony"] = _Family(
     specials=(
@@ -629,8 +631,8 @@ _FAMILIES["harmony"] = _Family(
     ),
     message="<|start|>{role}<|message|>\x00<|end|>",
     by_role={
-        "system": "<|start|>developer<|message|># Instructions\n\n\x00\n\n<|end|>",
-        "developer": "<|start|>developer<|message|># Instructions\n\n\x00\n\n<|end|>",
+        "system": "<|start|>developer<|message|># Instructions\n\n\x00<|end|>",
+        "developer": "<|start|>developer<|message|># Instructions\n\n\x00<|end|>",
         "assistant": "<|start|>assistant<|channel|>final<|message|>\x00<|end|>",
         "tool": "<|start|>functions.a_long_function_name to=assistant<|channel|>commentary"
         "<|message|>\x00<|end|>",
@@ -639,7 +641,8 @@ _FAMILIES["harmony"] = _Family(
     reply="<|start|>assistant",
     tool_call="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
     "<|message|>{arguments}<|call|>",
-    tools="<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n\n"
+    tools="\nCalls to these tools must go to the commentary channel: 'functions'."
+    "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n\n"
     "{tools}\n\n}} // namespace functions<|end|>",
     tool_json_indent=2,
 )
