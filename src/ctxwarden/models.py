@@ -435,13 +435,13 @@ _DEEPSEEK = (
     ),
     _spec("deepseek-coder-v2", "deepseek", 131072, "chatml", 8192, _DEEPSEEK_NOTE),
 )
-_PHI3 = "Llama 2's 32k SentencePiece: approximated (x2.15, CJK-heavy worst case)"
+_PHI3 = "Llama 2's 32k SentencePiece: approximated (x2.05, +1 per CJK character)"
 _PHI = (
     _spec("phi-3", "phi3", 4096, "chatml", 1024, _PHI3, "phi3"),
     _spec("phi-3-mini-128k", "phi3", 131072, "chatml", 4096, _PHI3, "phi3:3.8b-mini-128k"),
     _spec("phi-3-medium-128k", "phi3", 131072, "chatml", 4096, _PHI3),
     _spec("phi-3.5", "phi3", 131072, "chatml", 4096, _PHI3, "phi3.5"),
-    _spec("phi-4", "cl100k_base", 16384, "chatml", 4096, "cl100k vocabulary", "phi4"),
+    _spec("phi-4", "cl100k_base", 16384, "chatml", 4096, "tiktoken cl100k (Phi-4 report)", "phi4"),
     _spec("phi-4-mini", "o200k_base", 131072, "chatml", 4096, "o200k vocabulary", "phi4-mini"),
     _spec("phi-4-reasoning", "cl100k_base", 32768, "chatml", 8192, "", "phi4-reasoning"),
 )

