@@ -2,7 +2,7 @@
 
 Prints, per tokenizer and sample kind, the largest ratio real / o200k over the samples and the
 factor the approximation needs (``real / units``, where ``units`` is o200k plus the surcharges of
-``ctxwarden.tokens.FallbackTokenizer``: digits, emoji, half a token per non-Latin alphabet
+``ctxwarden.vocabs.FallbackTokenizer``: digits, emoji, half a token per non-Latin alphabet
 letter): the approximation's factor for a family must be at least the largest "needed" value.
 
     PYTHONPATH=src python bench/tokenizer_margin.py [--gguf PATH] [--hf NAME=tokenizer.json]

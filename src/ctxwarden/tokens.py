@@ -35,7 +35,6 @@ import gzip
 import hashlib
 import json
 import logging
-import math
 import re
 import threading
 import unicodedata
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ctxwarden import vocabs
 from ctxwarden.errors import InputError, TokenizerError
+from ctxwarden.vocabs import FallbackTokenizer  # here for its users; it lives with its factors
 
 if TYPE_CHECKING:
     import tiktoken
@@ -230,85 +230,6 @@ class _SentencePieceTokenizer(_PieceTokenizer):
     def _encode_piece(self, piece: str) -> list[int]:
         ids: list[int] = self._processor.encode(piece)
         return ids
-
-
-# Characters a fallback charges one extra token each: digits (Gemma, Qwen and Mistral split every
-# digit; o200k groups three) and emoji/pictographs (byte-level vocabularies spend 2-4 tokens on
-# many of them where o200k spends one or two).
-_SURCHARGED = re.compile("[\\d\u2600-\u27bf\U0001f000-\U0010ffff]")
-# Letters of the scripts between Latin and CJK (Greek, Cyrillic, Hebrew, Arabic, Indic, Thai,
-# Georgian, ... up to Greek Extended) cost half a token more each: o200k has many whole words of
-# them, other vocabularies spell them in pieces (Qwen needs 3.4x o200k on Hindi; with this
-# surcharge every large-vocabulary tokenizer measured fits under 1.6, bench/tokenizer_margin.py).
-_HALF_SURCHARGED = re.compile("[\u0370-\u1fff]")
-# CJK ideographs, kana and hangul: a 32k SentencePiece vocabulary (Llama 2, Phi-3) spells most of
-# them as three byte tokens; approximations of such vocabularies charge ``cjk`` tokens each.
-_CJK = re.compile("[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-
-
-class FallbackTokenizer:
-    """An explicit over-estimate for a model whose tokenizer cannot be had offline.
-
-    ``count = ceil(factor * units(text))`` with ``units = base.count(text) + digits + emoji +
-    0.5 * letters of the scripts between Latin and CJK``: one extra token per digit (Gemma, Qwen
-    and Mistral split every digit, o200k groups three) and per emoji/pictograph codepoint, half
-    a token per Greek, Cyrillic, Hebrew, Arabic, Indic, Thai... letter, optionally ``cjk`` tokens
-    per CJK character (for 32k SentencePiece vocabularies, which spell most of them in bytes),
-    and the factor for vocabularies less efficient than o200k elsewhere. The factors in use are
-    measured per family by bench/tokenizer_margin.py over English prose, code, JSON, CJK, emoji
-    and those scripts (docs/models.md); they hold for natural text, not for adversarial
-    character soup (a run of one letter costs Tekken 3.9x o200k). ``exact`` is False and
-    ``name`` says what it is, e.g.
-    ``"approx(o200k_base)x1.3"``. ``encode`` returns the base tokenizer's ids (not the model's;
-    fewer than ``count``).
-
-    >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.3)
-    >>> (tok.name, tok.exact, tok.count("hello world"))
-    ('approx(o200k_base)x1.3', False, 3)
-    """
-
-    def __init__(self, base: Tokenizer, *, factor: float, cjk: float = 0.0) -> None:
-        if not factor >= 1.0:
-            raise TokenizerError(f"fallback factor {factor!r} must be >= 1 (it over-estimates)")
-        if not cjk >= 0.0:
-            raise TokenizerError(f"fallback CJK surcharge {cjk!r} must be >= 0")
-        self._base = base
-        self._factor = factor
-        self._cjk = cjk
-
-    @property
-    def name(self) -> str:
-        extra = f"+cjk{self._cjk:g}" if self._cjk else ""
-        return f"approx({self._base.name})x{self._factor:g}{extra}"
-
-    @property
-    def exact(self) -> bool:
-        return False
-
-    @property
-    def factor(self) -> float:
-        """The safety factor applied to the base count."""
-        return self._factor
-
-    def __repr__(self) -> str:
-        return f"<FallbackTokenizer {self.name}>"
-
-    def units(self, text: str) -> float:
-        """The base count plus the surcharges, before the factor (see the class docstring)."""
-        extra = sum(1 for _ in _SURCHARGED.finditer(text))
-        half = sum(1 for _ in _HALF_SURCHARGED.finditer(text))
-        cjk = self._cjk * sum(1 for _ in _CJK.finditer(text)) if self._cjk else 0.0
-        return self._base.count(text) + extra + 0.5 * half + cjk
-
-    def count(self, text: str) -> int:
-        """An over-estimate of the model's count (see the class docstring)."""
-        if not text:
-            return 0
-        return math.ceil(self._factor * self.units(text))
-
-    def encode(self, text: str) -> list[int]:
-        """The base tokenizer's ids (a stand-in: the model's own ids are unknown)."""
-        return self._base.encode(text)
 
 
 # ---------------------------------------------------------------------------------------------
