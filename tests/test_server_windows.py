@@ -292,3 +292,19 @@ def test_real_llama_cpp_python_server_publishes_no_window(llama: LlamaServer) ->
         assert windows.window(llama.model) is None
         assert windows.window(llama.model) is None
     assert llama.alive()
+
+
+def test_a_hanging_upstream_is_cut_by_the_question_timeout() -> None:
+    release = threading.Event()
+
+    def hanging(_: Any) -> Any:
+        release.wait(3)  # far longer than the question's timeout below
+        return {"n_ctx": 4096}
+
+    with upstream({("GET", "/props"): hanging}) as (url, asked):
+        client = LLMClient(url, timeout=60, max_retries=0)  # the chat timeout is not used
+        _clients.append(client)
+        windows = ServedWindows(client, timeout=0.3)
+        assert windows.window("m") is None  # the answer came after the question gave up
+        release.set()
+        assert asked[:2] == ["GET /v1/models", "GET /props"]
