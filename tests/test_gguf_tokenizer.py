@@ -129,6 +129,65 @@ def qwen_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def llama3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A GGUF holding only the Llama 3 vocabulary (pre-tokenizer llama-bpe), with the merges
+    recovered from the vendored rank file as tiktoken-to-HF converters do."""
+    gguf = pytest.importorskip("gguf")
+    ranks = tokens.get_tokenizer("llama3")._encoding._mergeable_ranks
+    to_char = {b: c for c, b in tokens._byte_decoder().items()}
+
+    def spelled(data: bytes) -> str:
+        return "".join(to_char[b] for b in data)
+
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:  # BPE over the token's bytes with the ranks below its own
+            pairs = [(ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)]
+            found = [(r, i) for r, i in pairs if r is not None and r < rank]
+            if not found:
+                break
+            _, i = min(found)
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) == 2:
+            merges.append(f"{spelled(parts[0])} {spelled(parts[1])}")
+    names = [""] * len(ranks)
+    for token, rank in ranks.items():
+        names[rank] = spelled(token)
+    kinds = [1] * len(names) + [3] * 256
+    names += [f"<|reserved_special_token_{i}|>" for i in range(256)]
+    path = tmp_path_factory.mktemp("llama3") / "llama3-vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(8192)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_head_count(1)
+    writer.add_feed_forward_length(64)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list(names)
+    writer.add_token_types(kinds)
+    writer.add_token_merges(merges)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_llama3_gguf_matches_llama_cpp_and_the_vendored_llama3(
+    llama3_gguf: Path, tmp_path: Path
+) -> None:
+    texts = FIXED + _random_texts(300, seed=4)
+    expected = _reference_ids(llama3_gguf, texts, tmp_path)
+    tok = tokens.get_tokenizer(f"gguf:{llama3_gguf}")
+    llama3 = tokens.get_tokenizer("llama3")
+    for text, ids in zip(texts, expected, strict=True):
+        assert tok.encode(text) == ids, text
+        assert llama3.encode(text) == ids, text
+
+
 def test_metadata_equals_the_gguf_package(qwen_gguf: Path) -> None:
     gguf = pytest.importorskip("gguf")
     ours = read_metadata(qwen_gguf)
