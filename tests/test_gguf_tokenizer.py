@@ -15,6 +15,7 @@ import random
 import struct
 import subprocess
 import sys
+import unicodedata
 from importlib import resources
 from pathlib import Path
 
@@ -129,12 +130,11 @@ def qwen_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def llama3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A GGUF holding only the Llama 3 vocabulary (pre-tokenizer llama-bpe), with the merges
-    recovered from the vendored rank file as tiktoken-to-HF converters do."""
+def _tiktoken_gguf(name: str, pre: str, path: Path) -> Path:
+    """A GGUF holding only the vocabulary of the tiktoken-style tokenizer ``name``, with the
+    merges recovered from its ranks as tiktoken-to-HF converters do."""
     gguf = pytest.importorskip("gguf")
-    ranks = tokens.get_tokenizer("llama3")._encoding._mergeable_ranks
+    ranks = tokens.get_tokenizer(name)._encoding._mergeable_ranks
     to_char = {b: c for c, b in tokens._byte_decoder().items()}
 
     def spelled(data: bytes) -> str:
@@ -155,9 +155,8 @@ def llama3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names = [""] * len(ranks)
     for token, rank in ranks.items():
         names[rank] = spelled(token)
-    kinds = [1] * len(names) + [3] * 256
-    names += [f"<|reserved_special_token_{i}|>" for i in range(256)]
-    path = tmp_path_factory.mktemp("llama3") / "llama3-vocab.gguf"
+    kinds = [1] * len(names) + [3] * 16
+    names += [f"<|reserved_special_token_{i}|>" for i in range(16)]
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(8192)
     writer.add_embedding_length(64)
@@ -165,7 +164,7 @@ def llama3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     writer.add_head_count(1)
     writer.add_feed_forward_length(64)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(names)
     writer.add_token_types(kinds)
     writer.add_token_merges(merges)
@@ -176,16 +175,28 @@ def llama3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_llama3_gguf_matches_llama_cpp_and_the_vendored_llama3(
-    llama3_gguf: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    ("name", "pre"),
+    [("llama3", "llama-bpe"), pytest.param("o200k_base", "gpt-4o", marks=pytest.mark.slow)],
+)
+def test_tiktoken_vocabularies_in_a_gguf_match_llama_cpp_and_ctxwarden(
+    name: str, pre: str, tmp_path: Path
 ) -> None:
+    path = _tiktoken_gguf(name, pre, tmp_path / f"{name}.gguf")
     texts = FIXED + _random_texts(300, seed=4)
-    expected = _reference_ids(llama3_gguf, texts, tmp_path)
-    tok = tokens.get_tokenizer(f"gguf:{llama3_gguf}")
-    llama3 = tokens.get_tokenizer("llama3")
+    expected = _reference_ids(path, texts, tmp_path)
+    tok = tokens.get_tokenizer(f"gguf:{path}")
+    ours = tokens.get_tokenizer(name)
+    differ = []
     for text, ids in zip(texts, expected, strict=True):
-        assert tok.encode(text) == ids, text
-        assert llama3.encode(text) == ids, text
+        assert ours.encode(text) == tok.encode(text), text  # the GGUF holds the same tokenizer
+        if tok.encode(text) != ids:
+            differ.append(text)
+    # llama.cpp's own regex engine splits combining marks (Devanagari's vowel signs) off where
+    # tiktoken's o200k pattern keeps them in the word (a llama.cpp divergence, docs/models.md);
+    # every text without a combining mark matches llama.cpp exactly.
+    marked = [t for t in texts if any(unicodedata.category(c).startswith("M") for c in t)]
+    assert set(differ) <= (set(marked) if pre == "gpt-4o" else set()), differ
 
 
 def test_metadata_equals_the_gguf_package(qwen_gguf: Path) -> None:
