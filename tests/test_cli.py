@@ -74,13 +74,30 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert stats["memories"] == 0  # nothing written from either bad file
 
 
-def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
-    result = ctxwarden(
-        "--db", str(tmp_path / "x.db"), "assemble", "--session", "s", "--model", "nope-9",
-        check=False,
+def test_any_model_works_and_bad_tokenizer_or_window_is_a_clear_error(tmp_path: Path) -> None:
+    db = str(tmp_path / "x.db")
+    # An unknown model is approximated, not refused, and the report says so.
+    result = ctxwarden("--db", db, "assemble", "--session", "s", "--model", "nope-9", "--json")
+    notes = json.loads(result.stdout)["report"]["notes"]
+    assert any("'nope-9' is not in the registry" in n for n in notes)
+    named = json.loads(
+        ctxwarden(
+            "--db", db, "assemble", "--session", "s", "--model", "nope-9", "--json",
+            "--tokenizer", "o200k_base", "--window", "16384",
+        ).stdout
     )  # fmt: skip
-    assert result.returncode == 1
-    assert "no tokenizer known for model 'nope-9'" in result.stderr
+    assert named["report"]["tokenizer"] == "o200k_base"
+    assert named["report"]["exact"] is True
+    assert named["report"]["cap"] <= 16384
+    bad = ctxwarden(
+        "--db", db, "assemble", "--session", "s", "--tokenizer", "gpt-2000", check=False
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("error: field 'tokenizer': unknown tokenizer 'gpt-2000'")
+    assert "o200k_base" in bad.stderr
+    zero = ctxwarden("--db", db, "assemble", "--session", "s", "--window", "0", check=False)
+    assert zero.returncode == 1
+    assert zero.stderr.startswith("error: field 'window': must be a positive integer")
 
 
 @pytest.mark.slow

@@ -83,8 +83,9 @@ def test_errors_name_the_field(url: str) -> None:
         r = client.post("/v1/assemble", json={"query": "no session"})
         assert r.status_code == 422
         assert r.json()["error"]["field"] == "session"
-        r = client.post("/v1/assemble", json={"session": "s", "model": "no-such-model-x"})
+        r = client.post("/v1/assemble", json={"session": "s", "tokenizer": "no-such-tokenizer"})
         assert r.status_code == 422
+        assert r.json()["error"]["field"] == "tokenizer"
         r = client.post("/v1/ingest", json={"records": [{**RECORDS[0], "tenant": "other"}]})
         assert r.status_code == 422
         assert r.json()["error"]["field"] == "tenant"

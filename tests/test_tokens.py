@@ -203,17 +203,17 @@ def test_fallback_is_explicit_and_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(tokens, "_tokenizers", {})
-    with caplog.at_level(logging.WARNING, logger="ctxwarden.tokens"):
+    with caplog.at_level(logging.WARNING, logger="ctxwarden.vocabs"):
         first = get_tokenizer("gemma3")
         second = get_tokenizer("gemma3")
     assert first is second
     assert first.exact is False
-    assert first.name == "approx(o200k_base)x1.25"
+    assert first.name == "approx(o200k_base)x1.3"
     assert len([r for r in caplog.records if "Gemma 3" in r.getMessage()]) == 1
     o200k = get_tokenizer("o200k_base")
     # Digits cost one token each on top (Gemma splits every digit; o200k groups three).
     assert first.count("hello world") == 3
-    assert first.count("123456789") == -(-(o200k.count("123456789") + 9) * 5 // 4)
+    assert first.count("123456789") == -(-(o200k.count("123456789") + 9) * 13 // 10)
     with pytest.raises(TokenizerError, match="must be >= 1"):
         FallbackTokenizer(o200k, factor=0.9)
 
@@ -547,11 +547,11 @@ def test_registry_resolves(model: str, name: str, tokenizer: str, window: int) -
 
 def test_registry_unknown_and_prefix_boundaries() -> None:
     registry = default_registry()
-    with pytest.raises(TokenizerError, match="no tokenizer known for model 'foo': pass tokenizer="):
-        registry.resolve("foo")
+    # An unknown name is never refused: it gets the flagged approximation (tests/test_models.py).
+    assert registry.lookup("foo") is None
+    assert registry.resolve("foo").tokenizer == "approx"
     # "gpt-4" must not swallow "gpt-4o-like" ids nor "gpt-4.5": prefixes end at a separator.
-    with pytest.raises(TokenizerError):
-        registry.resolve("gpt-4oz")
+    assert registry.lookup("gpt-4oz") is None
     assert registry.resolve("gpt-4.5-preview").tokenizer == "o200k_base"
     assert "qwen2.5:14b" in registry
     assert "nothing" not in registry

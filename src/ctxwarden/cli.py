@@ -126,16 +126,32 @@ def ingest(
 def assemble(
     session: Annotated[str, typer.Option(help="Session to assemble for.")],
     query: Annotated[str | None, typer.Option(help="The current turn (drives retrieval).")] = None,
-    model: Annotated[str | None, typer.Option(help="Model name (window and tokenizer).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (any; the registry gives window and tokenizer).")
+    ] = None,
     budget: Annotated[int | None, typer.Option(help="Cap on the prompt's tokens.")] = None,
     system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="Tokenizer to count with: o200k_base, qwen, gguf:/path/model.gguf, ..."),
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option(help="The model's context window in tokens (as served).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the context as JSON.")] = False,
 ) -> None:
     """Assemble a context and print it (messages and the report)."""
     with _engine() as engine:
         context = engine.assemble(
-            session=session, query=query, model=model, budget=budget, system=system, tenant=tenant
+            session=session,
+            query=query,
+            model=model,
+            budget=budget,
+            system=system,
+            tenant=tenant,
+            tokenizer=tokenizer,
+            window=window,
         )
     if as_json:
         typer.echo(json.dumps(context.to_dict(), ensure_ascii=False, indent=2))

@@ -1004,16 +1004,17 @@ class Engine:
         tenant: str | None = None,
         model: str | None = None,
         embeddings: Mapping[str, Sequence[float]] | None = None,
+        tokenizer: str | None = None,
     ) -> compaction.CompactionPlan:
         """What :meth:`compact` would do now (reads only). See :mod:`ctxwarden.compact`.
 
-        Token sizes are counted with ``model``'s tokenizer (default model by default);
-        ``embeddings`` (memory id to vector) enable topic clustering.
+        Token sizes are counted with ``model``'s tokenizer (default model by default), or
+        ``tokenizer`` when named; ``embeddings`` (memory id to vector) enable topic clustering.
         """
         tenant = tenant or self.config.tenant
         policy = policy or compaction.CompactionPolicy()
         tok = tokens.get_tokenizer(
-            self.registry.resolve(model or self.config.default_model).tokenizer
+            self.registry.resolve(model or self.config.default_model, tokenizer=tokenizer).tokenizer
         )
         now = self.clock()
         self.flush_log()  # the access threshold reads the access stats
@@ -1066,9 +1067,14 @@ class Engine:
         out.setdefault(tok.name, tok)
         return tuple(out.values())
 
-    def recent_capacity(self, *, model: str | None = None) -> int:
-        """Tokens the recent block gets for ``model`` when every block is full of material."""
-        spec = self.registry.resolve(model or self.config.default_model)
+    def recent_capacity(
+        self, *, model: str | None = None, tokenizer: str | None = None, window: int | None = None
+    ) -> int:
+        """Tokens the recent block gets for ``model`` when every block is full of material
+        (``tokenizer`` / ``window`` override the registry's, as in :meth:`assemble`)."""
+        spec = self.registry.resolve(
+            model or self.config.default_model, tokenizer=tokenizer, window=window
+        )
         policy = self.config.policy
         limits = policy.limits(window=spec.window, max_output=spec.max_output)
         demand = {b.name: limits.cap for b in policy.blocks}
@@ -1084,6 +1090,8 @@ class Engine:
         tenant: str | None = None,
         threshold: float | None = None,
         capacity: int | None = None,
+        tokenizer: str | None = None,
+        window: int | None = None,
     ) -> list[str]:
         """Sliding window: summarise the oldest unsummarised history of ``session`` when it
         passes ``threshold`` (default ``config.window_threshold``, 90 %) of the recent block's
@@ -1094,13 +1102,22 @@ class Engine:
         summaries block. When a session has more than ``config.max_window_summaries`` window
         summaries, the oldest half are summarised into one (summary of summaries) and retired
         with tombstones. Returns the ids of summaries written (none when under the threshold).
+        ``tokenizer`` / ``window`` override the registry's, as in :meth:`assemble`.
         """
         tenant = tenant or self.config.tenant
         summarizer = summarizer or ExtractiveSummarizer()
-        spec = self.registry.resolve(model or self.config.default_model)
+        spec = self.registry.resolve(
+            model or self.config.default_model, tokenizer=tokenizer, window=window
+        )
         tok = tokens.get_tokenizer(spec.tokenizer)
         fmt = tokens.get_chat_format(spec.chat_format, tok)
-        capacity = capacity if capacity is not None else self.recent_capacity(model=spec.name)
+        capacity = (
+            capacity
+            if capacity is not None
+            else self.recent_capacity(
+                model=model or self.config.default_model, tokenizer=tokenizer, window=window
+            )
+        )
         limit = (threshold if threshold is not None else self.config.window_threshold) * capacity
         windows = [
             s
@@ -1204,11 +1221,16 @@ class Engine:
         items: Mapping[str, Sequence[str]] | None = None,
         policy: BudgetPolicy | None = None,
         log_inclusions: bool = True,
+        tokenizer: str | None = None,
+        window: int | None = None,
     ) -> Context:
         """Assemble the context for one turn of ``session``.
 
         ``budget`` caps the prompt's tokens (chat template and tools included); without it the
-        cap is the model's window minus the response reserve and the safety margin. ``query``
+        cap is the model's window minus the response reserve and the safety margin. Any
+        ``model`` name works (:meth:`ModelRegistry.resolve`); ``tokenizer`` (a
+        ``TOKENIZER_NAMES`` entry or ``gguf:<path>``) and ``window`` (tokens) override what the
+        registry says for it. ``query``
         (the current turn) drives retrieval and is sent as the last user message. ``items``
         fills caller-supplied blocks (e.g. ``{"scratch": ["..."]}``). Writes an inclusion-log row
         and bumps access stats unless ``log_inclusions`` is false: before returning, or with
@@ -1218,12 +1240,14 @@ class Engine:
         tenant = tenant or self.config.tenant
         policy = policy or self.config.policy
         model_name = model or self.config.default_model
-        spec = self.registry.resolve(model_name)
+        spec = self.registry.resolve(model_name, tokenizer=tokenizer, window=window)
         tok = tokens.get_tokenizer(spec.tokenizer)
         fmt = tokens.get_chat_format(spec.chat_format, tok)
         limits = policy.limits(window=spec.window, budget=budget, max_output=spec.max_output)
         tool_list = [dict(t) for t in tools or ()]
         notes: list[str] = []
+        if spec.notes and self.registry.lookup(model_name) is None:
+            notes.append(spec.notes)  # what was assumed for a model the registry does not know
         if not tok.exact:
             notes.append(
                 f"tokenizer {tok.name} is an approximation for {spec.name}: counts include its "

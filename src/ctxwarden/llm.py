@@ -329,29 +329,47 @@ class LLMClient:
         return self.request("POST", path, body)
 
     def request(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        root: bool = False,
+        timeout: float | None = None,
+        retries: int | None = None,
     ) -> dict[str, Any]:
         """Send one request with retries and return the JSON object answered.
 
-        ``path`` is relative to ``base_url`` (``"chat/completions"``). Raises
-        :class:`UpstreamStatusError` for an error status and :class:`UpstreamError` for
+        ``path`` is relative to ``base_url`` (``"chat/completions"``), or with ``root`` to the
+        server's root, ``base_url`` less a trailing ``/v1`` (llama.cpp's ``/props``, Ollama's
+        ``/api/show``). ``timeout`` and ``retries`` override the client's for this request.
+        Raises :class:`UpstreamStatusError` for an error status and :class:`UpstreamError` for
         everything else that goes wrong.
         """
-        url = f"{self._base_url}/{path.lstrip('/')}"
-        shown = f"{method} {self._base_path}/{path.lstrip('/')} at {self._where}"
+        base, base_path = self._base_url, self._base_path
+        if root:
+            base, base_path = base.removesuffix("/v1"), base_path.removesuffix("/v1")
+        url = f"{base}/{path.lstrip('/')}"
+        shown = f"{method} {base_path}/{path.lstrip('/')} at {self._where}"
+        max_retries = self._max_retries if retries is None else retries
         attempt = 0
         while True:
             try:
-                response = self._http().request(method, url, json=body)
+                response = self._http().request(
+                    method,
+                    url,
+                    json=body,
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
-                if attempt < self._max_retries:
+                if attempt < max_retries:
                     wait = self._backoff_for(attempt)
                     logger.warning(
                         "%s: %s; retry %d/%d in %.2fs",
                         shown,
                         type(exc).__name__,
                         attempt + 1,
-                        self._max_retries,
+                        max_retries,
                         wait,
                     )
                     time.sleep(wait)
@@ -364,7 +382,8 @@ class LLMClient:
                 ) from exc
             except httpx.TimeoutException as exc:
                 raise UpstreamError(
-                    f"{shown}: no answer within {self._timeout:g}s ({type(exc).__name__}); "
+                    f"{shown}: no answer within {timeout or self._timeout:g}s "
+                    f"({type(exc).__name__}); "
                     "raise the timeout or use a faster model"
                 ) from exc
             except httpx.HTTPError as exc:
@@ -373,7 +392,7 @@ class LLMClient:
                 ) from exc
 
             status = response.status_code
-            if status in _RETRY_STATUSES and attempt < self._max_retries:
+            if status in _RETRY_STATUSES and attempt < max_retries:
                 after = self._retry_after(response)
                 wait = self._backoff_for(attempt) if after is None else after
                 logger.warning(
@@ -381,7 +400,7 @@ class LLMClient:
                     shown,
                     status,
                     attempt + 1,
-                    self._max_retries,
+                    max_retries,
                     wait,
                 )
                 response.close()
@@ -394,7 +413,7 @@ class LLMClient:
                 raise UpstreamStatusError(
                     f"{shown}: status {status} after {attempt + 1} attempt(s): {detail}; {hint}",
                     status=status,
-                    path=f"{self._base_path}/{path.lstrip('/')}",
+                    path=f"{base_path}/{path.lstrip('/')}",
                     detail=detail,
                 )
             try:

@@ -9,19 +9,48 @@ a prefix of the model id ending at a separator (``-``, ``:``, ``_``, ``@``, ``/`
 on the whole id and on its last path segment ("Qwen/Qwen2.5-7B-Instruct" -> "qwen2.5-7b-instruct"
 -> "qwen2.5"). Windows are the published native context lengths; where a model can be stretched
 (YaRN), the native one is used, because the smaller window is the one that never overflows.
+
+Resolution never refuses: a model no entry matches gets :func:`fallback_spec` (the ``approx``
+tokenizer, o200k_base times a measured factor, and a conservative 8,192-token window), logged
+once per name and flagged in the context's report. ``tokenizer=`` and ``window=`` override what
+the registry says, for any model:
+
+>>> spec = default_registry().resolve("my-finetune", tokenizer="qwen", window=32768)
+>>> (spec.tokenizer, spec.window, spec.registered)
+('qwen', 32768, False)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ctxwarden.errors import ConfigError, TokenizerError
-from ctxwarden.tokens import CHAT_FORMATS, TOKENIZER_NAMES
+from ctxwarden.errors import ConfigError, InputError
+from ctxwarden.tokens import CHAT_FORMATS, GGUF_PREFIX, TOKENIZER_NAMES
+from ctxwarden.vocabs import FACTORS
 
-__all__ = ["DEFAULT_SPECS", "ModelRegistry", "ModelSpec", "default_registry"]
+__all__ = [
+    "DEFAULT_SPECS",
+    "FALLBACK_WINDOW",
+    "ModelRegistry",
+    "ModelSpec",
+    "default_registry",
+    "fallback_spec",
+    "known_tokenizer",
+    "remote_tokenizer",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The window assumed for a model the registry does not know: small enough for every chat model
+#: in use (the smallest common served context), because overflowing is the failure that costs a
+#: request; name ``window=`` (or let the proxy ask the server) for more.
+FALLBACK_WINDOW = 8192
 
 _SEPARATORS = frozenset("-:_@/ ")
 _FIELDS = ("name", "tokenizer", "window", "chat_format", "max_output", "notes", "aliases")
@@ -43,6 +72,9 @@ class ModelSpec:
     max_output: int = 4096
     notes: str = ""
     aliases: tuple[str, ...] = ()
+    #: False for a spec made up for a model the registry does not know, or changed by a
+    #: ``tokenizer=`` / ``window=`` argument.
+    registered: bool = True
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -80,11 +112,16 @@ def _validate(spec: ModelSpec) -> None:
     # Messages start with the field name so from_mapping can prefix where the table came from.
     if not isinstance(spec.name, str) or not spec.name.strip():
         raise ConfigError("name: must be a non-empty string")
-    if spec.tokenizer not in TOKENIZER_NAMES:
+    if not known_tokenizer(spec.tokenizer):
         raise ConfigError(
             f"tokenizer: unknown tokenizer {spec.tokenizer!r}; "
-            f"known are {', '.join(TOKENIZER_NAMES)}"
+            f"known are {', '.join(TOKENIZER_NAMES)}, or {GGUF_PREFIX}<path to a .gguf file>"
         )
+    gguf_path = spec.tokenizer.strip()[len(GGUF_PREFIX) :]
+    if spec.tokenizer.strip().lower().startswith(GGUF_PREFIX) and not (
+        Path(gguf_path).expanduser().is_file()
+    ):
+        raise ConfigError(f"tokenizer: no GGUF model file at {gguf_path!r}")
     if isinstance(spec.window, bool) or not isinstance(spec.window, int) or spec.window <= 0:
         raise ConfigError(f"window: must be a positive integer of tokens, got {spec.window!r}")
     if spec.chat_format not in CHAT_FORMATS:
@@ -101,6 +138,83 @@ def _validate(spec: ModelSpec) -> None:
         raise ConfigError("notes: must be a string")
 
 
+def known_tokenizer(name: object) -> bool:
+    """Whether ``name`` is a ``TOKENIZER_NAMES`` entry or ``gguf:<path>`` (case-insensitive)."""
+    if not isinstance(name, str):
+        return False
+    key = name.strip().lower()
+    return key in TOKENIZER_NAMES or (key.startswith(GGUF_PREFIX) and len(key) > len(GGUF_PREFIX))
+
+
+def fallback_spec(
+    model: str, *, tokenizer: str | None = None, window: int | None = None
+) -> ModelSpec:
+    """The spec a model the registry does not know gets (see the module docstring); its notes
+    say what was assumed (what ``tokenizer`` / ``window`` did not name)."""
+    name = model.strip() if isinstance(model, str) and model.strip() else "unknown"
+    assumed = []
+    if tokenizer is None:
+        assumed.append(f"tokens approximated (o200k_base x{FACTORS['approx']:g})")
+    if window is None:
+        assumed.append(f"window {FALLBACK_WINDOW} assumed")
+    size = window or FALLBACK_WINDOW
+    return ModelSpec(
+        name=name,
+        tokenizer=tokenizer or "approx",
+        window=size,
+        chat_format="chatml",
+        max_output=min(1024, size // 4),
+        notes=(
+            f"model {name!r} is not in the registry: {', '.join(assumed)}; name tokenizer= and "
+            "window= or register the model"
+            if assumed
+            else ""
+        ),
+        registered=False,
+    )
+
+
+def _check_tokenizer(tokenizer: object) -> str:
+    if not isinstance(tokenizer, str) or not known_tokenizer(tokenizer):
+        raise InputError(
+            f"unknown tokenizer {tokenizer!r}; known are {', '.join(TOKENIZER_NAMES)}, "
+            f"or {GGUF_PREFIX}<path to a .gguf model file>",
+            field="tokenizer",
+        )
+    key = tokenizer.strip()
+    if not key.lower().startswith(GGUF_PREFIX):
+        return key.lower()
+    path = key[len(GGUF_PREFIX) :]
+    if not Path(path).expanduser().is_file():
+        raise InputError(f"no GGUF model file at {path!r}", field="tokenizer")
+    return GGUF_PREFIX + path
+
+
+def remote_tokenizer(tokenizer: str | None) -> str | None:
+    """``tokenizer`` as a network client may name it: no ``gguf:`` paths (a server reads only
+    the files its operator configured, in ``[[models]]``); other names pass unchanged, to be
+    checked by :meth:`ModelRegistry.resolve`. Used by the HTTP API, MCP and the proxy's header.
+
+    >>> remote_tokenizer("gguf:/etc/passwd")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ctxwarden.errors.InputError: field 'tokenizer': gguf: paths are accepted only from ...
+    """
+    if isinstance(tokenizer, str) and tokenizer.strip().lower().startswith(GGUF_PREFIX):
+        raise InputError(
+            "gguf: paths are accepted only from the server's configuration ([[models]] entries); "
+            "name a built-in tokenizer",
+            field="tokenizer",
+        )
+    return tokenizer
+
+
+def _check_window(window: object) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise InputError(f"must be a positive integer of tokens, got {window!r}", field="window")
+    return window
+
+
 class ModelRegistry:
     """Model specs by name and alias; :meth:`resolve` finds the spec for a model id.
 
@@ -110,6 +224,7 @@ class ModelRegistry:
     def __init__(self, specs: tuple[ModelSpec, ...] = ()) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[str, ModelSpec] = {}
+        self._warned: set[str] = set()
         for spec in specs:
             self.register(spec)
 
@@ -128,20 +243,54 @@ class ModelRegistry:
         return iter(seen.values())
 
     def __contains__(self, model: object) -> bool:
-        if not isinstance(model, str):
-            return False
-        try:
-            self.resolve(model)
-        except TokenizerError:
-            return False
-        return True
+        return isinstance(model, str) and self.lookup(model) is not None
 
-    def resolve(self, model: str) -> ModelSpec:
-        """The spec for ``model``: exact name or alias, then the longest prefix match.
+    def resolve(
+        self, model: str, *, tokenizer: str | None = None, window: int | None = None
+    ) -> ModelSpec:
+        """The spec for ``model``; never refuses a name.
+
+        The registered spec (exact name or alias, then the longest prefix match), else
+        :func:`fallback_spec` (logged once per name). ``tokenizer`` (a ``TOKENIZER_NAMES`` entry
+        or ``gguf:<path>``) and ``window`` (tokens) replace the spec's; with ``window``, the
+        reply reserve is capped at a quarter of it. Bad values raise :class:`InputError`
+        naming the field.
 
         >>> default_registry().resolve("qwen2.5:7b").name
         'qwen2.5'
+        >>> default_registry().resolve("claude-sonnet-4-5-20250929").window
+        200000
         """
+        checked_tokenizer = None if tokenizer is None else _check_tokenizer(tokenizer)
+        checked_window = None if window is None else _check_window(window)
+        spec = self.lookup(model)
+        if spec is None:
+            spec = fallback_spec(model, tokenizer=checked_tokenizer, window=checked_window)
+            if spec.notes:
+                self._warn_once(spec)
+            return spec
+        if checked_tokenizer is None and checked_window is None:
+            return spec
+        size = checked_window if checked_window is not None else spec.window
+        return dataclasses.replace(
+            spec,
+            tokenizer=checked_tokenizer or spec.tokenizer,
+            window=size,
+            max_output=min(spec.max_output, size // 4),
+            registered=False,
+        )
+
+    def _warn_once(self, spec: ModelSpec) -> None:
+        key = spec.name.lower()
+        with self._lock:
+            if key in self._warned or len(self._warned) > 10_000:
+                return
+            self._warned.add(key)
+        logger.warning("%s", spec.notes)
+
+    def lookup(self, model: str) -> ModelSpec | None:
+        """The registered spec for ``model`` (exact name or alias, then the longest prefix
+        match), or None."""
         key = model.strip().lower() if isinstance(model, str) else ""
         candidates = [key]
         if "/" in key:
@@ -162,10 +311,7 @@ class ModelRegistry:
                     best = name
             if best:
                 return table[best]
-        raise TokenizerError(
-            f"no tokenizer known for model {model!r}: pass tokenizer='o200k_base' or register "
-            "the model"
-        )
+        return None
 
 
 def _spec(
@@ -232,11 +378,96 @@ _LLAMA = (
     _spec("llama3.2", "llama3", 131072, "llama3", 4096, "", "llama-3.2", "meta-llama-3.2"),
     _spec("llama3.3", "llama3", 131072, "llama3", 4096, "", "llama-3.3", "meta-llama-3.3"),
 )
-_GEMMA_NOTE = "no offline tokenizer: counted by an over-estimating fallback"
+_GEMMA_NOTE = "approximated (x1.3, measured on Gemma 3's real tokenizer); exact: tokenizer=gguf:"
 _GEMMA = (
     _spec("gemma-3", "gemma3", 131072, "gemma", 8192, _GEMMA_NOTE, "gemma3"),
     _spec("gemma-3-1b", "gemma3", 32768, "gemma", 4096, _GEMMA_NOTE, "gemma3:1b", "gemma3-1b"),
     _spec("gemma-3-270m", "gemma3", 32768, "gemma", 4096, _GEMMA_NOTE, "gemma3:270m"),
+    _spec("gemma-3n", "gemma3", 32768, "gemma", 4096, _GEMMA_NOTE, "gemma3n"),
+    _spec("gemma-2", "gemma2", 8192, "gemma", 2048, "approximated (generic x1.6)", "gemma2"),
+    _spec("gemma", "gemma2", 8192, "gemma", 2048, "Gemma 1; approximated (generic x1.6)"),
+)
+_APPROX = "no public tokenizer: approximated (x2.0, measured on the Claude 2-era tokenizer)"
+_CLAUDE = (
+    _spec("claude", "claude", 200000, "openai", 8192, _APPROX),
+    _spec("claude-3-haiku", "claude", 200000, "openai", 4096, _APPROX),
+    _spec("claude-3-opus", "claude", 200000, "openai", 4096, _APPROX),
+    _spec("claude-3-5-haiku", "claude", 200000, "openai", 8192, _APPROX, "claude-3.5-haiku"),
+    _spec("claude-3-5-sonnet", "claude", 200000, "openai", 8192, _APPROX, "claude-3.5-sonnet"),
+    _spec("claude-3-7-sonnet", "claude", 200000, "openai", 64000, _APPROX, "claude-3.7-sonnet"),
+    _spec("claude-sonnet-4", "claude", 200000, "openai", 64000, "1M in beta; " + _APPROX),
+    _spec("claude-sonnet-4-5", "claude", 200000, "openai", 64000, "1M in beta; " + _APPROX),
+    _spec("claude-opus-4", "claude", 200000, "openai", 32000, _APPROX),
+    _spec("claude-opus-4-1", "claude", 200000, "openai", 32000, _APPROX),
+    _spec("claude-opus-4-5", "claude", 200000, "openai", 64000, _APPROX),
+    _spec("claude-haiku-4-5", "claude", 200000, "openai", 64000, _APPROX),
+)
+_GEMINI_NOTE = "approximated (x1.3, measured on Gemma 3, which shares Gemini's vocabulary)"
+_GEMINI = (
+    _spec("gemini", "gemini", 1048576, "openai", 8192, _GEMINI_NOTE),
+    _spec("gemini-1.5-pro", "gemini", 2097152, "openai", 8192, _GEMINI_NOTE),
+    _spec("gemini-1.5-flash", "gemini", 1048576, "openai", 8192, _GEMINI_NOTE),
+    _spec("gemini-2.0-flash", "gemini", 1048576, "openai", 8192, _GEMINI_NOTE),
+    _spec("gemini-2.5-pro", "gemini", 1048576, "openai", 65536, _GEMINI_NOTE),
+    _spec("gemini-2.5-flash", "gemini", 1048576, "openai", 65536, _GEMINI_NOTE),
+    _spec("gemini-2.5-flash-lite", "gemini", 1048576, "openai", 65536, _GEMINI_NOTE),
+    _spec("gemini-3-pro", "gemini", 1048576, "openai", 65536, _GEMINI_NOTE),
+)
+_DEEPSEEK_NOTE = "exact with ctxwarden[deepseek] (the V4 tokenizer file; V3/R1 share its 128k BPE)"
+_DEEPSEEK = (
+    _spec("deepseek", "deepseek", 131072, "chatml", 8192, _DEEPSEEK_NOTE, "deepseek-chat"),
+    _spec("deepseek-v3", "deepseek", 131072, "chatml", 8192, _DEEPSEEK_NOTE, "deepseek-v3.1"),
+    _spec("deepseek-r1", "deepseek", 131072, "chatml", 32768, _DEEPSEEK_NOTE, "deepseek-reasoner"),
+    _spec("deepseek-v4", "deepseek", 1048576, "chatml", 32768, _DEEPSEEK_NOTE),
+    # Ollama's small deepseek-r1 tags are the distilled Qwen and Llama models.
+    _spec(
+        "deepseek-r1-distill-qwen",
+        "qwen",
+        131072,
+        "chatml",
+        32768,
+        "Qwen base",
+        *("deepseek-r1:1.5b", "deepseek-r1:7b", "deepseek-r1:8b"),
+        *("deepseek-r1:14b", "deepseek-r1:32b", "deepseek-r1-0528-qwen3-8b"),
+    ),
+    _spec(
+        "deepseek-r1-distill-llama", "llama3", 131072, "llama3", 32768, "Llama 3", "deepseek-r1:70b"
+    ),
+    _spec("deepseek-coder-v2", "deepseek", 131072, "chatml", 8192, _DEEPSEEK_NOTE),
+)
+_PHI3 = "Llama 2's 32k SentencePiece: approximated (x2.05, +1 per CJK character)"
+_PHI = (
+    _spec("phi-3", "phi3", 4096, "chatml", 1024, _PHI3, "phi3"),
+    _spec("phi-3-mini-128k", "phi3", 131072, "chatml", 4096, _PHI3, "phi3:3.8b-mini-128k"),
+    _spec("phi-3-medium-128k", "phi3", 131072, "chatml", 4096, _PHI3),
+    _spec("phi-3.5", "phi3", 131072, "chatml", 4096, _PHI3, "phi3.5"),
+    _spec("phi-4", "cl100k_base", 16384, "chatml", 4096, "tiktoken cl100k (Phi-4 report)", "phi4"),
+    _spec("phi-4-mini", "o200k_base", 131072, "chatml", 4096, "o200k vocabulary", "phi4-mini"),
+    _spec("phi-4-reasoning", "cl100k_base", 32768, "chatml", 8192, "", "phi4-reasoning"),
+)
+_GPT_OSS = (
+    _spec("gpt-oss", "o200k_harmony", 131072, "harmony", 32768, "", "gpt-oss-20b", "gpt-oss-120b"),
+)
+_LLAMA4_NOTE = "202k vocabulary not runnable offline: approximated (x1.6); exact: tokenizer=gguf:"
+_LLAMA4 = (
+    _spec("llama4", "llama4", 10485760, "llama3", 8192, "Scout 10M; " + _LLAMA4_NOTE, "llama-4"),
+    _spec("llama-4-scout", "llama4", 10485760, "llama3", 8192, _LLAMA4_NOTE, "llama4:scout"),
+    _spec("llama-4-maverick", "llama4", 1048576, "llama3", 8192, _LLAMA4_NOTE, "llama4:maverick"),
+    _spec("llama2", "phi3", 4096, "mistral", 1024, "Llama 2 vocabulary (as Phi-3)", "llama-2"),
+)
+_OTHER_NOTE = "tokenizer not runnable offline: approximated (o200k_base x1.6)"
+_OTHER = (
+    _spec("kimi-k2", "approx", 131072, "chatml", 16384, _OTHER_NOTE),
+    _spec("kimi-k2-0905", "approx", 262144, "chatml", 16384, _OTHER_NOTE),
+    _spec("glm-4.5", "approx", 131072, "chatml", 16384, _OTHER_NOTE, "glm-4.5-air"),
+    _spec("glm-4.6", "approx", 202752, "chatml", 16384, _OTHER_NOTE),
+    _spec("command-r", "approx", 131072, "chatml", 4096, _OTHER_NOTE, "command-r-plus"),
+    _spec("command-a", "approx", 262144, "chatml", 8192, _OTHER_NOTE),
+    _spec("granite3", "approx", 131072, "chatml", 8192, _OTHER_NOTE, "granite-3", "granite3.3"),
+    _spec("grok-3", "approx", 131072, "openai", 16384, _OTHER_NOTE, "grok-3-mini"),
+    _spec("grok-4", "approx", 256000, "openai", 16384, _OTHER_NOTE),
+    _spec("smollm3", "llama3", 65536, "chatml", 4096, "Llama 3 vocabulary"),
+    _spec("olmo-2", "approx", 4096, "chatml", 1024, _OTHER_NOTE, "olmo2"),
 )
 _MISTRAL = (
     _spec(
@@ -293,9 +524,23 @@ _MISTRAL = (
     _spec("ministral-3b", "mistral-tekken", 128000, "mistral", 4096),
     _spec("pixtral-12b", "mistral-tekken", 128000, "mistral", 4096),
 )
-DEFAULT_SPECS: tuple[ModelSpec, ...] = (*_OPENAI, *_QWEN, *_LLAMA, *_GEMMA, *_MISTRAL)
+DEFAULT_SPECS: tuple[ModelSpec, ...] = (
+    *_OPENAI,
+    *_QWEN,
+    *_LLAMA,
+    *_GEMMA,
+    *_MISTRAL,
+    *_CLAUDE,
+    *_GEMINI,
+    *_DEEPSEEK,
+    *_PHI,
+    *_GPT_OSS,
+    *_LLAMA4,
+    *_OTHER,
+)
 
 
 def default_registry() -> ModelRegistry:
-    """A new registry holding the built-in specs (OpenAI, Qwen, Llama 3, Gemma 3, Mistral)."""
+    """A new registry holding the built-in specs (OpenAI, Qwen, Llama, Gemma, Mistral, Claude,
+    Gemini, DeepSeek, Phi, gpt-oss and others: README, "Models and tokenizers")."""
     return ModelRegistry(DEFAULT_SPECS)

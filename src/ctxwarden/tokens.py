@@ -19,18 +19,22 @@ Tokenizers (all offline, nothing downloads; files load lazily on first use):
 - ``mistral-tekken``: Mistral's Tekken (Nemo, Small 3, Ministral, Pixtral), from ``mistral-common``.
 - ``mistral-sp-v1``, ``mistral-sp-v3``, ``mistral-sp-v7``: Mistral's SentencePiece models (7B,
   Mixtral, Large 2), from ``mistral-common`` via ``sentencepiece``.
-- ``gemma3``: no offline tokenizer exists; an explicit :class:`FallbackTokenizer` over o200k_base.
+- ``o200k_harmony`` (gpt-oss) and ``deepseek``: see :mod:`ctxwarden.vocabs`.
+- ``gguf:<path>``: the tokenizer stored in a GGUF model file (exact; :mod:`ctxwarden.ggufvocab`).
+- ``gemma3``, ``gemini``, ``claude``, ``llama4``, ``gemma2``, ``phi3``, ``approx``: no offline
+  tokenizer exists; an explicit :class:`FallbackTokenizer` over o200k_base with a factor measured
+  per family (``ctxwarden.vocabs.FACTORS``); ``approx`` is the one unknown models get.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import gzip
 import hashlib
 import json
 import logging
-import math
 import re
 import threading
 import unicodedata
@@ -40,7 +44,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ctxwarden import vocabs
 from ctxwarden.errors import InputError, TokenizerError
+from ctxwarden.vocabs import FallbackTokenizer  # here for its users; it lives with its factors
 
 if TYPE_CHECKING:
     import tiktoken
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT_FORMATS",
     "GEMMA_FALLBACK_FACTOR",
+    "GGUF_PREFIX",
     "MAX_TEXT_CHARS",
     "RUN_LIMIT",
     "TOKENIZER_NAMES",
@@ -68,8 +75,9 @@ logger = logging.getLogger(__name__)
 RUN_LIMIT = 1024
 # Texts longer than this are refused rather than counted (64 MiB of characters).
 MAX_TEXT_CHARS = 64 * 1024 * 1024
-# Gemma 3 count = ceil(factor * (o200k tokens + digits + emoji)); see FallbackTokenizer.
-GEMMA_FALLBACK_FACTOR = 1.25
+# Gemma 3 count = ceil(factor * (o200k tokens + digits + emoji)); see FallbackTokenizer and
+# bench/tokenizer_margin.py (Gemma 3's real tokenizer needs 1.26 on code).
+GEMMA_FALLBACK_FACTOR = vocabs.FACTORS["gemini"]
 
 
 @runtime_checkable
@@ -224,64 +232,6 @@ class _SentencePieceTokenizer(_PieceTokenizer):
         return ids
 
 
-# Characters a fallback charges one extra token each: digits (Gemma, Qwen and Mistral split every
-# digit; o200k groups three) and emoji/pictographs (byte-level vocabularies spend 2-4 tokens on
-# many of them where o200k spends one or two).
-_SURCHARGED = re.compile("[\\d\u2600-\u27bf\U0001f000-\U0010ffff]")
-
-
-class FallbackTokenizer:
-    """An explicit over-estimate for a model whose tokenizer cannot be had offline.
-
-    ``count = ceil(factor * (base.count(text) + digits + emoji))``: one extra token per digit
-    (Gemma splits every digit, o200k groups three) and per emoji/pictograph codepoint, and the
-    factor for vocabularies less efficient than o200k elsewhere. Measured against Qwen and Llama 3
-    as large-vocabulary stand-ins (tests/test_tokens.py): English, code, JSON and CJK stay within
-    1.1x of o200k, digits and emoji are covered by the surcharge. Greek and Hindi cost Qwen/Llama
-    up to 2.3x o200k; Gemma 3's 262k multilingual vocabulary is expected near o200k there, but
-    that is unmeasured here. ``exact`` is False and ``name``
-    says what it is, e.g. ``"approx(o200k_base)x1.25"``. ``encode`` returns the base tokenizer's
-    ids (not the model's; fewer than ``count``).
-
-    >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.25)
-    >>> (tok.name, tok.exact, tok.count("hello world"))
-    ('approx(o200k_base)x1.25', False, 3)
-    """
-
-    def __init__(self, base: Tokenizer, *, factor: float) -> None:
-        if not factor >= 1.0:
-            raise TokenizerError(f"fallback factor {factor!r} must be >= 1 (it over-estimates)")
-        self._base = base
-        self._factor = factor
-
-    @property
-    def name(self) -> str:
-        return f"approx({self._base.name})x{self._factor:g}"
-
-    @property
-    def exact(self) -> bool:
-        return False
-
-    @property
-    def factor(self) -> float:
-        """The safety factor applied to the base count."""
-        return self._factor
-
-    def __repr__(self) -> str:
-        return f"<FallbackTokenizer {self.name}>"
-
-    def count(self, text: str) -> int:
-        """An over-estimate of the model's count (see the class docstring)."""
-        if not text:
-            return 0
-        extra = sum(1 for _ in _SURCHARGED.finditer(text))
-        return math.ceil(self._factor * (self._base.count(text) + extra))
-
-    def encode(self, text: str) -> list[int]:
-        """The base tokenizer's ids (a stand-in: the model's own ids are unknown)."""
-        return self._base.encode(text)
-
-
 # ---------------------------------------------------------------------------------------------
 # Loaders
 
@@ -415,15 +365,6 @@ def _load_sentencepiece(name: str) -> Tokenizer:
     return _SentencePieceTokenizer(name, processor)
 
 
-def _load_gemma3() -> Tokenizer:
-    logger.warning(
-        "no offline tokenizer for Gemma 3: counting with o200k_base x%g plus one token per "
-        "digit and emoji (an over-estimate; budgets will be conservative)",
-        GEMMA_FALLBACK_FACTOR,
-    )
-    return FallbackTokenizer(get_tokenizer("o200k_base"), factor=GEMMA_FALLBACK_FACTOR)
-
-
 _LOADERS: dict[str, Callable[[], Tokenizer]] = {
     "o200k_base": lambda: _load_openai("o200k_base", _O200K_PATTERN),
     "cl100k_base": lambda: _load_openai("cl100k_base", _CL100K_PATTERN),
@@ -433,12 +374,16 @@ _LOADERS: dict[str, Callable[[], Tokenizer]] = {
     "mistral-sp-v1": lambda: _load_sentencepiece("mistral-sp-v1"),
     "mistral-sp-v3": lambda: _load_sentencepiece("mistral-sp-v3"),
     "mistral-sp-v7": lambda: _load_sentencepiece("mistral-sp-v7"),
-    "gemma3": _load_gemma3,
+    "o200k_harmony": vocabs.load_harmony,
+    "deepseek": vocabs.load_deepseek,
+    **{name: functools.partial(vocabs.approximation, name) for name in vocabs.APPROXIMATIONS},
 }
 TOKENIZER_NAMES: tuple[str, ...] = tuple(_LOADERS)
+#: ``get_tokenizer("gguf:/path/to/model.gguf")`` reads the tokenizer of a GGUF model file.
+GGUF_PREFIX = "gguf:"
 
 _tokenizers: dict[str, Tokenizer] = {}
-_load_lock = threading.RLock()  # re-entrant: the Gemma fallback loads o200k_base inside
+_load_lock = threading.RLock()  # re-entrant: approximations and harmony load o200k_base inside
 
 
 def get_tokenizer(name: str) -> Tokenizer:
@@ -455,12 +400,22 @@ def get_tokenizer(name: str) -> Tokenizer:
     ctxwarden.errors.TokenizerError: unknown tokenizer 'gpt-5': known are o200k_base, ...
     """
     key = name.strip().lower() if isinstance(name, str) else name
+    if isinstance(key, str) and key.startswith(GGUF_PREFIX):
+        key = GGUF_PREFIX + name.strip()[len(GGUF_PREFIX) :]  # a path keeps its case
     tokenizer = _tokenizers.get(key)
     if tokenizer is not None:
         return tokenizer
     loader = _LOADERS.get(key)
+    if loader is None and isinstance(key, str) and key.startswith(GGUF_PREFIX):
+        from ctxwarden.ggufvocab import load_gguf
+
+        path = key[len(GGUF_PREFIX) :]
+        loader = lambda: load_gguf(path)  # noqa: E731
     if loader is None:
-        raise TokenizerError(f"unknown tokenizer {name!r}: known are {', '.join(TOKENIZER_NAMES)}")
+        raise TokenizerError(
+            f"unknown tokenizer {name!r}: known are {', '.join(TOKENIZER_NAMES)}, "
+            f"or {GGUF_PREFIX}<path to a .gguf model file>"
+        )
     with _load_lock:
         tokenizer = _tokenizers.get(key)
         if tokenizer is None:
@@ -589,6 +544,39 @@ _FAMILIES: dict[str, _Family] = {
         tools="[AVAILABLE_TOOLS] {tools}[/AVAILABLE_TOOLS]",
     ),
 }
+# gpt-oss (harmony): the system message the template always renders goes in the prefix; a
+# caller's system prompt becomes a developer message. Exact for text conversations (tested
+# against openai-harmony's renderer); upper bounds with tools: tool results are charged a long
+# function name, tool schemas as JSON (the template's TypeScript form is shorter), and the
+# system message's line about tools is counted with the tools block.
+_HARMONY_SYSTEM = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\nCurrent date: 2026-11-25\n\nReasoning: medium\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message."
+    "<|end|>"
+)
+_FAMILIES["harmony"] = _Family(
+    specials=(
+        *("<|start|>", "<|message|>", "<|end|>", "<|channel|>"),
+        *("<|constrain|>", "<|call|>", "<|return|>"),
+    ),
+    message="<|start|>{role}<|message|>\x00<|end|>",
+    by_role={
+        "system": "<|start|>developer<|message|># Instructions\n\n\x00<|end|>",
+        "developer": "<|start|>developer<|message|># Instructions\n\n\x00<|end|>",
+        "assistant": "<|start|>assistant<|channel|>final<|message|>\x00<|end|>",
+        "tool": "<|start|>functions.a_long_function_name to=assistant<|channel|>commentary"
+        "<|message|>\x00<|end|>",
+    },
+    prefix=_HARMONY_SYSTEM,
+    reply="<|start|>assistant",
+    tool_call="<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
+    "<|message|>{arguments}<|call|>",
+    tools="\nCalls to these tools must go to the commentary channel: 'functions'."
+    "<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {{\n\n"
+    "{tools}\n\n}} // namespace functions<|end|>",
+    tool_json_indent=2,
+)
 CHAT_FORMATS: tuple[str, ...] = ("openai", *_FAMILIES)
 # The OpenAI cookbook rule (num_tokens_from_messages) for gpt-3.5/4/4o-era chat models.
 _OPENAI_PER_MESSAGE = 3
@@ -797,6 +785,7 @@ _DEFAULT_FORMAT_TOKENIZER = {
     "llama3": "llama3",
     "gemma": "gemma3",
     "mistral": "mistral-tekken",
+    "harmony": "o200k_harmony",
 }
 
 

@@ -70,6 +70,7 @@ from ctxwarden.errors import (
     TokenizerError,
     UpstreamError,
 )
+from ctxwarden.models import remote_tokenizer
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.types import Context
 
@@ -302,6 +303,10 @@ class AssembleBody(BaseModel):
     tools: list[dict[str, Any]] | None = None
     channel: str | None = None
     items: dict[str, list[str]] | None = None
+    #: A ``TOKENIZER_NAMES`` entry; ``gguf:`` paths only from the server's configuration.
+    tokenizer: str | None = None
+    #: The model's window in tokens, when the registry's is not the one served.
+    window: int | None = None
 
 
 class SearchBody(BaseModel):
@@ -694,6 +699,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                 channel=body.channel,
                 items=body.items,
                 tenant=principal.tenant,
+                tokenizer=remote_tokenizer(body.tokenizer),
+                window=body.window,
             )
             metrics.observe_context(context, time.perf_counter() - began)
             return _json(context_body(context, full=report == "full"))

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ctxwarden import tokens
 from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
+from ctxwarden.models import remote_tokenizer
 from ctxwarden.render import line_text
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
@@ -165,9 +166,15 @@ def create_mcp_server(
         model: str | None = None,
         budget: int | None = None,
         system: str | None = None,
+        tokenizer: str | None = None,
+        window: int | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """The messages to send a model for this session's next turn, within its window."""
+        """The messages to send a model for this session's next turn, within its window.
+
+        Any model name works; ``tokenizer`` (e.g. ``o200k_base``, ``qwen``) and ``window``
+        (tokens) override what the registry says for it.
+        """
         with _tool_errors():
             where = caller(ctx, "read")
             context = engine.assemble(
@@ -177,12 +184,18 @@ def create_mcp_server(
                 budget=budget,
                 system=system,
                 tenant=where,
+                tokenizer=remote_tokenizer(tokenizer),
+                window=window,
             )
             return {
                 "messages": list(context.messages),
                 "tokens": context.tokens,
                 "cap": context.report.cap,
                 "included": list(context.included),
+                # which counting the cap rests on, and what was assumed (unknown models)
+                "tokenizer": context.report.tokenizer,
+                "exact": context.report.exact,
+                "notes": list(context.report.notes),
             }
 
     return server
