@@ -271,3 +271,47 @@ def test_no_record_ever_folds_into_another_users_conversation(
     for outcome in result.outcomes:
         if outcome.duplicate_of is not None:
             assert outcome.duplicate_of.split("-")[0] == outcome.id.split("-")[0]
+
+
+def test_mcp_remember_pins_for_the_scope_asked_and_recall_follows_the_user(
+    engine: Engine,
+) -> None:
+    import json
+
+    import anyio
+    from mcp import Client
+
+    from ctxwarden.server.mcp import create_mcp_server
+
+    async def main() -> None:
+        async with Client(create_mcp_server(engine)) as client:
+
+            async def call(tool: str, args: dict[str, Any]) -> Any:
+                result = await client.call_tool(tool, args)
+                assert not result.is_error, result.content
+                return json.loads(result.content[0].text)
+
+            kept = await call(
+                "remember",
+                {"content": "alice prefers oat milk", "user": "alice", "session": "a1",
+                 "pinned": True, "scope": "user"},
+            )  # fmt: skip
+            await call("remember", {"content": "bob prefers soy milk", "user": "bob"})
+            other = await call(
+                "assemble_context", {"session": "a2", "user": "alice", "budget": 2000}
+            )
+            assert kept["id"] in other["included"]
+            bob = await call("assemble_context", {"session": "b9", "user": "bob", "budget": 2000})
+            assert kept["id"] not in bob["included"]
+            mine = await call("recall", {"query": "milk", "user": "alice"})
+            assert [m["id"] for m in mine["memories"]] == [kept["id"]]
+            refused = await client.call_tool(
+                "remember", {"content": "x", "pinned": True, "scope": "user"}
+            )
+            assert refused.is_error
+            assert "user" in refused.content[0].text
+            wrong = await client.call_tool("recall", {"query": "milk", "scope": "everyone"})
+            assert wrong.is_error
+
+    anyio.run(main)
+    assert engine.stats()["memories"] == 2  # the refused note stored nothing

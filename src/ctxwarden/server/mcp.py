@@ -119,14 +119,21 @@ def create_mcp_server(
         pinned: bool = False,
         kind: str = "fact",
         user: str | None = None,
+        scope: str | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store a note (``kind`` fact or message) of end user ``user`` in ``session``; returns
-        its id and what happened to it."""
+        its id and what happened to it. A ``pinned`` note shows in every context of its session,
+        or of ``scope``: ``user`` (all the user's sessions) or ``tenant`` (everyone's)."""
         with _tool_errors():
             where = caller(ctx, "write")
             if kind not in ("fact", "message"):
                 raise InputError(f"{kind!r} is not fact or message", field="kind")
+            pin_scope = _scope_argument(scope)
+            if pin_scope is not None and not pinned:
+                raise InputError("applies to pinned notes: pass pinned=true", field="scope")
+            if pin_scope == "user" and user is None:
+                raise InputError("a pin for the user needs the user: pass user", field="user")
             record = {
                 "id": f"mcp-{uuid.uuid4().hex[:16]}",
                 "content": content,
@@ -140,7 +147,10 @@ def create_mcp_server(
                 [record], tenant=where, session=session or notes_session, user=user
             )
             outcome = result.outcomes[0]
-            return {"id": outcome.duplicate_of or outcome.id, "status": outcome.status}
+            stored = outcome.duplicate_of or outcome.id
+            if pin_scope is not None:
+                engine.pin(stored, tenant=where, scope=pin_scope)
+            return {"id": stored, "status": outcome.status}
 
     @server.tool()
     def recall(
