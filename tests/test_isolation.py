@@ -409,3 +409,19 @@ def test_search_returns_exactly_the_scopes_best(
     got = {m.id for m, _ in hits}
     assert got <= expected
     assert len(got) == min(limit, len(expected))
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": "ok", "fold": False},
+    ],
+)
+def test_nothing_folds_into_a_transcript_turn_later(engine: Engine, stored: dict[str, Any]) -> None:
+    fold = stored.pop("fold", True)
+    engine.ingest([{"id": "first", "session": "s", "created_at": T0, **stored}], fold=fold)
+    later = engine.ingest([{"id": "later", "session": "s", "content": "ok", "created_at": T0 + 5}])
+    assert later.outcomes[0].status == "stored"
+    assert engine.get("first").dup_count == 1
