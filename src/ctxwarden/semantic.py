@@ -50,7 +50,7 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.dedupe import BOT_CHANGE_WORDS, DedupeCandidate, skeleton
+from ctxwarden.dedupe import BOT_CHANGE_WORDS, UNFOLDABLE, DedupeCandidate, skeleton
 from ctxwarden.errors import ConfigError
 from ctxwarden.normalize import canonical, mask_volatile_values
 from ctxwarden.provenance import is_untrusted
@@ -171,6 +171,7 @@ def dedupable(memory: Memory) -> bool:
         and not memory.pinned
         and not memory.tool_calls
         and memory.role not in ("tool", "assistant")  # an agent's transcript never folds
+        and not memory.content_hash.startswith(UNFOLDABLE)  # e.g. ingested with fold=False
         and memory.author_kind != "tool"
         and not is_untrusted(memory.metadata)
         and bool(memory.content.strip())
