@@ -40,7 +40,6 @@ from ctxwarden.assemble import (
     data_message_text,
     fill,
     memory_message,
-    query_terms,
     recent_messages,
     system_message_text,
     text_segments,
@@ -77,8 +76,9 @@ from ctxwarden.provenance import (
     is_untrusted,
 )
 from ctxwarden.retrieve import RetrievalWeights, retrieve
-from ctxwarden.scope import ReadScope, in_scope
+from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
+from ctxwarden.scoped_reads import ScopedReads, store_scope
 from ctxwarden.semantic import (
     MERGE_STATUS,
     SemanticConfig,
@@ -98,7 +98,6 @@ from ctxwarden.store.base import (
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import (
-    SCOPES,
     CandidateReports,
     Context,
     IngestOutcome,
@@ -291,7 +290,7 @@ def _postgres_store(dsn: str) -> Store:
     return PostgresStore(dsn)
 
 
-class Engine:
+class Engine(ScopedReads):
     """The engine most users touch: ``ingest``, ``assemble``, ``get``, ``stats``.
 
     Open with :meth:`open`; close with :meth:`close` or use it as a context manager.
@@ -986,112 +985,6 @@ class Engine:
                 self._vector_state = (name in models, others)
         return self._vector_state
 
-    # -- reads -------------------------------------------------------------------------------
-
-    def get(
-        self,
-        id: str,
-        *,
-        tenant: str | None = None,
-        user: str | None = None,
-        session: str | None = None,
-    ) -> Memory:
-        """The memory with caller id ``id``, or the aggregate it was folded into.
-
-        With ``user`` or ``session``: :class:`NotFound` unless the memory is in that scope
-        (the same answer as for an id that does not exist, so ids are not probed across users).
-        """
-        tenant = tenant or self.config.tenant
-        self.flush_log()  # its access stats
-        memory = self.store.get(tenant, id)
-        if user is not None or session is not None:
-            wanted = resolve_scope(session=session, user=user, scope=None)
-            if not in_scope(memory, wanted):
-                raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
-        return memory
-
-    def pinned(
-        self,
-        *,
-        tenant: str | None = None,
-        session: str | None = None,
-        user: str | None = None,
-        scope: Scope | None = None,
-    ) -> list[Memory]:
-        """Pinned memories and facts visible in the narrowest scope named (what the pinned
-        block of :meth:`assemble` draws on), oldest first."""
-        read_scope = resolve_scope(session=session, user=user, scope=scope)
-        self.flush_log()
-        return self.store.pinned(tenant or self.config.tenant, scope=_store_scope(read_scope))
-
-    def stats(
-        self,
-        *,
-        tenant: str | None = None,
-        session: str | None = None,
-        user: str | None = None,
-        scope: Scope | None = None,
-    ) -> dict[str, Any]:
-        """Counts per channel: records seen, memories stored, duplicates folded; top families.
-
-        Of the narrowest scope named (:func:`ctxwarden.scope.resolve`): a session's, an end
-        user's, or the whole tenant's when neither is named.
-        """
-        read_scope = resolve_scope(session=session, user=user, scope=scope)
-        self.flush_log()  # the count of contexts
-        return self.store.stats(tenant or self.config.tenant, scope=_store_scope(read_scope))
-
-    def search(
-        self,
-        query: str,
-        *,
-        tenant: str | None = None,
-        limit: int = 20,
-        session: str | None = None,
-        user: str | None = None,
-        scope: Scope | None = None,
-    ) -> list[tuple[Memory, float]]:
-        """Full-text search for ``query``'s terms, best first, in the narrowest scope named:
-        ``session``'s memories, ``user``'s, or the tenant's when neither is named (a wider
-        scope than named needs ``scope=``: ``"user"`` or ``"tenant"``)."""
-        if limit < 1:
-            raise InputError(f"{limit} must be at least 1", field="limit")
-        read_scope = resolve_scope(session=session, user=user, scope=scope)
-        terms = query_terms(query)
-        self.flush_log()  # the access stats of the memories returned
-        return self.store.search(
-            tenant or self.config.tenant, terms, limit=limit, scope=_store_scope(read_scope)
-        )
-
-    def pin(
-        self,
-        id: str,
-        *,
-        pinned: bool = True,
-        tenant: str | None = None,
-        scope: Scope | None = None,
-    ) -> Memory:
-        """Pin (or with ``pinned=False`` unpin) a memory; returns it. :class:`NotFound` if none.
-
-        ``scope``: where the pin shows (the pinned block of :meth:`assemble`): the memory's own
-        session (the default, ``"session"``), its end user's sessions (``"user"``; the memory
-        must have a user) or every context of the tenant (``"tenant"``, an explicit choice).
-        """
-        if scope is not None and scope not in SCOPES:
-            raise InputError(f"{scope!r} is not one of {', '.join(sorted(SCOPES))}", field="scope")
-        tenant = tenant or self.config.tenant
-        self.flush_log()  # the access stats of the memory returned
-        if scope == "user" and pinned and self.store.get(tenant, id).user is None:
-            raise InputError(
-                f"memory {id!r} has no end user: pin it for its session or the tenant",
-                field="scope",
-            )
-        with self.store.write() as writer:
-            found = writer.set_pinned(tenant, id, pinned, scope=scope)
-        if not found:
-            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
-        return self.store.get(tenant, id)
-
     def delete(self, id: str, *, tenant: str | None = None, reason: str = "deleted") -> None:
         """Erase a memory: its text leaves every table and index, and every summary built from
         it is removed too; content-free tombstones remain. :class:`NotFound` if none."""
@@ -1416,9 +1309,9 @@ class Engine:
                 available, recent_walk.typical_line(), floor=self.config.related_candidates
             )
             material.related = self._related(
-                tenant, query_text, tok, notes, wanted, _store_scope(read_scope)
+                tenant, query_text, tok, notes, wanted, store_scope(read_scope)
             )
-        pinned = self.store.pinned(tenant, scope=_store_scope(read_scope))
+        pinned = self.store.pinned(tenant, scope=store_scope(read_scope))
         material.pinned = self._line_candidates(pinned, tok)
         # Summaries stay within their conversation: the session's, or the user's sessions';
         # a tenant-wide read still shows this session's (another's are not its history).
@@ -1901,11 +1794,6 @@ class _RecentWalk:
             self.engine.store.put_token_counts([count for _, count in self._fresh])
             self.engine._token_counts.fill(self._fresh)
             self._fresh = []
-
-
-def _store_scope(scope: ReadScope) -> ReadScope | None:
-    """The store's filter for a read scope: None for the whole tenant."""
-    return None if scope.kind == "tenant" else scope
 
 
 def _head(kind: str, value: str | None, user: str | None) -> str:
