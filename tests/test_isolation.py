@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwarden import Engine, InputError, Record
+from ctxwarden import Engine, InputError, NotFound, Record
 from ctxwarden.scope import resolve
 
 T0 = 1_800_000_000
@@ -425,3 +425,33 @@ def test_nothing_folds_into_a_transcript_turn_later(engine: Engine, stored: dict
     later = engine.ingest([{"id": "later", "session": "s", "content": "ok", "created_at": T0 + 5}])
     assert later.outcomes[0].status == "stored"
     assert engine.get("first").dup_count == 1
+
+
+def test_a_delete_naming_a_user_never_erases_another_users_memory(engine: Engine) -> None:
+    import anyio
+    import httpx
+    from mcp import Client
+
+    from ctxwarden.server.http import create_app
+    from ctxwarden.server.mcp import create_mcp_server
+    from serving import serve
+
+    engine.ingest([{"id": "a", "content": "alice's note"}], session="a1", user="alice")
+    engine.ingest([{"id": "b", "content": "bob's note"}], session="b1", user="bob")
+    with pytest.raises(NotFound):
+        engine.delete("a", user="bob")
+    with serve(create_app(engine)) as url:
+        refused = httpx.delete(url + "/v1/memories/a", params={"user": "bob"})
+        assert refused.status_code == 404
+
+    async def forget(args: dict[str, Any]) -> bool:
+        async with Client(create_mcp_server(engine)) as client:
+            return bool((await client.call_tool("forget", args)).is_error)
+
+    assert anyio.run(forget, {"id": "a", "user": "bob"})  # refused
+    assert engine.get("a").content == "alice's note"  # still there, untouched
+    assert not anyio.run(forget, {"id": "a", "user": "alice"})
+    with pytest.raises(NotFound):
+        engine.get("a")
+    engine.delete("b", user="bob", session="b1")
+    assert engine.stats()["memories"] == 0

@@ -985,10 +985,21 @@ class Engine(ScopedReads):
                 self._vector_state = (name in models, others)
         return self._vector_state
 
-    def delete(self, id: str, *, tenant: str | None = None, reason: str = "deleted") -> None:
+    def delete(
+        self,
+        id: str,
+        *,
+        tenant: str | None = None,
+        reason: str = "deleted",
+        user: str | None = None,
+        session: str | None = None,
+    ) -> None:
         """Erase a memory: its text leaves every table and index, and every summary built from
-        it is removed too; content-free tombstones remain. :class:`NotFound` if none."""
+        it is removed too; content-free tombstones remain. :class:`NotFound` if none, or (with
+        ``user`` or ``session``) if it is not that end user's or session's."""
         tenant = tenant or self.config.tenant
+        if user is not None or session is not None:
+            self.get(id, tenant=tenant, user=user, session=session)  # NotFound outside it
         self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
             found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)

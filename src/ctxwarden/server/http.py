@@ -10,7 +10,7 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     GET    /v1/pins?session=&user=&scope=      pinned memories and facts visible in a scope
     POST   /v1/memories/{id}/pin[?scope=]      pin (for its session, its user or the tenant)
     POST   /v1/memories/{id}/unpin      unpin
-    DELETE /v1/memories/{id}            erase (and summaries built from it; tombstones remain)
+    DELETE /v1/memories/{id}[?user=&session=]  erase (and summaries built from it)
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats?session=&user=&scope=  counts
@@ -786,9 +786,18 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         )
 
     @app.delete("/v1/memories/{memory_id}")
-    async def delete(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
-        """Delete a memory; a content-free tombstone remains."""
-        await caller.run("delete", lambda p: engine.delete(memory_id, tenant=p.tenant))
+    async def delete(
+        memory_id: str,
+        caller: CallerCredentials,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """Delete a memory; a content-free tombstone remains. With ``user`` or ``session``, 404
+        unless it is that end user's or session's."""
+        await caller.run(
+            "delete",
+            lambda p: engine.delete(memory_id, tenant=p.tenant, user=user, session=session),
+        )
         return {"deleted": memory_id}
 
     @app.delete("/v1/sessions/{session}")

@@ -191,11 +191,14 @@ def create_mcp_server(
             return {"memories": chosen, "tokens": used, "max_tokens": max_tokens}
 
     @server.tool()
-    def forget(id: str, ctx: Context | None = None) -> dict[str, Any]:
-        """Delete the memory ``id`` (a content-free tombstone remains)."""
+    def forget(
+        id: str, user: str | None = None, session: str | None = None, ctx: Context | None = None
+    ) -> dict[str, Any]:
+        """Delete the memory ``id`` (a content-free tombstone remains); with ``user`` or
+        ``session``, only if it is that end user's or session's."""
         with _tool_errors():
             where = caller(ctx, "delete")
-            engine.delete(id, tenant=where, reason="forgotten over MCP")
+            engine.delete(id, tenant=where, reason="forgotten over MCP", user=user, session=session)
             return {"deleted": id}
 
     @server.tool()
