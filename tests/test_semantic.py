@@ -246,3 +246,27 @@ def test_cli_dedupe_semantic(tmp_path: Path) -> None:
     assert "folded 0" in run("dedupe", "--semantic")
     stats = json.loads(run("stats", "--json"))
     assert (stats["semantic"], stats["memories"]) == (1, 1)
+
+
+def test_conversations_transcripts_and_unfolded_batches_never_fold_semantically() -> None:
+    a, b = PARAPHRASES[1]
+    with _engine(window_seconds=600) as engine:
+        # no channel: two sessions (and two end users of one session) are two conversations
+        engine.ingest([_msg("x1", a, at=0, channel=None, session="s1")])
+        engine.ingest([_msg("x2", b, at=5, channel=None, session="s2")])
+        engine.ingest([_msg("u1", a, at=10, channel=None, session="s3", user="alice")])
+        engine.ingest([_msg("u2", b, at=15, channel=None, session="s3", user="bob")])
+        # an agent's turns, and a batch ingested with fold=False
+        engine.ingest(
+            [_msg("r1", a, at=20, role="assistant"), _msg("r2", b, at=25, role="assistant")]
+        )
+        engine.ingest(
+            [_msg("f1", a, at=30, channel="f"), _msg("f2", b, at=35, channel="f")], fold=False
+        )
+        # the same pair in one conversation does fold (the rule is the scope's, not the text's)
+        engine.ingest([_msg("y1", a, at=40, channel=None, session="s4", user="carol")])
+        engine.ingest([_msg("y2", b, at=45, channel=None, session="s4", user="carol")])
+        engine.embed_pending()
+        for id in ("x2", "u2", "r2", "f2"):
+            assert engine.get(id).id == id
+        assert engine.get("y2").id == "y1"
