@@ -244,13 +244,16 @@ class LLMClient:
         data = self.post("chat/completions", body)
         return self._chat_result(data)
 
-    def stream(self, path: str, body: Mapping[str, Any]) -> ChunkStream:
+    def stream(
+        self, path: str, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> ChunkStream:
         """POST ``body`` and read the answer as server-sent events (``"stream": true`` bodies).
 
         The request is sent and its status checked before this returns (an error status raises
         :class:`UpstreamStatusError`, as :meth:`request` does); iterate the result for each
         event's JSON text, until ``[DONE]``, and close it when done. Not retried: a stream
         cannot be resumed, and the caller has usually started answering its own client.
+        ``headers`` are added to this request's.
         """
         url = f"{self._base_url}/{path.lstrip('/')}"
         shown = f"POST {self._base_path}/{path.lstrip('/')} at {self._where}"
@@ -258,7 +261,10 @@ class LLMClient:
         try:
             response = http.send(
                 http.build_request(
-                    "POST", url, json=dict(body), headers={"Accept": "text/event-stream"}
+                    "POST",
+                    url,
+                    json=dict(body),
+                    headers={**(headers or {}), "Accept": "text/event-stream"},
                 ),
                 stream=True,
             )
@@ -324,25 +330,32 @@ class LLMClient:
             raise self._bad_body("models", "expected a 'data' list")
         return [str(m["id"]) for m in items if isinstance(m, Mapping) and "id" in m]
 
-    def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def post(
+        self, path: str, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """POST ``body`` as JSON to ``{base_url}/{path}`` with retries; the JSON object answered."""
-        return self.request("POST", path, body)
+        return self.request("POST", path, body, headers=headers)
 
     def request(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """Send one request with retries and return the JSON object answered.
 
         ``path`` is relative to ``base_url`` (``"chat/completions"``). Raises
         :class:`UpstreamStatusError` for an error status and :class:`UpstreamError` for
-        everything else that goes wrong.
+        everything else that goes wrong. ``headers`` are added to this request's.
         """
         url = f"{self._base_url}/{path.lstrip('/')}"
         shown = f"{method} {self._base_path}/{path.lstrip('/')} at {self._where}"
         attempt = 0
         while True:
             try:
-                response = self._http().request(method, url, json=body)
+                response = self._http().request(method, url, json=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt < self._max_retries:
                     wait = self._backoff_for(attempt)

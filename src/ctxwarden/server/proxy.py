@@ -50,6 +50,8 @@ from starlette.concurrency import run_in_threadpool
 from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
+from ctxwarden.llm_anthropic import AnthropicClient
+from ctxwarden.server.agents import install_agent_apis
 from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
 from ctxwarden.sessions import Ticket, TurnSlots
 from ctxwarden.toolcalls import ToolCall, ToolCallReport, check_call, check_reply
@@ -190,8 +192,14 @@ def _report_header(report: Mapping[str, Any]) -> str:
     return json.dumps(report, separators=(",", ":"), ensure_ascii=True)
 
 
-def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | None = None) -> Any:
-    """The proxy application; ``upstream`` is the configured model server's client."""
+def create_proxy_app(
+    engine: Engine,
+    upstream: LLMClient,
+    config: ProxyConfig | None = None,
+    anthropic: AnthropicClient | None = None,
+) -> Any:
+    """The proxy application; ``upstream`` is the configured model server's client (chat
+    completions and Responses), ``anthropic`` the Messages API upstream if there is one."""
     config = config or ProxyConfig()
     slots = TurnSlots(config.turn_slots, timeout=config.turn_timeout)
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
@@ -250,6 +258,7 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
             )
         return JSONResponse(payload, headers=header)
 
+    install_agent_apis(app, engine, upstream, anthropic)  # /v1/responses, /v1/messages
     app.add_middleware(LimitsMiddleware, config=config.server)
     return app
 

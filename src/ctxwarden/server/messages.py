@@ -1,0 +1,350 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: the Anthropic Messages API through
+the proxy (Claude Code, the ``anthropic`` SDK).
+
+The request is checked (:func:`ctxwarden.fit_messages.check`), fitted into the model's window
+and forwarded to the configured Messages upstream; the client's messages go upstream as they were
+sent when they fit. Claude's tokenizer is not public: when the upstream serves
+``/messages/count_tokens`` (Anthropic does) a request near the cap is sized by it, and the local
+prices (o200k times a margin) are scaled to its count; otherwise the margin alone is used, and the
+report says so. Streamed requests get the upstream's events as they come (``message_start`` ...
+``message_stop``). Errors use the Anthropic shape (``{"type": "error", "error": {...}}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ctxwarden import fit_messages
+from ctxwarden.engine import Engine
+from ctxwarden.errors import (
+    AuthError,
+    BudgetError,
+    CtxwardenError,
+    InputError,
+    NotFound,
+    OverloadedError,
+    ScopeError,
+)
+from ctxwarden.fit import Fitted
+from ctxwarden.llm import UpstreamStatusError
+from ctxwarden.llm_anthropic import FORWARDED_HEADERS, AnthropicClient
+from ctxwarden.server.agents import (
+    REPORT_HEADER,
+    Names,
+    Turn,
+    budget_for,
+    fit_turn,
+    principal,
+    recall,
+    refuse_redirects,
+    relay,
+    remember,
+    report_header,
+    take_slot,
+)
+from ctxwarden.server.http import status_for
+from ctxwarden.sessions import TurnSlots
+
+__all__ = ["error_response", "install", "reply_text"]
+
+#: Ask the upstream to count when the local estimate passes this share of the cap (below it,
+#: the margin in the local estimate leaves room enough).
+COUNT_ABOVE = 0.5
+#: How many times a fitted request is re-counted and cut further when the count says it is over.
+RECOUNTS = 2
+
+_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def error_response(exc: CtxwardenError) -> JSONResponse:
+    """``exc`` in the Anthropic error shape: 400 for bad input, the upstream's own 4xx."""
+    message = str(exc)
+    if isinstance(exc, BudgetError):
+        status = 400
+    elif isinstance(exc, UpstreamStatusError) and 400 <= exc.status < 500:
+        status, message = exc.status, f"upstream: {exc.detail}"
+    elif isinstance(exc, InputError):
+        status = 400
+        if exc.field and not message.startswith(exc.field):
+            message = f"{exc.field}: {message}"
+    elif isinstance(exc, ScopeError):
+        status = 403
+    elif isinstance(exc, AuthError):
+        status = 401
+    elif isinstance(exc, NotFound):
+        status = 404
+    elif isinstance(exc, OverloadedError):
+        status = 429
+    else:
+        status = status_for(exc)
+    kind = _KINDS.get(status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": message}}
+    return JSONResponse(body, status_code=status)
+
+
+def reply_text(payload: Mapping[str, Any]) -> str:
+    """The text blocks of a message."""
+    return "".join(
+        str(b.get("text", ""))
+        for b in payload.get("content") or ()
+        if isinstance(b, Mapping) and b.get("type") == "text"
+    )
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    if not isinstance(usage, Mapping):
+        return {}
+    return {
+        "upstream_input_tokens": usage.get("input_tokens"),
+        "upstream_cached_tokens": usage.get("cache_read_input_tokens"),
+    }
+
+
+def _texts(body: Mapping[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    texts: list[tuple[str, str]] = []
+    query = None
+    for message in body["messages"]:
+        content = message.get("content")
+        if isinstance(content, str):
+            text = content
+        else:
+            text = "\n".join(
+                str(b.get("text", ""))
+                for b in content
+                if isinstance(b, Mapping) and b.get("type") == "text"
+            )
+        role = str(message.get("role"))
+        texts.append((role, text))
+        if role == "user" and text.strip():
+            query = text
+    return texts, query
+
+
+def _missing() -> NotFound:
+    return NotFound(
+        "no Anthropic Messages upstream is configured: start the proxy with "
+        "--anthropic-upstream URL (and CTXWARDEN_ANTHROPIC_API_KEY)"
+    )
+
+
+def install(
+    app: FastAPI, engine: Engine, anthropic: AnthropicClient | None, *, memory: bool = True
+) -> None:
+    """Add ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` to ``app``."""
+
+    async def read(request: Request) -> tuple[dict[str, Any], dict[str, str], str]:
+        caller = await run_in_threadpool(principal, request)
+        caller.require("write")
+        try:
+            body = await request.json()
+        except ValueError:
+            raise InputError("the body is not JSON", field="body") from None
+        if not isinstance(body, dict):
+            raise InputError("expected a JSON object", field="body")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return body, headers, caller.tenant
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        """Fit the conversation, forward it to the Messages upstream, relay the answer."""
+        try:
+            body, headers, tenant = await read(request)
+            if anthropic is None:
+                raise _missing()
+            slots = getattr(request.app.state, "slots", None)
+            answer, report = await run_in_threadpool(
+                _turn, engine, anthropic, slots, tenant, body, headers, memory
+            )
+        except CtxwardenError as exc:
+            return error_response(exc)
+        header = {REPORT_HEADER: report_header(report)}
+        if isinstance(answer, dict):
+            if body.get("stream"):
+                return StreamingResponse(
+                    _synthesized(answer), media_type="text/event-stream", headers=header
+                )
+            return JSONResponse(answer, headers=header)
+        return StreamingResponse(answer, media_type="text/event-stream", headers=header)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        """The input tokens of a request: the upstream's count where it counts, else the
+        proxy's own (flagged in the report header)."""
+        try:
+            body, headers, _tenant = await read(request)
+            refuse_redirects(body)
+            fit_messages.check(body)
+            result = await run_in_threadpool(_count, engine, anthropic, body, headers)
+        except CtxwardenError as exc:
+            return error_response(exc)
+        value, report = result
+        return JSONResponse({"input_tokens": value}, headers={REPORT_HEADER: report_header(report)})
+
+
+def _forwarded(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name: headers[name] for name in FORWARDED_HEADERS if name in headers}
+
+
+def _count(
+    engine: Engine,
+    anthropic: AnthropicClient | None,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+) -> tuple[int, dict[str, Any]]:
+    if anthropic is not None and anthropic.counts:
+        exact = anthropic.count_tokens(body, headers=_forwarded(headers))
+        if exact is not None:
+            return exact, {"counted_by": "upstream"}
+    budget = budget_for(engine, str(body["model"]), None)
+    plan = fit_messages.plan(body, budget.pricer)
+    local = plan.fixed + sum(u.tokens for u in plan.units)
+    return local, {"counted_by": "proxy", "notes": list(budget.notes)}
+
+
+def _synthesized(payload: Mapping[str, Any]) -> Iterator[bytes]:
+    """The events of a message the upstream answered in one body."""
+
+    def event(kind: str, data: Mapping[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    start = {**payload, "content": [], "stop_reason": None}
+    yield event("message_start", {"message": start})
+    for index, block in enumerate(payload.get("content") or ()):
+        if not isinstance(block, Mapping):
+            continue
+        if block.get("type") == "text":
+            yield event(
+                "content_block_start",
+                {"index": index, "content_block": {"type": "text", "text": ""}},
+            )
+            delta = {"type": "text_delta", "text": block.get("text", "")}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+        elif block.get("type") == "tool_use":
+            yield event(
+                "content_block_start", {"index": index, "content_block": {**block, "input": {}}}
+            )
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.get("input"))}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+        else:
+            yield event("content_block_start", {"index": index, "content_block": block})
+        yield event("content_block_stop", {"index": index})
+    usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
+    yield event(
+        "message_delta",
+        {
+            "delta": {
+                "stop_reason": payload.get("stop_reason"),
+                "stop_sequence": payload.get("stop_sequence"),
+            },
+            "usage": {"output_tokens": (usage or {}).get("output_tokens", 0)},
+        },
+    )
+    yield event("message_stop", {})
+
+
+def _fit(
+    engine: Engine,
+    anthropic: AnthropicClient,
+    turn: Turn,
+    body: dict[str, Any],
+    block: str | None,
+    forwarded: Mapping[str, str],
+) -> Mapping[str, Any]:
+    """Fit, sized by the upstream's count when the request is near the cap and it counts."""
+    plan = fit_messages.plan(body, turn.budget.pricer)
+    local = plan.fixed + sum(u.tokens for u in plan.units)
+    exact: int | None = None
+    if anthropic.counts and local > COUNT_ABOVE * turn.budget.cap:
+        exact = anthropic.count_tokens(body, headers=forwarded)
+        if exact is not None:
+            turn.extra["counted_by"] = "upstream"
+            turn.extra["upstream_count"] = exact
+    fitted: Fitted = fit_turn(engine, turn, plan.units, plan.fixed, block, exact_total=exact)
+    outgoing = fit_messages.render(body, turn.units, fitted, block)
+    if exact is None or (fitted.unchanged and block is None):
+        return outgoing
+    cap = turn.budget.cap
+    for _ in range(RECOUNTS):
+        sent = anthropic.count_tokens(outgoing, headers=forwarded)
+        if sent is None or sent <= cap:
+            break
+        # the scaled prices were short by this much: fit again as if the cap were that smaller
+        short = sent - fitted.tokens
+        turn.budget = dataclasses.replace(turn.budget, cap=max(1, cap - max(short, 1)))
+        fitted = fit_turn(engine, turn, plan.units, plan.fixed, block, exact_total=exact)
+        outgoing = fit_messages.render(body, turn.units, fitted, block)
+        cap = turn.budget.cap
+    return outgoing
+
+
+def _turn(
+    engine: Engine,
+    anthropic: AnthropicClient,
+    slots: TurnSlots | None,
+    tenant: str,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    memory: bool,
+) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
+    refuse_redirects(body)
+    fit_messages.check(body)
+    metadata = body.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+    names = Names.of(headers, user) if memory else Names(None, None)
+    budget = budget_for(engine, str(body["model"]), body.get("max_tokens"))
+    turn = Turn(tenant=tenant, names=names, budget=budget, received=len(body["messages"]))
+    forwarded = _forwarded(headers)
+    release = take_slot(slots, turn)
+    handed = False  # the stream releases the slot when it ends
+    try:
+        texts, query = _texts(body)
+        remember(engine, turn, texts)
+        block = recall(engine, turn, query)
+        outgoing = _fit(engine, anthropic, turn, body, block, forwarded)
+        if body.get("stream"):
+            events = anthropic.stream_messages(outgoing, headers=forwarded)
+            if events.body is None:
+                parts: list[str] = []
+
+                def on_event(event: dict[str, Any]) -> None:
+                    kind = event.get("type")
+                    delta = event.get("delta")
+                    if (
+                        kind == "content_block_delta"
+                        and isinstance(delta, Mapping)
+                        and delta.get("type") == "text_delta"
+                    ):
+                        parts.append(str(delta.get("text", "")))
+
+                def on_end() -> None:
+                    remember(engine, turn, [("assistant", "".join(parts))], reply=True)
+
+                stream = relay(events, on_event=on_event, on_end=on_end, release=release)
+                handed = True
+                return stream, turn.report(streamed=True)
+            payload = events.body
+        else:
+            started = time.perf_counter()
+            payload = anthropic.messages(outgoing, headers=forwarded)
+            turn.extra["upstream_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        remember(engine, turn, [("assistant", reply_text(payload))], reply=True)
+        return payload, turn.report(**_usage(payload.get("usage")))
+    finally:
+        if not handed:
+            release()

@@ -1,0 +1,60 @@
+"""What the Responses and Anthropic Messages adapters share: token costs of items and errors.
+
+Pure: no I/O. The adapters (:mod:`ctxwarden.fit_responses`, :mod:`ctxwarden.fit_messages`) turn
+a request into :class:`ctxwarden.fit.Unit` runs; this module prices what goes in them with the
+model's tokenizer and chat format (:mod:`ctxwarden.tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxwarden.errors import InputError
+from ctxwarden.tokens import ChatFormat
+
+__all__ = ["IMAGE_TOKENS", "Pricer", "require"]
+
+#: What one image is priced at, whatever its size: above what either API charges for one
+#: image (Anthropic: (w*h)/750, at most ~1,600 for the 1.15 megapixels it keeps; OpenAI
+#: high detail: 85 + 170 per 512-px tile, 765 for the 4 tiles of its 768-px short side).
+IMAGE_TOKENS = 1600
+
+
+def require(condition: bool, field: str, problem: str) -> None:
+    """Raise :class:`InputError` naming ``field`` unless ``condition`` holds."""
+    if not condition:
+        raise InputError(problem, field=field)
+
+
+@dataclass(frozen=True)
+class Pricer:
+    """Token costs of the parts of a request, counted with ``fmt``'s tokenizer and template."""
+
+    fmt: ChatFormat
+
+    def text(self, text: str) -> int:
+        """Tokens of ``text`` alone."""
+        return self.fmt.tokenizer.count(text)
+
+    def message(self, role: str, text: str = "", *, extra: int = 0) -> int:
+        """A message of ``role`` holding ``text`` plus ``extra`` tokens of other parts."""
+        return self.fmt.message_tokens(role, text) + extra
+
+    def call(self, name: str, arguments: Any) -> int:
+        """One tool call (name and arguments)."""
+        return self.fmt.tool_call_tokens(name, arguments)
+
+    def json(self, value: Any) -> int:
+        """Anything else, priced as its compact JSON (more than any template renders of it)."""
+        return self.text(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+    def tools(self, tools: Sequence[Mapping[str, Any]]) -> int:
+        """The tool schemas of a request."""
+        return self.fmt.tools_tokens(self.fmt.tokenizer, tools)
+
+    def request(self, *, has_system: bool) -> int:
+        """What a request adds once (reply priming, template prefix)."""
+        return self.fmt.request_overhead(has_system=has_system)
