@@ -310,6 +310,9 @@ class AgentUpstream:
                         return
                     self._json(200, {"input_tokens": stand_in_count(body)})
                     return
+                if self.path not in ("/v1/messages", "/v1/responses"):
+                    self._json(404, {"error": {"message": f"no route {self.path}"}})
+                    return
                 step = owner._next(recorded)
                 anthropic = self.path == "/v1/messages"
                 if step.status != 200:
@@ -324,12 +327,9 @@ class AgentUpstream:
                 if anthropic:
                     final = owner.message(step, body)
                     events = owner.message_events(final)
-                elif self.path == "/v1/responses":
+                else:
                     final = owner.response(step, body)
                     events = owner.response_events(final)
-                else:
-                    self._json(404, {"error": {"message": f"no route {self.path}"}})
-                    return
                 if body.get("stream"):
                     self._events(events)
                 else:

@@ -151,7 +151,7 @@ def test_cached_tokens_are_in_the_report(rig: Rig) -> None:
     raw = rig.client.messages.with_raw_response.create(
         model=CLAUDE, max_tokens=64, messages=[{"role": "user", "content": "hi"}]
     )
-    assert json.loads(raw.headers["x-ctxwarden-report"])["upstream_cached_tokens"] == 64
+    assert json.loads(raw.headers["x-ctxwarden-report"])["cached_tokens"] == 64
 
 
 def test_count_tokens_asks_the_upstream(rig: Rig) -> None:

@@ -135,7 +135,7 @@ def test_cached_tokens_and_report_header(rig: Rig) -> None:
     rig.upstream._queue.append(Step("ok", cached=128))
     raw = rig.client.responses.with_raw_response.create(model="gpt-4o", input="hello")
     report = rig.report(raw.http_response)
-    assert report["upstream_cached_tokens"] == 128
+    assert report["cached_tokens"] == 128
     assert report["upstream_input_tokens"] == raw.parse().usage.input_tokens  # type: ignore[union-attr]
 
 

@@ -573,10 +573,23 @@ def proxy(
     destructive: Annotated[
         list[str] | None, typer.Option(help="Tool-name pattern to hold for approval (repeat).")
     ] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (default 32 MiB).")] = 32
+    << 20,
+    memory: Annotated[
+        bool,
+        typer.Option(
+            "--memory/--no-memory",
+            help="Retrieve memory for requests that name an end user or session.",
+        ),
+    ] = True,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
 ) -> None:
-    """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
+    """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config).
+
+    Requests that name neither an end user (``user`` / X-Ctxwarden-User) nor a session
+    (X-Ctxwarden-Session) are only fitted to the window: nothing is stored or retrieved.
+    """
     import uvicorn
 
     from ctxwarden.llm import LLMClient
@@ -592,8 +605,9 @@ def proxy(
         _engine(settings, server=True, inclusion_log=inclusion_log) as engine,
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
-        server = _server_config(engine, host, no_auth)
-        app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
+        server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
+        config = ProxyConfig(destructive=patterns, server=server, memory=memory)
+        app_ = create_proxy_app(engine, client, config)
         prepare(engine)
         uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
 

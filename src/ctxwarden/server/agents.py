@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,57 +26,55 @@ from typing import Any
 import xxhash
 from fastapi import Request
 
-from ctxwarden import render, tokens
+from ctxwarden import tokens
 from ctxwarden.engine import Engine
-from ctxwarden.errors import AuthError, InputError, TokenizerError
+from ctxwarden.errors import AuthError, InputError
 from ctxwarden.fit import Fitted, Unit, fit
 from ctxwarden.llm import ChunkStream, LLMClient
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.http import SCOPES, Principal, ServerConfig
+from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
+from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens, prompt_tokens
+from ctxwarden.server.windows import TOKENIZER_HEADER, WINDOW_HEADER, Windows
 from ctxwarden.sessions import TurnSlots
 from ctxwarden.wirefit import Pricer
 
-__all__ = [
-    "CLAUDE_FACTOR",
-    "Budget",
-    "Names",
-    "Turn",
-    "install_agent_apis",
-]
+__all__ = ["CLAUDE_FACTOR", "Budget", "Shared", "Turn", "install_agent_apis"]
 
 log = logging.getLogger(__name__)
 
-SESSION_HEADER = "x-ctxwarden-session"
-USER_HEADER = "x-ctxwarden-user"
 REPORT_HEADER = "x-ctxwarden-report"
-#: Request fields that could point the proxy elsewhere or ask for its key (as chat completions).
-FORBIDDEN_FIELDS = frozenset(
-    {
-        "api_base",
-        "base_url",
-        "api_key",
-        "api_type",
-        "api_version",
-        "organization",
-        "upstream",
-        "url",
-        "endpoint",
-        "headers",
-        "extra_headers",
-    }
-)
 #: Claude's tokenizer is not public: without the upstream's count endpoint, o200k times this.
 #: An estimate, not measured here (no Claude tokenizer is available offline); the report says
 #: so whenever it is used.
 CLAUDE_FACTOR = 1.35
 #: The window assumed for a Claude model the registry does not know.
 CLAUDE_WINDOW = 200_000
-#: Unknown models: o200k times this, and this window, flagged in the report.
-UNKNOWN_FACTOR = 1.25
-UNKNOWN_WINDOW = 32_768
-#: The retrieved-memory block takes at most this share of the cap.
-MEMORY_SHARE = 0.1
-MEMORY_MAX_TOKENS = 2000
+CLAUDE_MAX_OUTPUT = 8192
+
+
+@dataclass
+class Shared:
+    """What the agent APIs share with the chat-completions path: the memory helper, the
+    windows (served window, tokenizer headers), the proxy's settings and counters."""
+
+    engine: Engine
+    memory: ProxyMemory
+    windows: Windows
+    slots: TurnSlots | None = None
+    metrics: ProxyMetrics | None = None
+    remember: bool = True
+    memory_tokens: int = 1024
+    keep_fraction: float = 0.6
+    _claude: tokens.Tokenizer | None = None
+
+    def claude_tokenizer(self) -> tokens.Tokenizer:
+        """One instance (chat formats are cached per tokenizer object)."""
+        if self._claude is None:
+            self._claude = tokens.FallbackTokenizer(
+                tokens.get_tokenizer("o200k_base"), factor=CLAUDE_FACTOR
+            )
+        return self._claude
 
 
 def principal(request: Request) -> Principal:
@@ -100,45 +97,16 @@ def principal(request: Request) -> Principal:
 
 
 def refuse_redirects(body: Mapping[str, Any]) -> None:
-    """Refuse fields that would point the proxy at another upstream or ask for its key."""
+    """Refuse fields that would point the proxy at another upstream or ask for its key (the
+    chat path's list)."""
+    from ctxwarden.server.proxy import FORBIDDEN_FIELDS  # proxy.py imports this module
+
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
                 "the upstream is fixed by the proxy's configuration: remove this field",
                 field=name,
             )
-
-
-@dataclass(frozen=True, slots=True)
-class Names:
-    """The scope a client named: a session, an end user, both or neither."""
-
-    session: str | None
-    user: str | None
-
-    @classmethod
-    def of(cls, headers: Mapping[str, str], user: Any) -> Names:
-        """From the headers and the body's own user field (``user`` / ``metadata.user_id``)."""
-        session = (headers.get(SESSION_HEADER) or "").strip() or None
-        named = (headers.get(USER_HEADER) or "").strip() or None
-        if named is None and isinstance(user, str) and user.strip():
-            named = user.strip()
-        return cls(session=session, user=named)
-
-    @property
-    def scope(self) -> str | None:
-        """The store session memory goes to, or None when nothing may be remembered.
-
-        A session named by an end user lives under that user, so two users who pick the same
-        session name never share it.
-        """
-        if self.session is not None and self.user is not None:
-            return f"user:{self.user}/session:{self.session}"
-        if self.session is not None:
-            return self.session
-        if self.user is not None:
-            return f"user:{self.user}"
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,55 +119,67 @@ class Budget:
     window: int
     exact: bool
     notes: tuple[str, ...] = ()
+    tokenizer: str = ""
+    window_source: str = ""
 
 
-def budget_for(engine: Engine, model: str, requested_output: Any) -> Budget:
-    """Tokenizer, chat format and cap for ``model``; a flagged o200k estimate when the registry
-    does not know it (Claude: o200k x :data:`CLAUDE_FACTOR`)."""
-    notes: list[str] = []
-    try:
-        spec = engine.registry.resolve(model)
-    except TokenizerError:
-        spec = None
-    base = tokens.get_tokenizer("o200k_base")
-    if spec is not None:
-        tokenizer = tokens.get_tokenizer(spec.tokenizer)
-        fmt = tokens.get_chat_format(spec.chat_format, tokenizer)
-        window, max_output, name = spec.window, spec.max_output, spec.name
-        if not tokenizer.exact:
-            notes.append(f"tokenizer {tokenizer.name} is an estimate for {spec.name}")
-    elif model.lower().split("/")[-1].startswith("claude"):
-        tokenizer = tokens.FallbackTokenizer(base, factor=CLAUDE_FACTOR)
+def _claude_unregistered(shared: Shared, model: str, headers: Mapping[str, str]) -> bool:
+    if TOKENIZER_HEADER in headers or not model.lower().split("/")[-1].startswith("claude"):
+        return False
+    return model not in shared.engine.registry
+
+
+def budget_for(
+    shared: Shared,
+    windows: Windows,
+    model: str,
+    headers: Mapping[str, str],
+    requested_output: Any,
+    *,
+    field: str,
+) -> Budget:
+    """Tokenizer, chat format and cap for ``model``, chosen as for chat completions
+    (:meth:`Windows.choose`: registry, ``X-Ctxwarden-Tokenizer`` / ``-Window`` headers, the served
+    window); a Claude model the registry does not know is counted with o200k x
+    :data:`CLAUDE_FACTOR` in a :data:`CLAUDE_WINDOW` window (flagged in the report)."""
+    if _claude_unregistered(shared, model, headers):
+        tokenizer = shared.claude_tokenizer()
         fmt = tokens.get_chat_format("openai", tokenizer)
-        window, max_output, name = CLAUDE_WINDOW, 8192, model
-        notes.append(
-            f"Claude's tokenizer is not public: counts are o200k x {CLAUDE_FACTOR:g} "
-            "(an unmeasured margin) unless the upstream counts"
+        window, source = CLAUDE_WINDOW, "assumed for Claude"
+        named = headers.get(WINDOW_HEADER, "").strip()
+        if named:
+            if not named.isdigit() or int(named) <= 0:
+                where = f"header {WINDOW_HEADER}"
+                raise InputError(f"{named!r} must be a positive number of tokens", field=where)
+            window, source = int(named), "header"
+        max_output = CLAUDE_MAX_OUTPUT
+        notes: tuple[str, ...] = (
+            f"Claude's tokenizer is not public: counted with {tokenizer.name} (an unmeasured "
+            "margin) unless the upstream counts",
         )
     else:
-        tokenizer = tokens.FallbackTokenizer(base, factor=UNKNOWN_FACTOR)
-        fmt = tokens.get_chat_format("openai", tokenizer)
-        window, max_output, name = UNKNOWN_WINDOW, 4096, model
-        notes.append(
-            f"unknown model {model!r}: counts are o200k x {UNKNOWN_FACTOR:g} and the window "
-            f"is taken as {UNKNOWN_WINDOW}; register the model for exact counts"
-        )
+        choice = windows.choose(model, headers)
+        tokenizer, fmt = choice.tokenizer, choice.fmt
+        window, source, max_output = choice.window, choice.window_source, choice.max_output
+        notes = choice.notes
+    limits = shared.engine.config.policy.limits(window=window, max_output=max_output)
+    cap = limits.cap
     if isinstance(requested_output, int) and not isinstance(requested_output, bool):
-        max_output = max(1, min(requested_output, window - 1))
-    limits = engine.config.policy.limits(window=window, max_output=max_output)
-    cap = min(limits.cap, window - max_output - limits.margin)
-    if cap <= 0:
-        raise InputError(
-            f"asks for {max_output} output tokens of a {window}-token window: lower it",
-            field="max_tokens",
-        )
+        cap = min(cap, window - requested_output - limits.margin)
+        if cap <= 0:
+            raise InputError(
+                f"{requested_output} leaves no room for the prompt in a window of {window}",
+                field=field,
+            )
     return Budget(
-        model=name,
+        model=model,
         pricer=Pricer(fmt),
         cap=cap,
         window=window,
         exact=tokenizer.exact,
-        notes=tuple(notes),
+        notes=notes,
+        tokenizer=tokenizer.name,
+        window_source=source,
     )
 
 
@@ -207,33 +187,38 @@ def budget_for(engine: Engine, model: str, requested_output: Any) -> Budget:
 class Turn:
     """One request's fitting and memory, and what the report says about it."""
 
-    tenant: str
-    names: Names
+    who: Who
     budget: Budget
     received: int
+    remember: bool
     units: Sequence[Unit] = ()
+    fixed: int = 0
+    scale: float = 1.0
     fitted: Fitted | None = None
-    memory_lines: int = 0
+    block: Block | None = None
+    block_kept: bool = False
     ingested: Mapping[str, int] = field(default_factory=dict)
-    ids: set[str] = field(default_factory=set)
-    seen: Counter[str] = field(default_factory=Counter)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def report(self, **more: Any) -> dict[str, Any]:
         """The ``x-ctxwarden-report`` content."""
         fitted = self.fitted
         out: dict[str, Any] = {
-            "session": self.names.session,
-            "user": self.names.user,
-            "remembered": self.names.scope is not None,
+            "session": self.who.session,
+            "user": self.who.user,
+            "remembered": self.remember,
             "model": self.budget.model,
-            "cap": self.budget.cap,
+            "tokenizer": self.budget.tokenizer,
+            "exact": self.budget.exact,
             "window": self.budget.window,
+            "window_source": self.budget.window_source,
+            "cap": self.budget.cap,
             "tokens": fitted.tokens if fitted else None,
             "unchanged": fitted.unchanged if fitted else None,
             "received_items": self.received,
             "dropped_units": len(fitted.dropped) if fitted else 0,
-            "memory_lines": self.memory_lines,
+            "memory_block": self.block is not None,
+            "memory_block_kept": self.block_kept,
             "ingested": dict(self.ingested),
             "notes": [*self.budget.notes, *(fitted.notes if fitted else ())],
             **self.extra,
@@ -247,94 +232,89 @@ def report_header(report: Mapping[str, Any]) -> str:
     return json.dumps(report, separators=(",", ":"), ensure_ascii=True)
 
 
-# -- memory: the one place that stores and retrieves for the agent APIs --------------------------
+def remember_and_recall(
+    shared: Shared, turn: Turn, texts: Sequence[tuple[str, str]]
+) -> frozenset[str]:
+    """Store the conversation's ``(role, text)`` messages in the scope the client named, with
+    the chat path's helper (:class:`ProxyMemory`: nothing without a name); the stored ids, to
+    leave them out of retrieval."""
+    if not turn.remember:
+        return frozenset()
+    messages = [{"role": role, "content": text} for role, text in texts]
+    keys = [
+        xxhash.xxh3_64_intdigest(f"{role}\x00{text}".encode("utf-8", "surrogatepass"))
+        for role, text in texts
+    ]
+    turn.ingested, ids = shared.memory.remember(turn.who, messages, keys)
+    return frozenset(i for i in ids if i)
 
 
-def _record_id(scope: str, role: str, text: str, seen: Counter[str]) -> str:
-    key = f"{scope}\x00{role}\x00{text}"
-    seen[key] += 1
-    return "ag-" + xxhash.xxh3_64_hexdigest(f"{key}\x00{seen[key]}".encode("utf-8", "replace"))
-
-
-def remember(
-    engine: Engine, turn: Turn, texts: Sequence[tuple[str, str]], *, reply: bool = False
-) -> None:
-    """Store ``(role, text)`` messages in the named scope (nothing without one). Ids derive
-    from the scope and the n-th copy of each message, so a conversation sent again stores only
-    what is new; ``reply`` continues the numbering of the request's own messages."""
-    scope = turn.names.scope
-    if scope is None:
-        return
-    records = []
-    for role, text in texts:
-        text = text.strip()
-        if not text or role not in ("user", "assistant"):
-            continue
-        record_id = _record_id(scope, role, text, turn.seen)
-        turn.ids.add(record_id)
-        records.append({"id": record_id, "role": role, "content": text})
-    if records:
-        result = engine.ingest(records, tenant=turn.tenant, session=scope)
-        if not reply:
-            turn.ingested = result.counts
-
-
-def recall(engine: Engine, turn: Turn, query: str | None) -> str | None:
-    """The retrieved-memory block for ``query`` from the named scope's earlier messages (not
-    those of this conversation), or None."""
-    scope = turn.names.scope
-    if scope is None or not query or not query.strip():
-        return None
-    limit = min(MEMORY_MAX_TOKENS, int(turn.budget.cap * MEMORY_SHARE))
-    try:
-        found = engine.search(query, tenant=turn.tenant, limit=50)
-    except InputError:
-        return None  # a query with no searchable terms
-    lines: list[tuple[float, str]] = []
-    used = turn.budget.pricer.text(render.data_intro())
-    for memory, _score in found:
-        if memory.session != scope or memory.id in turn.ids or memory.role == "tool":
-            continue
-        line = render.line_text(memory)
-        cost = turn.budget.pricer.text(line)
-        if used + cost > limit:
-            break
-        used += cost
-        lines.append((memory.created_at, line))
-    if not lines:
-        return None
-    turn.memory_lines = len(lines)
-    # oldest first, as they were said: the block reads as a transcript excerpt
-    body = "".join(line for _, line in sorted(lines))
-    return render.data_intro() + render.block_header("Related earlier messages") + body
+def remember_reply(shared: Shared, turn: Turn, text: str) -> None:
+    """Store the upstream's reply text in the named scope (nothing without one)."""
+    if turn.remember and text.strip():
+        shared.memory.remember_reply(turn.who, {"role": "assistant", "content": text})
 
 
 def fit_turn(
-    engine: Engine,
+    shared: Shared,
     turn: Turn,
     units: Sequence[Unit],
     fixed: int,
-    memory: str | None,
     *,
     exact_total: int | None = None,
 ) -> Fitted:
-    """Fit ``units`` into the cap. ``exact_total``: the upstream's own count of the whole
-    request, when it can count; the local prices are then scaled to it."""
-    cap = turn.budget.cap
-    memory_tokens = turn.budget.pricer.message("user", memory) if memory else 0
-    local = fixed + sum(u.tokens for u in units)
-    if exact_total is not None and local > 0:
-        scale = exact_total / local
+    """Fit ``units`` into the cap (:class:`BudgetError` when even the newest turn does not
+    fit). ``exact_total``: the upstream's own count of the whole request, when it can count;
+    the local prices are then scaled to it."""
+    scale = 1.0
+    if exact_total is not None:
+        local = fixed + sum(u.tokens for u in units)
+        scale = exact_total / local if local > 0 else 1.0
         units = [
             Unit(start=u.start, stop=u.stop, tokens=math.ceil(u.tokens * scale), kind=u.kind)
             for u in units
         ]
         fixed = math.ceil(fixed * scale)
-        memory_tokens = math.ceil(memory_tokens * scale)
-    turn.units = units
-    fitted = fit(units, cap=cap, fixed=fixed, memory_tokens=memory_tokens)
+    turn.units, turn.fixed, turn.scale = units, fixed, scale
+    turn.fitted = fit(units, cap=turn.budget.cap, fixed=fixed, keep_fraction=shared.keep_fraction)
+    return turn.fitted
+
+
+def with_memory(
+    shared: Shared, turn: Turn, *, question: str | None, exclude: frozenset[str]
+) -> Fitted:
+    """The fit of :func:`fit_turn` again with the memory block, when the client named a scope
+    and memory is on (the block takes only the room the fit left, so the cut stays where it
+    was); counted in ``/metrics``."""
+    assert turn.fitted is not None, "fit_turn first"
+    fitted = turn.fitted
+    if turn.remember and shared.remember and question:
+        room = min(shared.memory_tokens, turn.budget.cap - fitted.tokens)
+        turn.block, turn.block_kept = shared.memory.block(
+            turn.who, question, exclude=exclude, budget=room, fmt=turn.budget.pricer.fmt
+        )
+        if turn.block is not None:
+            fitted = fit(
+                turn.units,
+                cap=turn.budget.cap,
+                fixed=turn.fixed,
+                memory_tokens=math.ceil(turn.block.tokens * turn.scale),
+                keep_fraction=shared.keep_fraction,
+            )
     turn.fitted = fitted
+    if shared.metrics is not None:
+        shared.metrics.fits.labels(outcome="unchanged" if fitted.unchanged else "trimmed").inc()
+        shared.metrics.sent_tokens.inc(fitted.tokens)
+        if turn.block is not None:
+            shared.metrics.memory_blocks.labels(kept=str(turn.block_kept).lower()).inc()
     return fitted
+
+
+def observe(shared: Shared, usage: Any) -> dict[str, Any]:
+    """Count the upstream's reported usage in ``/metrics``; its numbers for the report."""
+    if shared.metrics is not None:
+        shared.metrics.observe_usage(usage)
+    return {"upstream_input_tokens": prompt_tokens(usage), "cached_tokens": cached_tokens(usage)}
 
 
 def relay(
@@ -370,24 +350,41 @@ def install_agent_apis(
     engine: Engine,
     upstream: LLMClient,
     anthropic: AnthropicClient | None = None,
-    *,
-    memory: bool = True,
 ) -> None:
     """Add ``POST /v1/responses`` (to ``upstream``) and ``POST /v1/messages`` with
-    ``/v1/messages/count_tokens`` (to ``anthropic``; without one they answer 404 saying so)."""
+    ``/v1/messages/count_tokens`` (to ``anthropic``; without one they answer 404 saying so).
+
+    Call it from ``create_proxy_app`` after ``app.state.proxy`` is set: the memory helper,
+    windows, settings and counters are the chat path's own."""
     from ctxwarden.server import messages, responses
 
-    responses.install(app, engine, upstream, memory=memory)
-    messages.install(app, engine, anthropic, memory=memory)
+    proxy = getattr(app.state, "proxy", None)
+    config = getattr(proxy, "config", None)
+    shared = Shared(
+        engine=engine,
+        memory=getattr(proxy, "memory", None) or ProxyMemory(engine),
+        windows=getattr(proxy, "windows", None) or Windows(upstream, engine.registry),
+        slots=getattr(proxy, "slots", None),
+        metrics=getattr(proxy, "metrics", None),
+        remember=bool(getattr(config, "memory", True)),
+        memory_tokens=int(getattr(config, "memory_tokens", 1024)),
+        keep_fraction=float(getattr(config, "keep_fraction", 0.6)),
+    )
+    responses.install(app, shared, upstream)
+    claude_windows = None
+    if anthropic is not None:
+        # Anthropic serves no window endpoint: the registry's, a header's or Claude's own
+        claude_windows = Windows(anthropic, engine.registry, probe=False)
+    messages.install(app, shared, anthropic, claude_windows)
 
 
 def take_slot(slots: TurnSlots | None, turn: Turn) -> Callable[[], None]:
-    """Wait for the named scope's turn slot (turns of one scope run one at a time, so their
-    ingests do not race); the function that releases it, idempotent. No scope, no slot."""
-    scope = turn.names.scope
-    if slots is None or scope is None:
+    """Wait for the named conversation's turn slot (turns of one conversation run one at a time,
+    so their ingests do not race); the function that releases it, idempotent. Nothing named,
+    no slot."""
+    if slots is None or not turn.remember:
         return lambda: None
-    ticket = slots.enqueue(f"{turn.tenant}\x00{scope}")
+    ticket = slots.enqueue(f"{turn.who.tenant}\x00{turn.who.user}\x00{turn.who.session}")
     ticket.wait(slots.timeout)
     done = False
 

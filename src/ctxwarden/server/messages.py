@@ -12,8 +12,8 @@ report says so. Streamed requests get the upstream's events as they come (``mess
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ctxwarden import fit_messages
-from ctxwarden.engine import Engine
 from ctxwarden.errors import (
     AuthError,
     BudgetError,
@@ -33,25 +32,28 @@ from ctxwarden.errors import (
     OverloadedError,
     ScopeError,
 )
-from ctxwarden.fit import Fitted
+from ctxwarden.fit import fit
 from ctxwarden.llm import UpstreamStatusError
 from ctxwarden.llm_anthropic import FORWARDED_HEADERS, AnthropicClient
 from ctxwarden.server.agents import (
     REPORT_HEADER,
-    Names,
+    Shared,
     Turn,
     budget_for,
     fit_turn,
+    observe,
     principal,
-    recall,
     refuse_redirects,
     relay,
-    remember,
+    remember_and_recall,
+    remember_reply,
     report_header,
     take_slot,
+    with_memory,
 )
 from ctxwarden.server.http import status_for
-from ctxwarden.sessions import TurnSlots
+from ctxwarden.server.proxymemory import who_of
+from ctxwarden.server.windows import Windows
 
 __all__ = ["error_response", "install", "reply_text"]
 
@@ -107,15 +109,6 @@ def reply_text(payload: Mapping[str, Any]) -> str:
     )
 
 
-def _usage(usage: Any) -> dict[str, Any]:
-    if not isinstance(usage, Mapping):
-        return {}
-    return {
-        "upstream_input_tokens": usage.get("input_tokens"),
-        "upstream_cached_tokens": usage.get("cache_read_input_tokens"),
-    }
-
-
 def _texts(body: Mapping[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     texts: list[tuple[str, str]] = []
     query = None
@@ -144,7 +137,10 @@ def _missing() -> NotFound:
 
 
 def install(
-    app: FastAPI, engine: Engine, anthropic: AnthropicClient | None, *, memory: bool = True
+    app: FastAPI,
+    shared: Shared,
+    anthropic: AnthropicClient | None,
+    windows: Windows | None,
 ) -> None:
     """Add ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` to ``app``."""
 
@@ -165,11 +161,10 @@ def install(
         """Fit the conversation, forward it to the Messages upstream, relay the answer."""
         try:
             body, headers, tenant = await read(request)
-            if anthropic is None:
+            if anthropic is None or windows is None:
                 raise _missing()
-            slots = getattr(request.app.state, "slots", None)
             answer, report = await run_in_threadpool(
-                _turn, engine, anthropic, slots, tenant, body, headers, memory
+                _turn, shared, anthropic, windows, tenant, body, headers
             )
         except CtxwardenError as exc:
             return error_response(exc)
@@ -190,7 +185,7 @@ def install(
             body, headers, _tenant = await read(request)
             refuse_redirects(body)
             fit_messages.check(body)
-            result = await run_in_threadpool(_count, engine, anthropic, body, headers)
+            result = await run_in_threadpool(_count, shared, anthropic, windows, body, headers)
         except CtxwardenError as exc:
             return error_response(exc)
         value, report = result
@@ -202,8 +197,9 @@ def _forwarded(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def _count(
-    engine: Engine,
+    shared: Shared,
     anthropic: AnthropicClient | None,
+    windows: Windows | None,
     body: Mapping[str, Any],
     headers: Mapping[str, str],
 ) -> tuple[int, dict[str, Any]]:
@@ -211,10 +207,12 @@ def _count(
         exact = anthropic.count_tokens(body, headers=_forwarded(headers))
         if exact is not None:
             return exact, {"counted_by": "upstream"}
-    budget = budget_for(engine, str(body["model"]), None)
+    budget = budget_for(
+        shared, windows or shared.windows, str(body["model"]), headers, None, field="max_tokens"
+    )
     plan = fit_messages.plan(body, budget.pricer)
     local = plan.fixed + sum(u.tokens for u in plan.units)
-    return local, {"counted_by": "proxy", "notes": list(budget.notes)}
+    return local, {"counted_by": "proxy", "tokenizer": budget.tokenizer, "notes": budget.notes}
 
 
 def _synthesized(payload: Mapping[str, Any]) -> Iterator[bytes]:
@@ -259,14 +257,14 @@ def _synthesized(payload: Mapping[str, Any]) -> Iterator[bytes]:
 
 
 def _fit(
-    engine: Engine,
+    shared: Shared,
     anthropic: AnthropicClient,
     turn: Turn,
     body: dict[str, Any],
-    block: str | None,
     forwarded: Mapping[str, str],
-) -> Mapping[str, Any]:
-    """Fit, sized by the upstream's count when the request is near the cap and it counts."""
+) -> None:
+    """Fit without memory, sized by the upstream's count when the request is near the cap and
+    the upstream counts (:class:`BudgetError` when even the newest turn does not fit)."""
     plan = fit_messages.plan(body, turn.budget.pricer)
     local = plan.fixed + sum(u.tokens for u in plan.units)
     exact: int | None = None
@@ -275,48 +273,76 @@ def _fit(
         if exact is not None:
             turn.extra["counted_by"] = "upstream"
             turn.extra["upstream_count"] = exact
-    fitted: Fitted = fit_turn(engine, turn, plan.units, plan.fixed, block, exact_total=exact)
+    turn.extra["exact_total"] = exact
+    fit_turn(shared, turn, plan.units, plan.fixed, exact_total=exact)
+
+
+def _render(
+    shared: Shared,
+    anthropic: AnthropicClient,
+    turn: Turn,
+    body: dict[str, Any],
+    forwarded: Mapping[str, str],
+    *,
+    question: str | None,
+    exclude: frozenset[str],
+) -> Mapping[str, Any]:
+    """The request to send: with the memory block, re-counted by the upstream when it was cut
+    by scaled counts (and cut further while that count is over the cap)."""
+    fitted = with_memory(shared, turn, question=question, exclude=exclude)
+    block = turn.block.text if turn.block is not None else None
     outgoing = fit_messages.render(body, turn.units, fitted, block)
-    if exact is None or (fitted.unchanged and block is None):
+    if turn.extra.pop("exact_total", None) is None or (fitted.unchanged and block is None):
         return outgoing
+    memory_tokens = math.ceil(turn.block.tokens * turn.scale) if turn.block is not None else 0
     cap = turn.budget.cap
     for _ in range(RECOUNTS):
         sent = anthropic.count_tokens(outgoing, headers=forwarded)
-        if sent is None or sent <= cap:
+        if sent is None or sent <= turn.budget.cap:
             break
-        # the scaled prices were short by this much: fit again as if the cap were that smaller
-        short = sent - fitted.tokens
-        turn.budget = dataclasses.replace(turn.budget, cap=max(1, cap - max(short, 1)))
-        fitted = fit_turn(engine, turn, plan.units, plan.fixed, block, exact_total=exact)
+        # the scaled prices fell short by this much: fit again to a cap that much smaller
+        cap -= max(sent - fitted.tokens, 1)
+        if cap <= 0:
+            break
+        fitted = fit(
+            turn.units,
+            cap=cap,
+            fixed=turn.fixed,
+            memory_tokens=memory_tokens,
+            keep_fraction=shared.keep_fraction,
+        )
+        turn.fitted = fitted
         outgoing = fit_messages.render(body, turn.units, fitted, block)
-        cap = turn.budget.cap
     return outgoing
 
 
 def _turn(
-    engine: Engine,
+    shared: Shared,
     anthropic: AnthropicClient,
-    slots: TurnSlots | None,
+    windows: Windows,
     tenant: str,
     body: dict[str, Any],
     headers: Mapping[str, str],
-    memory: bool,
 ) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
     refuse_redirects(body)
     fit_messages.check(body)
     metadata = body.get("metadata")
     user = metadata.get("user_id") if isinstance(metadata, Mapping) else None
-    names = Names.of(headers, user) if memory else Names(None, None)
-    budget = budget_for(engine, str(body["model"]), body.get("max_tokens"))
-    turn = Turn(tenant=tenant, names=names, budget=budget, received=len(body["messages"]))
+    who = who_of(tenant, headers, {"user": user})
+    budget = budget_for(
+        shared, windows, str(body["model"]), headers, body.get("max_tokens"), field="max_tokens"
+    )
+    turn = Turn(who=who, budget=budget, received=len(body["messages"]), remember=who.named)
     forwarded = _forwarded(headers)
-    release = take_slot(slots, turn)
+    release = take_slot(shared.slots, turn)
     handed = False  # the stream releases the slot when it ends
     try:
-        texts, query = _texts(body)
-        remember(engine, turn, texts)
-        block = recall(engine, turn, query)
-        outgoing = _fit(engine, anthropic, turn, body, block, forwarded)
+        _fit(shared, anthropic, turn, body, forwarded)  # before storing: a refusal stores nothing
+        texts, question = _texts(body)
+        exclude = remember_and_recall(shared, turn, texts)
+        outgoing = _render(
+            shared, anthropic, turn, body, forwarded, question=question, exclude=exclude
+        )
         if body.get("stream"):
             events = anthropic.stream_messages(outgoing, headers=forwarded)
             if events.body is None:
@@ -331,9 +357,11 @@ def _turn(
                         and delta.get("type") == "text_delta"
                     ):
                         parts.append(str(delta.get("text", "")))
+                    elif kind == "message_start" and isinstance(event.get("message"), Mapping):
+                        observe(shared, event["message"].get("usage"))
 
                 def on_end() -> None:
-                    remember(engine, turn, [("assistant", "".join(parts))], reply=True)
+                    remember_reply(shared, turn, "".join(parts))
 
                 stream = relay(events, on_event=on_event, on_end=on_end, release=release)
                 handed = True
@@ -343,8 +371,8 @@ def _turn(
             started = time.perf_counter()
             payload = anthropic.messages(outgoing, headers=forwarded)
             turn.extra["upstream_ms"] = round((time.perf_counter() - started) * 1000, 1)
-        remember(engine, turn, [("assistant", reply_text(payload))], reply=True)
-        return payload, turn.report(**_usage(payload.get("usage")))
+        remember_reply(shared, turn, reply_text(payload))
+        return payload, turn.report(**observe(shared, payload.get("usage")))
     finally:
         if not handed:
             release()

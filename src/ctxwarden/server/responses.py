@@ -20,25 +20,26 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ctxwarden import fit_responses
-from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, BudgetError, CtxwardenError, InputError, ScopeError
 from ctxwarden.llm import LLMClient, UpstreamStatusError
 from ctxwarden.server.agents import (
     REPORT_HEADER,
-    Names,
+    Shared,
     Turn,
     budget_for,
     fit_turn,
+    observe,
     principal,
-    recall,
     refuse_redirects,
     relay,
-    remember,
+    remember_and_recall,
+    remember_reply,
     report_header,
     take_slot,
+    with_memory,
 )
 from ctxwarden.server.http import status_for
-from ctxwarden.sessions import TurnSlots
+from ctxwarden.server.proxymemory import who_of
 
 __all__ = ["error_response", "install", "reply_text"]
 
@@ -82,15 +83,6 @@ def reply_text(payload: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _usage(payload: Mapping[str, Any]) -> dict[str, Any]:
-    usage = payload.get("usage")
-    if not isinstance(usage, Mapping):
-        return {}
-    details = usage.get("input_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
-    return {"upstream_input_tokens": usage.get("input_tokens"), "upstream_cached_tokens": cached}
-
-
 def _texts(body: Mapping[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     """The conversation's (role, text) messages and the newest user text."""
     raw = body.get("input")
@@ -124,7 +116,7 @@ def _synthesized(payload: Mapping[str, Any]) -> Iterator[bytes]:
         yield f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def install(app: FastAPI, engine: Engine, upstream: LLMClient, *, memory: bool = True) -> None:
+def install(app: FastAPI, shared: Shared, upstream: LLMClient) -> None:
     """Add ``POST /v1/responses`` to ``app``."""
 
     @app.post("/v1/responses")
@@ -140,9 +132,8 @@ def install(app: FastAPI, engine: Engine, upstream: LLMClient, *, memory: bool =
             if not isinstance(body, dict):
                 raise InputError("expected a JSON object", field="body")
             headers = {k.lower(): v for k, v in request.headers.items()}
-            slots = getattr(request.app.state, "slots", None)
             answer, report = await run_in_threadpool(
-                _turn, engine, upstream, slots, caller.tenant, body, headers, memory
+                _turn, shared, upstream, caller.tenant, body, headers
             )
         except CtxwardenError as exc:
             return error_response(exc)
@@ -157,33 +148,40 @@ def install(app: FastAPI, engine: Engine, upstream: LLMClient, *, memory: bool =
 
 
 def _turn(
-    engine: Engine,
+    shared: Shared,
     upstream: LLMClient,
-    slots: TurnSlots | None,
     tenant: str,
     body: dict[str, Any],
     headers: Mapping[str, str],
-    memory: bool,
 ) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
     refuse_redirects(body)
     fit_responses.check(body)
-    names = Names.of(headers, body.get("user")) if memory else Names(None, None)
-    budget = budget_for(engine, str(body["model"]), body.get("max_output_tokens"))
+    who = who_of(tenant, headers, body)
+    budget = budget_for(
+        shared,
+        shared.windows,
+        str(body["model"]),
+        headers,
+        body.get("max_output_tokens"),
+        field="max_output_tokens",
+    )
     raw = body.get("input")
     turn = Turn(
-        tenant=tenant,
-        names=names,
+        who=who,
         budget=budget,
         received=len(raw) if isinstance(raw, list) else 1,
+        remember=who.named,
     )
-    release = take_slot(slots, turn)
+    plan = fit_responses.plan(body, budget.pricer)
+    release = take_slot(shared.slots, turn)
     handed = False  # the stream releases the slot when it ends
     try:
-        texts, query = _texts(body)
-        remember(engine, turn, texts)
-        block = recall(engine, turn, query)
-        plan = fit_responses.plan(body, budget.pricer)
-        fitted = fit_turn(engine, turn, plan.units, plan.fixed, block)
+        texts, question = _texts(body)
+        # a request that cannot be fitted stores nothing: fit first
+        fit_turn(shared, turn, plan.units, plan.fixed)
+        exclude = remember_and_recall(shared, turn, texts)
+        fitted = with_memory(shared, turn, question=question, exclude=exclude)
+        block = turn.block.text if turn.block is not None else None
         outgoing = fit_responses.render(body, plan.units, fitted, block)
         if body.get("stream"):
             events = upstream.stream("responses", outgoing)
@@ -191,11 +189,14 @@ def _turn(
                 parts: list[str] = []
 
                 def on_event(event: dict[str, Any]) -> None:
-                    if event.get("type") == "response.output_text.delta":
+                    kind = event.get("type")
+                    if kind == "response.output_text.delta":
                         parts.append(str(event.get("delta", "")))
+                    elif kind == "response.completed" and isinstance(event.get("response"), dict):
+                        observe(shared, event["response"].get("usage"))
 
                 def on_end() -> None:
-                    remember(engine, turn, [("assistant", "".join(parts))], reply=True)
+                    remember_reply(shared, turn, "".join(parts))
 
                 stream = relay(events, on_event=on_event, on_end=on_end, release=release)
                 handed = True
@@ -205,8 +206,8 @@ def _turn(
             started = time.perf_counter()
             payload = upstream.post("responses", outgoing)
             turn.extra["upstream_ms"] = round((time.perf_counter() - started) * 1000, 1)
-        remember(engine, turn, [("assistant", reply_text(payload))], reply=True)
-        return payload, turn.report(**_usage(payload))
+        remember_reply(shared, turn, reply_text(payload))
+        return payload, turn.report(**observe(shared, payload.get("usage")))
     finally:
         if not handed:
             release()

@@ -1,0 +1,282 @@
+"""What the proxy remembers, for whom, and the one retrieved-memory block it may add.
+
+Who: the end user is the body's ``user`` or the ``X-Ctxwarden-User`` header, the session the
+``X-Ctxwarden-Session`` header. When a request names neither, the proxy stores nothing and
+retrieves nothing (:attr:`Who.named` is false): it only fits the conversation it was sent.
+
+What: the conversation's messages are stored verbatim (``fold=False``: an agent's transcript is
+never de-duplicated), each under an id derived from the conversation's scope and the message
+(the n-th copy of a message gets the same id every time), so a conversation sent again stores
+only what is new; the reply is stored under the id the client's echo of it will get.
+
+The memory block: the newest user message is the query; the related memories are searched in
+the narrowest scope named (the session if named, else the end user), the conversation's own kept
+messages and tool traffic left out, best first within a token budget, and rendered as one
+``user`` message of quoted data (:func:`ctxwarden.render.data_intro`). For prompt caches it is
+kept as it was (same text, same place) while the newest user message is unchanged (a tool loop)
+and while a new search still finds one of its memories; the state is per tenant, end user and
+session in a bounded LRU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import xxhash
+
+from ctxwarden import render
+from ctxwarden.engine import Engine
+from ctxwarden.errors import InputError
+from ctxwarden.server.chatfit import message_text
+from ctxwarden.tokens import ChatFormat
+from ctxwarden.types import Memory
+
+__all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "ProxyMemory", "Who", "who_of"]
+
+SESSION_HEADER = "x-ctxwarden-session"
+USER_HEADER = "x-ctxwarden-user"
+_NAME_LIMIT = 256
+
+
+def _name(value: Any, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError("must be a string", field=field)
+    name: str = value.strip()
+    if not name:
+        return None
+    if len(name) > _NAME_LIMIT or "\x00" in name:
+        raise InputError(f"must be at most {_NAME_LIMIT} characters, without NUL", field=field)
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """The tenant, end user and session a request names (user and session may be None)."""
+
+    tenant: str
+    user: str | None
+    session: str | None
+
+    @property
+    def named(self) -> bool:
+        """Whether the request named anyone: only then is anything stored or retrieved."""
+        return self.user is not None or self.session is not None
+
+    @property
+    def conversation(self) -> str:
+        """Where the messages are stored: the session, else the end user's own session."""
+        if self.session is not None:
+            return self.session
+        return f"user:{self.user}"
+
+    @property
+    def scope(self) -> str:
+        """The narrowest scope named: ``session`` or ``user``."""
+        return "session" if self.session is not None else "user"
+
+
+def who_of(tenant: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> Who:
+    """The end user (``X-Ctxwarden-User`` header, else the body's ``user``) and session."""
+    user = _name(headers.get(USER_HEADER), f"header {USER_HEADER}")
+    if user is None:
+        user = _name(body.get("user"), "user")
+    session = _name(headers.get(SESSION_HEADER), f"header {SESSION_HEADER}")
+    return Who(tenant=tenant, user=user, session=session)
+
+
+def _semantic_key(message: Mapping[str, Any]) -> str:
+    # Only what an agent keeps when it echoes a reply back (clients add null fields of their own).
+    calls = [
+        [
+            c.get("id"),
+            (c.get("function") or {}).get("name"),
+            (c.get("function") or {}).get("arguments"),
+        ]
+        for c in message.get("tool_calls") or ()
+        if isinstance(c, Mapping)
+    ]
+    parts = [str(message.get("role")), message_text(message.get("content")).strip()]
+    if calls:
+        parts.append(orjson.dumps(calls).decode())
+    if message.get("tool_call_id"):
+        parts.append(str(message["tool_call_id"]))
+    return "\x00".join(parts)
+
+
+def _record(message: Mapping[str, Any], id: str) -> dict[str, Any] | None:
+    if message.get("role") in ("system", "developer"):
+        return None  # the operator's instructions, not the conversation: never retrieved
+    content = message_text(message.get("content")).strip()
+    calls = message.get("tool_calls") or []
+    if not content and not calls:
+        return None
+    record: dict[str, Any] = {"id": id, "role": message.get("role"), "content": content or None}
+    if calls:
+        record["tool_calls"] = calls
+    if message.get("tool_call_id"):
+        record["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        record["name"] = message["name"]
+    return record
+
+
+@dataclass
+class _Conversation:
+    """What was stored of one conversation: the messages' cache keys, in order, and how often
+    each semantic key occurred among them (for the n-th-copy ids)."""
+
+    keys: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    seen: Counter[str] = field(default_factory=Counter)
+    block: Block | None = None
+    question: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """The retrieved-memory message: its text, tokens and the ids of the memories in it."""
+
+    text: str
+    tokens: int
+    ids: frozenset[str]
+
+    def message(self) -> dict[str, str]:
+        """The block as the chat message the proxy inserts."""
+        return {"role": render.DATA_ROLE, "content": self.text}
+
+
+class ProxyMemory:
+    """Stores conversations and builds memory blocks; per-conversation state in an LRU."""
+
+    def __init__(self, engine: Engine, *, conversations: int = 256) -> None:
+        self.engine = engine
+        self.size = conversations
+        self._state: OrderedDict[tuple[str, str | None, str | None], _Conversation] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _conversation(self, who: Who) -> _Conversation:
+        key = (who.tenant, who.user, who.session)
+        with self._lock:
+            state = self._state.get(key)
+            if state is None:
+                state = _Conversation()
+                self._state[key] = state
+                while len(self._state) > self.size:
+                    self._state.popitem(last=False)
+            else:
+                self._state.move_to_end(key)
+            return state
+
+    def _id(self, who: Who, semantic: str, copy: int) -> str:
+        raw = f"{who.conversation}\x00{semantic}\x00{copy}".encode("utf-8", "surrogatepass")
+        return f"px-{xxhash.xxh3_128_hexdigest(raw)}"
+
+    def remember(
+        self, who: Who, messages: Sequence[Mapping[str, Any]], keys: Sequence[int]
+    ) -> tuple[dict[str, int], list[str]]:
+        """Store the messages not stored yet (``keys``: their cache keys, one per message).
+
+        Returns the ingest counts and every message's id (for leaving them out of retrieval).
+        """
+        state = self._conversation(who)
+        known = len(state.keys)
+        if known <= len(keys) and state.keys == list(keys[:known]):
+            # the conversation only grew: only its new messages are looked at
+            new_from, seen, ids = known, state.seen, state.ids[:known]
+        else:
+            new_from, seen, ids = 0, Counter(), []  # the client changed its history: recount
+        ids.extend([""] * (len(messages) - new_from))
+        records: list[dict[str, Any]] = []
+        for index in range(new_from, len(messages)):
+            semantic = _semantic_key(messages[index])
+            seen[semantic] += 1
+            ids[index] = self._id(who, semantic, seen[semantic])
+            record = _record(messages[index], ids[index])
+            if record is not None:
+                records.append(record)
+        counts = self._ingest(who, records)
+        state.keys = list(keys)
+        state.ids = ids
+        state.seen = seen
+        return counts, ids
+
+    def _ingest(self, who: Who, records: list[dict[str, Any]]) -> dict[str, int]:
+        if not records:
+            return {}
+        result = self.engine.ingest(records, tenant=who.tenant, session=who.conversation)
+        return {status: count for status, count in result.counts.items() if count}
+
+    def remember_reply(self, who: Who, message: Mapping[str, Any]) -> None:
+        """Store the upstream's reply under the id the client's echo of it will get."""
+        state = self._conversation(who)
+        semantic = _semantic_key({**message, "role": "assistant"})
+        record = _record(
+            {**message, "role": "assistant"}, self._id(who, semantic, state.seen[semantic] + 1)
+        )
+        if record is not None:
+            self._ingest(who, [record])
+
+    def _search(self, who: Who, query: str, limit: int) -> list[Memory]:
+        """The one place retrieval is scoped: the narrowest scope the request named."""
+        found = self.engine.search(query, tenant=who.tenant, limit=limit * 4)
+        return [m for m, _ in found if m.session == who.conversation][:limit]
+
+    def block(
+        self,
+        who: Who,
+        question: str,
+        *,
+        exclude: frozenset[str],
+        budget: int,
+        fmt: ChatFormat,
+    ) -> tuple[Block | None, bool]:
+        """The memory block for ``question`` within ``budget`` tokens, and whether it is the
+        previous request's block kept as it was (see the module's docstring)."""
+        state = self._conversation(who)
+        asked = xxhash.xxh3_64_intdigest(question.encode("utf-8", "surrogatepass"))
+        previous = state.block
+        if previous is not None and previous.ids & exclude:
+            previous = None  # one of its memories is now in the conversation itself
+        if previous is not None and previous.tokens > budget:
+            previous = None
+        if previous is not None and state.question == asked:
+            return previous, True
+        state.question = asked
+        if not question.strip() or budget <= 0:
+            state.block = None
+            return None, False
+        hits = [
+            m
+            for m in self._search(who, question, limit=20)
+            if m.id not in exclude and m.role != "tool" and not m.tool_calls
+        ]
+        if previous is not None and any(m.id in previous.ids for m in hits):
+            return previous, True
+        block = self._render(hits, budget, fmt)
+        state.block = block
+        return block, False
+
+    @staticmethod
+    def _render(hits: Sequence[Memory], budget: int, fmt: ChatFormat) -> Block | None:
+        intro = render.data_intro()
+        lines: list[str] = []
+        ids: list[str] = []
+        for memory in hits:
+            candidate = [*lines, render.line_text(memory)]
+            text = intro + "".join(candidate)
+            if fmt.message_tokens(render.DATA_ROLE, text.strip()) > budget:
+                break
+            lines, ids = candidate, [*ids, memory.id]
+        if not lines:
+            return None
+        text = (intro + "".join(lines)).rstrip("\n")
+        return Block(
+            text=text, tokens=fmt.message_tokens(render.DATA_ROLE, text), ids=frozenset(ids)
+        )
