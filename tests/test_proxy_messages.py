@@ -260,7 +260,7 @@ def test_bad_requests_are_refused_naming_the_field(
     assert isinstance(body, dict)
     assert body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error"
-    assert field in body["error"]["message"]
+    assert body["error"]["message"].startswith(f"{field}: ")
     assert rig.sent() == []
     assert rig.stored() == 0
 

@@ -251,7 +251,8 @@ def test_bad_requests_are_refused_naming_the_field(
     error = caught.value.body
     assert isinstance(error, dict)
     assert error["param"] == param
-    assert param in error["message"]
+    assert error["message"].startswith(f"{param}: ")
+    assert error["message"].count(param) == 1
     assert rig.sent() == []
     assert rig.stored() == 0
 

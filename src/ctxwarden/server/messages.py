@@ -83,8 +83,8 @@ def error_response(exc: CtxwardenError) -> JSONResponse:
         status, message = exc.status, f"upstream: {exc.detail}"
     elif isinstance(exc, InputError):
         status = 400
-        if exc.field and not message.startswith(exc.field):
-            message = f"{exc.field}: {message}"
+        if exc.field:
+            message = f"{exc.field}: {exc.reason}"
     elif isinstance(exc, ScopeError):
         status = 403
     elif isinstance(exc, AuthError):
@@ -328,7 +328,11 @@ def _turn(
     fit_messages.check(body)
     metadata = body.get("metadata")
     user = metadata.get("user_id") if isinstance(metadata, Mapping) else None
-    who = who_of(tenant, headers, {"user": user})
+    try:
+        who = who_of(tenant, headers, {"user": user})
+    except InputError as exc:
+        field = "metadata.user_id" if exc.field == "user" else exc.field
+        raise InputError(exc.reason, field=field) from None
     budget = budget_for(
         shared, windows, str(body["model"]), headers, body.get("max_tokens"), field="max_tokens"
     )

@@ -67,7 +67,7 @@ def error_response(exc: CtxwardenError) -> JSONResponse:
     else:
         status = status_for(exc)
         kind = "upstream_error" if status == 502 else "server_error"
-    message = f"{param}: {exc}" if param and not str(exc).startswith(param) else str(exc)
+    message = f"{param}: {exc.reason}" if isinstance(exc, InputError) and param else str(exc)
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
