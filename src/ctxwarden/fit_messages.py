@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden.errors import InputError
 from ctxwarden.fit import Fitted, Unit
 from ctxwarden.wirefit import IMAGE_TOKENS, Pricer, require
 
@@ -64,46 +65,51 @@ class Plan:
 
 def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     content = message.get("content")
-    return [b for b in content if isinstance(b, Mapping)] if isinstance(content, list) else []
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
-def _check_block(block: Any, where: str, role: str) -> None:
-    require(isinstance(block, Mapping), where, "expected a content block object")
+_BLOCK_LIST = ", ".join(sorted(BLOCK_TYPES))
+_RESULT_LIST = ", ".join(sorted(_RESULT_PARTS))
+
+
+def _block_problem(block: Any, role: str) -> tuple[str, str] | None:
+    """What is wrong with one content block: (the field below it, the problem), or None.
+    Strings are only made for a block that fails (a long conversation is checked each turn)."""
+    if not isinstance(block, dict):
+        return "", "expected a content block object"
     kind = block.get("type")
-    require(
-        isinstance(kind, str) and kind in BLOCK_TYPES,
-        f"{where}.type",
-        f"unknown content block type {kind!r}; the Messages API defines "
-        f"{', '.join(sorted(BLOCK_TYPES))}",
-    )
     if kind == "text":
-        require(isinstance(block.get("text"), str), f"{where}.text", "expected a string")
-    elif kind == "image":
-        require(isinstance(block.get("source"), Mapping), f"{where}.source", "expected an object")
-    elif kind == "tool_use":
-        require(role == "assistant", where, "a tool_use block belongs in an assistant message")
+        return None if isinstance(block.get("text"), str) else (".text", "expected a string")
+    if not isinstance(kind, str) or kind not in BLOCK_TYPES:
+        return (
+            ".type",
+            f"unknown content block type {kind!r}; the Messages API defines {_BLOCK_LIST}",
+        )
+    if kind == "image" and not isinstance(block.get("source"), dict):
+        return ".source", "expected an object"
+    if kind == "tool_use":
+        if role != "assistant":
+            return "", "a tool_use block belongs in an assistant message"
         for name in ("id", "name"):
             value = block.get(name)
-            require(isinstance(value, str) and bool(value), f"{where}.{name}", "expected a string")
-        require(isinstance(block.get("input"), Mapping), f"{where}.input", "expected an object")
+            if not isinstance(value, str) or not value:
+                return f".{name}", "expected a string"
+        if not isinstance(block.get("input"), dict):
+            return ".input", "expected an object"
     elif kind == "tool_result":
-        require(role == "user", where, "a tool_result block belongs in a user message")
+        if role != "user":
+            return "", "a tool_result block belongs in a user message"
         ref = block.get("tool_use_id")
-        require(isinstance(ref, str) and bool(ref), f"{where}.tool_use_id", "expected a string")
+        if not isinstance(ref, str) or not ref:
+            return ".tool_use_id", "expected a string"
         content = block.get("content")
         if isinstance(content, list):
             for n, part in enumerate(content):
-                require(
-                    isinstance(part, Mapping) and part.get("type") in _RESULT_PARTS,
-                    f"{where}.content[{n}].type",
-                    f"a tool result holds {', '.join(sorted(_RESULT_PARTS))} blocks",
-                )
-        else:
-            require(
-                content is None or isinstance(content, str),
-                f"{where}.content",
-                "expected a string or a list of blocks",
-            )
+                if not isinstance(part, dict) or part.get("type") not in _RESULT_PARTS:
+                    return f".content[{n}].type", f"a tool result holds {_RESULT_LIST} blocks"
+        elif content is not None and not isinstance(content, str):
+            return ".content", "expected a string or a list of blocks"
+    return None
 
 
 def check(body: Mapping[str, Any]) -> None:
@@ -117,7 +123,7 @@ def check(body: Mapping[str, Any]) -> None:
     if isinstance(system, list):
         for n, block in enumerate(system):
             require(
-                isinstance(block, Mapping) and block.get("type") == "text",
+                isinstance(block, dict) and block.get("type") == "text",
                 f"system[{n}]",
                 "expected a text block",
             )
@@ -128,71 +134,59 @@ def check(body: Mapping[str, Any]) -> None:
     if tools is not None:
         require(isinstance(tools, list), "tools", "expected a list of tools")
         for n, tool in enumerate(tools):
-            require(isinstance(tool, Mapping), f"tools[{n}]", "expected a tool object")
+            require(isinstance(tool, dict), f"tools[{n}]", "expected a tool object")
     messages = body.get("messages")
     require(isinstance(messages, list) and bool(messages), "messages", "expected a non-empty list")
     assert isinstance(messages, list)
+    asked: dict[str, int] = {}  # the previous assistant message's tool_use ids -> block index
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        require(isinstance(message, Mapping), where, "expected a message object")
+        if not isinstance(message, dict):
+            raise InputError("expected a message object", field=f"messages[{i}]")
         role = message.get("role")
-        require(
-            role in ("user", "assistant"),
-            f"{where}.role",
-            f"unknown role {role!r}: the Messages API has user and assistant (system goes in "
-            "the top-level 'system' field)",
-        )
+        if role not in ("user", "assistant"):
+            raise InputError(
+                f"unknown role {role!r}: the Messages API has user and assistant (system goes "
+                "in the top-level 'system' field)",
+                field=f"messages[{i}].role",
+            )
         content = message.get("content")
-        require(
-            isinstance(content, str | list), f"{where}.content", "expected text or a list of blocks"
-        )
+        answered: set[str] = set()
+        calls: dict[str, int] = {}
         if isinstance(content, list):
             for j, block in enumerate(content):
-                _check_block(block, f"{where}.content[{j}]", str(role))
-    _check_pairs(messages)
-
-
-def _check_pairs(messages: Sequence[Mapping[str, Any]]) -> None:
-    for i, message in enumerate(messages):
-        blocks = _blocks(message)
-        if message.get("role") == "user":
-            results = [
-                (j, b["tool_use_id"])
-                for j, b in enumerate(blocks)
-                if b.get("type") == "tool_result"
-            ]
-            if not results:
-                continue
-            before = messages[i - 1] if i > 0 else {}
-            asked = {b.get("id") for b in _blocks(before) if b.get("type") == "tool_use"}
-            for j, ref in results:
-                require(
-                    ref in asked,
-                    f"messages[{i}].content[{j}].tool_use_id",
-                    f"tool_result for {ref!r} has no matching tool_use in the assistant message "
-                    "just before it",
-                )
-        else:
-            calls = [(j, b["id"]) for j, b in enumerate(blocks) if b.get("type") == "tool_use"]
-            if not calls or i + 1 >= len(messages):
-                continue
-            after = {
-                b.get("tool_use_id")
-                for b in _blocks(messages[i + 1])
-                if b.get("type") == "tool_result"
-            }
-            for j, ref in calls:
-                require(
-                    ref in after,
-                    f"messages[{i}].content[{j}].id",
+                problem = _block_problem(block, role)
+                if problem is not None:
+                    raise InputError(problem[1], field=f"messages[{i}].content[{j}]{problem[0]}")
+                kind = block.get("type")
+                if kind == "tool_use":
+                    calls[block["id"]] = j
+                elif kind == "tool_result":
+                    ref = block["tool_use_id"]
+                    if ref not in asked:
+                        raise InputError(
+                            f"tool_result for {ref!r} has no matching tool_use in the assistant "
+                            "message just before it",
+                            field=f"messages[{i}].content[{j}].tool_use_id",
+                        )
+                    answered.add(ref)
+        elif not isinstance(content, str):
+            raise InputError("expected text or a list of blocks", field=f"messages[{i}].content")
+        for ref, j in asked.items():
+            if ref not in answered:
+                raise InputError(
                     f"tool_use {ref!r} has no tool_result in the message just after it",
+                    field=f"messages[{i - 1}].content[{j}].id",
                 )
+        asked = calls
 
 
 def _starts_turn(message: Mapping[str, Any]) -> bool:
     if message.get("role") != "user":
         return False
-    return not any(b.get("type") == "tool_result" for b in _blocks(message))
+    content = message.get("content")
+    return not isinstance(content, list) or not any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
 
 
 def _result_cost(pricer: Pricer, content: Any) -> int:
@@ -242,7 +236,7 @@ def system_text(body: Mapping[str, Any]) -> str:
     """The ``system`` field as one text."""
     system = body.get("system")
     if isinstance(system, list):
-        return "\n".join(str(b.get("text", "")) for b in system if isinstance(b, Mapping))
+        return "\n".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
     return system if isinstance(system, str) else ""
 
 
@@ -254,11 +248,11 @@ def plan(body: Mapping[str, Any], pricer: Pricer) -> Plan:
     if system:
         fixed += pricer.message("system", system)
     starts = [0] + [i for i, m in enumerate(messages) if i > 0 and _starts_turn(m)]
+    costs = pricer.costs("messages", messages, message_cost)
     units = []
     for n, start in enumerate(starts):
         stop = starts[n + 1] if n + 1 < len(starts) else len(messages)
-        cost = sum(message_cost(pricer, messages[i]) for i in range(start, stop))
-        units.append(Unit(start=start, stop=stop, tokens=cost, kind="turn"))
+        units.append(Unit(start=start, stop=stop, tokens=sum(costs[start:stop]), kind="turn"))
     return Plan(units=tuple(units), fixed=fixed)
 
 

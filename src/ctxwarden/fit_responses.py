@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden.errors import InputError
 from ctxwarden.fit import Fitted, Unit
 from ctxwarden.wirefit import IMAGE_TOKENS, Pricer, require
 
@@ -98,23 +99,61 @@ def _call_id(item: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _check_message(item: Mapping[str, Any], where: str) -> None:
+_ROLE_LIST = ", ".join(sorted(ROLES))
+_PART_LIST = ", ".join(sorted(PART_TYPES))
+_ITEM_LIST = ", ".join(sorted(ITEM_TYPES))
+
+
+def _check_message(item: Mapping[str, Any], i: int) -> None:
     role = item.get("role")
-    require(
-        role in ROLES,
-        f"{where}.role",
-        f"unknown role {role!r}: the Responses API has {', '.join(sorted(ROLES))}",
-    )
+    if role not in ROLES:
+        raise InputError(
+            f"unknown role {role!r}: the Responses API has {_ROLE_LIST}", field=f"input[{i}].role"
+        )
     content = item.get("content")
-    require(isinstance(content, str | list), f"{where}.content", "expected text or a list of parts")
-    if isinstance(content, list):
-        for n, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            require(
-                kind in PART_TYPES,
-                f"{where}.content[{n}].type",
-                f"unknown content part type {kind!r}; the Responses API defines "
-                f"{', '.join(sorted(PART_TYPES))}",
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InputError("expected text or a list of parts", field=f"input[{i}].content")
+    for n, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in PART_TYPES:
+            raise InputError(
+                f"unknown content part type {kind!r}; the Responses API defines {_PART_LIST}",
+                field=f"input[{i}].content[{n}].type",
+            )
+
+
+def _check_item(item: Any, i: int, calls: dict[str, str], stateful: bool) -> None:
+    # explicit ifs, not require(): messages are only formatted for an item that fails
+    if not isinstance(item, dict):
+        raise InputError("expected an item object", field=f"input[{i}]")
+    kind = item_type(item)
+    if kind == "message":
+        _check_message(item, i)
+        return
+    if kind not in ITEM_TYPES:
+        raise InputError(
+            f"unknown item type {kind!r}; the Responses API defines {_ITEM_LIST}",
+            field=f"input[{i}].type",
+        )
+    if kind in ("function_call", "custom_tool_call"):
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("expected a string", field=f"input[{i}].name")
+        field = "arguments" if kind == "function_call" else "input"
+        if not isinstance(item.get(field), str):
+            raise InputError("expected a string", field=f"input[{i}].{field}")
+    if kind in _CALLS or kind in _ANSWERS:
+        ref = _call_id(item)
+        if ref is None:
+            raise InputError("expected a string", field=f"input[{i}].call_id")
+        if kind in _CALLS:
+            calls[ref] = kind
+        elif not stateful and calls.get(ref) != _ANSWERS[kind]:
+            raise InputError(
+                f"{kind} for {ref!r} has no matching {_ANSWERS[kind]} earlier in input",
+                field=f"input[{i}].call_id",
             )
 
 
@@ -132,47 +171,16 @@ def check(body: Mapping[str, Any]) -> None:
     if tools is not None:
         require(isinstance(tools, list), "tools", "expected a list of tools")
         for n, tool in enumerate(tools):
-            require(isinstance(tool, Mapping), f"tools[{n}]", "expected a tool object")
+            require(isinstance(tool, dict), f"tools[{n}]", "expected a tool object")
     items = body.get("input")
-    stateful = body.get("previous_response_id") is not None or body.get("conversation")
+    stateful = body.get("previous_response_id") is not None or bool(body.get("conversation"))
     if isinstance(items, str) or (items is None and stateful):
         return
     require(isinstance(items, list) and bool(items), "input", "expected text or a list of items")
     assert isinstance(items, list)
     calls: dict[str, str] = {}
     for i, item in enumerate(items):
-        where = f"input[{i}]"
-        require(isinstance(item, Mapping), where, "expected an item object")
-        kind = item_type(item)
-        require(
-            kind in ITEM_TYPES,
-            f"{where}.type",
-            f"unknown item type {kind!r}; the Responses API defines "
-            f"{', '.join(sorted(ITEM_TYPES))}",
-        )
-        if kind == "message":
-            _check_message(item, where)
-        elif kind in ("function_call", "custom_tool_call"):
-            require(
-                isinstance(item.get("name"), str) and bool(item["name"]),
-                f"{where}.name",
-                "expected a string",
-            )
-            field = "arguments" if kind == "function_call" else "input"
-            require(isinstance(item.get(field), str), f"{where}.{field}", "expected a string")
-        if kind in _CALLS:
-            ref = _call_id(item)
-            require(ref is not None, f"{where}.call_id", "expected a string")
-            assert ref is not None
-            calls[ref] = kind
-        elif kind in _ANSWERS:
-            ref = _call_id(item)
-            require(ref is not None, f"{where}.call_id", "expected a string")
-            require(
-                bool(stateful) or calls.get(str(ref)) == _ANSWERS[kind],
-                f"{where}.call_id",
-                f"{kind} for {ref!r} has no matching {_ANSWERS[kind]} earlier in input",
-            )
+        _check_item(item, i, calls, stateful)
 
 
 def _starts_turn(item: Mapping[str, Any]) -> bool:
@@ -185,7 +193,7 @@ def _parts_cost(pricer: Pricer, role: str, content: Any) -> int:
     texts: list[str] = []
     extra = 0
     for part in content if isinstance(content, list) else ():
-        if not isinstance(part, Mapping):
+        if not isinstance(part, dict):
             extra += pricer.json(part)
         elif part.get("type") in ("input_text", "output_text", "text"):
             texts.append(str(part.get("text", "")))
@@ -210,7 +218,7 @@ def item_cost(pricer: Pricer, item: Mapping[str, Any]) -> int:
         return _parts_cost(pricer, "tool", item.get("output", ""))
     if kind == "reasoning":
         summary = item.get("summary")
-        texts = [str(s.get("text", "")) for s in summary or () if isinstance(s, Mapping)] + [
+        texts = [str(s.get("text", "")) for s in summary or () if isinstance(s, dict)] + [
             str(item.get("encrypted_content") or "")
         ]
         return pricer.text("\n".join(texts)) + pricer.json(item.get("content") or "")
@@ -239,21 +247,25 @@ def plan(body: Mapping[str, Any], pricer: Pricer) -> Plan:
     ):
         lead += 1
     fixed += pricer.request(has_system=bool(instructions) or lead > 0)
-    costs = [item_cost(pricer, item) for item in entries]
+    costs = pricer.costs("responses", entries, item_cost)
     units = [Unit(start=i, stop=i + 1, tokens=costs[i], kind="system") for i in range(lead)]
-    starts = [lead] + [i for i in range(lead + 1, len(entries)) if _starts_turn(entries[i])]
-    if lead == len(entries):
-        starts = []
-    # A tool output after a later user message than its call: merge the turns between them.
+    starts: list[int] = [lead] if lead < len(entries) else []
     where_called: dict[str, int] = {}
     for i in range(lead, len(entries)):
-        kind = item_type(entries[i])
-        ref = _call_id(entries[i])
-        if kind in _CALLS and ref is not None:
-            where_called[ref] = i
-        elif kind in _ANSWERS and ref in where_called:
-            called = where_called[ref]
-            starts = [s for s in starts if not called < s <= i]
+        item = entries[i]
+        kind = item_type(item)
+        if kind == "message":
+            if item.get("role") == "user" and i > lead:
+                starts.append(i)
+        elif kind in _CALLS:
+            ref = _call_id(item)
+            if ref is not None:
+                where_called[ref] = i
+        elif kind in _ANSWERS:
+            called = where_called.get(_call_id(item) or "")
+            # an output after a later user message than its call: merge the turns between
+            while called is not None and len(starts) > 1 and starts[-1] > called:
+                starts.pop()
     for n, start in enumerate(starts):
         stop = starts[n + 1] if n + 1 < len(starts) else len(entries)
         units.append(Unit(start=start, stop=stop, tokens=sum(costs[start:stop]), kind="turn"))

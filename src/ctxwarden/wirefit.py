@@ -8,14 +8,17 @@ model's tokenizer and chat format (:mod:`ctxwarden.tokens`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import orjson
+import xxhash
 
 from ctxwarden.errors import InputError
 from ctxwarden.tokens import ChatFormat
 
-__all__ = ["IMAGE_TOKENS", "Pricer", "require"]
+__all__ = ["IMAGE_TOKENS", "CostCache", "Pricer", "require"]
 
 #: What one image is priced at, whatever its size: above what either API charges for one
 #: image (Anthropic: (w*h)/750, at most ~1,600 for the 1.15 megapixels it keeps; OpenAI
@@ -29,11 +32,47 @@ def require(condition: bool, field: str, problem: str) -> None:
         raise InputError(problem, field=field)
 
 
+class CostCache(Protocol):
+    """Where item costs are kept between requests (e.g. the proxy's ``TokenCache``): a growing
+    agent conversation is re-sent whole each turn, and only its new items need counting."""
+
+    def get(self, key: int) -> int | None:
+        """The cost stored under ``key``, or None."""
+
+    def put(self, key: int, value: int) -> None:
+        """Store ``value`` under ``key``."""
+
+
 @dataclass(frozen=True)
 class Pricer:
-    """Token costs of the parts of a request, counted with ``fmt``'s tokenizer and template."""
+    """Token costs of the parts of a request, counted with ``fmt``'s tokenizer and template.
+
+    With a ``cache``, :meth:`cached` counts an item once per (API, format, tokenizer, item
+    JSON) and then looks it up.
+    """
 
     fmt: ChatFormat
+    cache: CostCache | None = None
+
+    def costs(
+        self, api: str, items: Sequence[Any], cost: Callable[[Pricer, Any], int]
+    ) -> list[int]:
+        """``cost(self, item)`` of each item in ``api``'s format, through the cache."""
+        cache = self.cache
+        if cache is None:
+            return [cost(self, item) for item in items]
+        prefix = f"{api}\x00{self.fmt.name}\x00{self.fmt.tokenizer.name}\x00".encode()
+        out: list[int] = []
+        for item in items:
+            key = xxhash.xxh3_128_intdigest(
+                prefix + orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+            )
+            value = cache.get(key)
+            if value is None:
+                value = cost(self, item)
+                cache.put(key, value)
+            out.append(value)
+        return out
 
     def text(self, text: str) -> int:
         """Tokens of ``text`` alone."""

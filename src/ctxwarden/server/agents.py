@@ -32,12 +32,13 @@ from ctxwarden.errors import AuthError, InputError
 from ctxwarden.fit import Fitted, Unit, fit
 from ctxwarden.llm import ChunkStream, LLMClient
 from ctxwarden.llm_anthropic import AnthropicClient
+from ctxwarden.server.chatfit import TokenCache
 from ctxwarden.server.http import SCOPES, Principal, ServerConfig
 from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens, prompt_tokens
 from ctxwarden.server.windows import TOKENIZER_HEADER, WINDOW_HEADER, Windows
 from ctxwarden.sessions import TurnSlots
-from ctxwarden.wirefit import Pricer
+from ctxwarden.wirefit import CostCache, Pricer
 
 __all__ = ["CLAUDE_FACTOR", "Budget", "Shared", "Turn", "install_agent_apis"]
 
@@ -61,6 +62,7 @@ class Shared:
     engine: Engine
     memory: ProxyMemory
     windows: Windows
+    cache: CostCache | None = None
     slots: TurnSlots | None = None
     metrics: ProxyMetrics | None = None
     remember: bool = True
@@ -173,7 +175,7 @@ def budget_for(
             )
     return Budget(
         model=model,
-        pricer=Pricer(fmt),
+        pricer=Pricer(fmt, shared.cache),
         cap=cap,
         window=window,
         exact=tokenizer.exact,
@@ -364,6 +366,7 @@ def install_agent_apis(
         engine=engine,
         memory=getattr(proxy, "memory", None) or ProxyMemory(engine),
         windows=getattr(proxy, "windows", None) or Windows(upstream, engine.registry),
+        cache=getattr(proxy, "cache", None) or TokenCache(),
         slots=getattr(proxy, "slots", None),
         metrics=getattr(proxy, "metrics", None),
         remember=bool(getattr(config, "memory", True)),
