@@ -316,3 +316,18 @@ def test_langchain_chat_anthropic(rig: Rig) -> None:
         "Say hello in French.",
         [{"type": "text", "text": "Say hello in French."}],
     )
+
+
+def test_an_upstream_error_on_a_stream_keeps_its_status_and_shape(rig: Rig) -> None:
+    rig.upstream._queue.append(Step(status=429, error="slow down"))
+    with (
+        pytest.raises(anthropic.RateLimitError) as caught,
+        rig.client.messages.stream(
+            model=CLAUDE, max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+        ) as stream,
+    ):
+        stream.get_final_message()
+    body = caught.value.body
+    assert isinstance(body, dict)
+    assert body["error"]["type"] == "rate_limit_error"
+    assert "slow down" in body["error"]["message"]

@@ -336,3 +336,22 @@ def test_langchain_chat_openai_with_the_responses_api(rig: Rig) -> None:
     answer = chat.invoke("Say hello in French.")
     assert answer.text == "Bonjour."
     assert rig.sent()[0]["input"][-1]["content"] == "Say hello in French."
+
+
+def test_an_upstream_error_on_a_streamed_request_keeps_its_status(rig: Rig) -> None:
+    rig.upstream._queue.append(Step(status=429, error="slow down"))
+    with pytest.raises(openai.RateLimitError) as caught:
+        rig.client.responses.create(model="gpt-4o", input="hi", stream=True)
+    assert "slow down" in str(caught.value)
+
+
+def test_an_unreachable_upstream_is_a_502_without_its_address() -> None:
+    with (
+        Engine.open(":memory:") as engine,
+        LLMClient("http://127.0.0.1:9/v1", max_retries=0) as upstream,
+        serve(create_proxy_app(engine, upstream)) as url,
+    ):
+        answer = httpx.post(url + "/v1/responses", json={"model": "gpt-4o", "input": "hi"})
+    assert answer.status_code == 502
+    assert "127.0.0.1" not in answer.text
+    assert answer.json()["error"]["type"] == "upstream_error"

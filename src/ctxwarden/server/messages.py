@@ -31,9 +31,9 @@ from ctxwarden.errors import (
     NotFound,
     OverloadedError,
     ScopeError,
+    UpstreamError,
 )
 from ctxwarden.fit import fit
-from ctxwarden.llm import UpstreamStatusError
 from ctxwarden.llm_anthropic import FORWARDED_HEADERS, AnthropicClient
 from ctxwarden.server.agents import (
     REPORT_HEADER,
@@ -49,6 +49,7 @@ from ctxwarden.server.agents import (
     remember_reply,
     report_header,
     take_slot,
+    upstream_failure,
     with_memory,
 )
 from ctxwarden.server.http import status_for
@@ -70,6 +71,8 @@ _KINDS = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    502: "api_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 
@@ -79,8 +82,8 @@ def error_response(exc: CtxwardenError) -> JSONResponse:
     message = str(exc)
     if isinstance(exc, BudgetError):
         status = 400
-    elif isinstance(exc, UpstreamStatusError) and 400 <= exc.status < 500:
-        status, message = exc.status, f"upstream: {exc.detail}"
+    elif isinstance(exc, UpstreamError):
+        status, message = upstream_failure(exc)
     elif isinstance(exc, InputError):
         status = 400
         if exc.field:

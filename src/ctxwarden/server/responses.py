@@ -20,8 +20,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ctxwarden import fit_responses
-from ctxwarden.errors import AuthError, BudgetError, CtxwardenError, InputError, ScopeError
-from ctxwarden.llm import LLMClient, UpstreamStatusError
+from ctxwarden.errors import (
+    AuthError,
+    BudgetError,
+    CtxwardenError,
+    InputError,
+    ScopeError,
+    UpstreamError,
+)
+from ctxwarden.llm import LLMClient
 from ctxwarden.server.agents import (
     REPORT_HEADER,
     Shared,
@@ -36,6 +43,7 @@ from ctxwarden.server.agents import (
     remember_reply,
     report_header,
     take_slot,
+    upstream_failure,
     with_memory,
 )
 from ctxwarden.server.http import status_for
@@ -45,19 +53,18 @@ __all__ = ["error_response", "install", "reply_text"]
 
 
 def error_response(exc: CtxwardenError) -> JSONResponse:
-    """``exc`` as an OpenAI-style error: 400 for bad input, the upstream's status for its 4xx."""
+    """``exc`` as an OpenAI-style error: 400 for bad input, the upstream's own status for its
+    errors (:func:`upstream_failure`)."""
     param = exc.field if isinstance(exc, InputError) else None
     code: str | None = None
     kind = "invalid_request_error"
     if isinstance(exc, BudgetError):
         status, code = 400, "context_length_exceeded"
-    elif isinstance(exc, UpstreamStatusError) and 400 <= exc.status < 500:
-        status, kind = exc.status, "upstream_error"
-        return JSONResponse(
-            {"error": {"message": f"upstream: {exc.detail}", "type": kind, "param": None,
-                       "code": None}},
-            status_code=status,
-        )  # fmt: skip
+    elif isinstance(exc, UpstreamError):
+        status, message = upstream_failure(exc)
+        body = {"error": {"message": message, "type": "upstream_error", "param": None,
+                          "code": f"upstream_{status}"}}  # fmt: skip
+        return JSONResponse(body, status_code=status)
     elif isinstance(exc, InputError):
         status = 400
     elif isinstance(exc, ScopeError):
