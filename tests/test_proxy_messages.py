@@ -127,6 +127,9 @@ def test_stream_relays_the_events_and_the_final_message(rig: Rig) -> None:
     ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
+        report = json.loads(stream.response.headers["x-ctxwarden-report"])
+    assert report["streamed"] is True
+    assert report["unchanged"] is True
     assert text == "It is sunny in Oslo."
     assert final.stop_reason == "end_turn"
     assert final.usage.cache_read_input_tokens == 40
@@ -331,3 +334,51 @@ def test_an_upstream_error_on_a_stream_keeps_its_status_and_shape(rig: Rig) -> N
     assert isinstance(body, dict)
     assert body["error"]["type"] == "rate_limit_error"
     assert "slow down" in body["error"]["message"]
+
+
+def test_x_api_key_authenticates_and_tenants_stay_apart() -> None:
+    from ctxwarden.errors import AuthError
+    from ctxwarden.server.http import Principal, ServerConfig
+    from ctxwarden.server.proxy import ProxyConfig
+
+    def authenticate(token: str | None) -> Principal:
+        if token in ("key-a", "key-b"):
+            return Principal(tenant=token[-1], scopes=frozenset({"read", "write"}))
+        raise AuthError("unknown API key")
+
+    config = ProxyConfig(server=ServerConfig(authenticate=authenticate))
+    with (
+        AgentUpstream(Step("noted") for _ in range(4)) as upstream,
+        Engine.open(":memory:") as engine,
+        LLMClient(upstream.url, max_retries=0) as openai_upstream,
+        AnthropicClient(upstream.url, api_key="sk-ant-upstream", max_retries=0) as claude,
+        serve(create_proxy_app(engine, openai_upstream, config, anthropic=claude)) as url,
+    ):
+        for key in ("key-a", "key-b"):
+            with anthropic.Anthropic(base_url=url, api_key=key, max_retries=0) as client:
+                client.messages.create(
+                    model=CLAUDE,
+                    max_tokens=16,
+                    metadata={"user_id": "same-user"},
+                    messages=[{"role": "user", "content": f"my tenant canary is TENANT{key}"}],
+                )
+        with anthropic.Anthropic(base_url=url, api_key="key-b", max_retries=0) as client:
+            client.messages.create(
+                model=CLAUDE,
+                max_tokens=16,
+                metadata={"user_id": "same-user"},
+                messages=[{"role": "user", "content": "what is my tenant canary?"}],
+            )
+        sent = json.dumps(upstream.bodies("/v1/messages")[-1])
+        assert "TENANTkey-b" in sent
+        assert "TENANTkey-a" not in sent
+        with (
+            anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0) as client,
+            pytest.raises(anthropic.AuthenticationError) as caught,
+        ):
+            client.messages.create(
+                model=CLAUDE, max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+            )
+        body = caught.value.body
+        assert isinstance(body, dict)
+        assert body["error"]["type"] == "authentication_error"

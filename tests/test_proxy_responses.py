@@ -355,3 +355,45 @@ def test_an_unreachable_upstream_is_a_502_without_its_address() -> None:
     assert answer.status_code == 502
     assert "127.0.0.1" not in answer.text
     assert answer.json()["error"]["type"] == "upstream_error"
+
+
+def test_cached_tokens_of_streamed_answers_reach_metrics(rig: Rig) -> None:
+    rig.upstream._queue.extend([Step("one two", cached=300), Step("three", cached=200)])
+    with rig.client.responses.create(model="gpt-4o", input="hi", stream=True) as stream:
+        list(stream)
+    rig.client.responses.create(model="gpt-4o", input="hi again")
+    metrics = httpx.get(rig.url + "/metrics").text
+    line = next(
+        row
+        for row in metrics.splitlines()
+        if row.startswith("ctxwarden_proxy_upstream_cached_tokens_total")
+    )
+    assert float(line.split()[-1]) == 500
+
+
+def test_a_streamed_reply_is_stored_for_the_named_user_and_recalled(rig: Rig) -> None:
+    rig.upstream._queue.extend([Step("The launch code is ZEBRA-42."), Step("ok")])
+    raw = rig.client.responses.with_raw_response.create(
+        model="gpt-4o", input="Tell me the launch code.", user="carol", stream=True
+    )
+    with raw.parse() as stream:
+        list(stream)
+    assert json.loads(raw.headers["x-ctxwarden-report"])["remembered"] is True
+    rig.client.responses.create(model="gpt-4o", input="Which launch code was it?", user="carol")
+    assert "ZEBRA-42" in json.dumps(rig.sent()[1]["input"][0])
+
+
+def test_fifty_end_users_never_see_each_others_canaries(rig: Rig) -> None:
+    users = [f"user-{n}" for n in range(50)]
+    rig.upstream._queue.extend(Step("noted") for _ in range(100))
+    for user in users:
+        rig.client.responses.create(
+            model="gpt-4o", input=f"my secret canary is CANARY{user[5:]}X", user=user
+        )
+    for user in users:
+        rig.client.responses.create(model="gpt-4o", input="what is my secret canary?", user=user)
+    asks = rig.sent()[50:]
+    for user, body in zip(users, asks, strict=True):
+        found = {w for w in json.dumps(body["input"]).replace("\\n", " ").split() if "CANARY" in w}
+        assert all(f"CANARY{user[5:]}X" in w for w in found), (user, found)
+        assert found, user  # its own canary comes back
