@@ -382,3 +382,21 @@ def test_x_api_key_authenticates_and_tenants_stay_apart() -> None:
         body = caught.value.body
         assert isinstance(body, dict)
         assert body["error"]["type"] == "authentication_error"
+
+
+def test_beta_requests_as_claude_code_sends_them(rig: Rig) -> None:
+    """Claude Code posts to /v1/messages?beta=true with anthropic-beta flags."""
+    rig.upstream._queue.append(Step("ok"))
+    reply = rig.client.beta.messages.create(
+        model=CLAUDE,
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        betas=["interleaved-thinking-2025-05-14"],
+    )
+    assert reply.content[0].type == "text"
+    recorded = next(r for r in rig.upstream.requests if r.path == "/v1/messages")
+    assert recorded.headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
+    counted = rig.client.beta.messages.count_tokens(
+        model=CLAUDE, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert counted.input_tokens > 0
