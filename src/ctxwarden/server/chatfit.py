@@ -252,7 +252,8 @@ def _message_tokens(fmt: tokens.ChatFormat, message: Mapping[str, Any]) -> int:
     role = str(message["role"])
     name = message.get("name") or None
     content = message.get("content")
-    total = fmt.message_tokens(role, message_text(content).strip(), name=name)
+    # as sent: the content goes upstream unstripped (templates that trim do it in content_text)
+    total = fmt.message_tokens(role, message_text(content), name=name)
     total += _parts_cost(content)
     for call in message.get("tool_calls") or ():
         function = call["function"]
