@@ -11,11 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.errors import BudgetError
+from ctxwarden.errors import BudgetError, InputError
 from ctxwarden.server.chatfit import (
     IMAGE_TOKENS,
     LOW_DETAIL_IMAGE_TOKENS,
+    Conversations,
     TokenCache,
+    count_units,
     fit_chat,
     validate_messages,
 )
@@ -167,3 +169,42 @@ def test_the_cache_is_bounded() -> None:
 def test_validation_names_the_field(messages: list[Any], field: str) -> None:
     with pytest.raises(Exception, match=field.replace("[", r"\[").replace("]", r"\]")):
         validate_messages(messages)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation(), st.data())
+def test_a_grown_conversation_is_counted_as_if_counted_whole(
+    messages: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    conversations = Conversations()
+    cache = TokenCache()
+    valid_prefixes = []
+    for cut in range(1, len(messages)):
+        try:
+            validate_messages(messages[:cut])
+        except InputError:
+            continue
+        valid_prefixes.append(cut)
+    cuts = (
+        sorted(set(data.draw(st.lists(st.sampled_from(valid_prefixes), max_size=3))))
+        if valid_prefixes
+        else []
+    )
+    for cut in [*cuts, len(messages)]:
+        request = [dict(m) for m in messages[:cut]]  # parsed anew, as each request is
+        checked = conversations.check(request)
+        units, _, keys = count_units(request, checked, FMT, cache, conversations)
+        whole, _, whole_keys = count_units(request, validate_messages(request), FMT, TokenCache())
+        assert checked.leads == validate_messages(request)
+        assert units == whole
+        assert keys == whole_keys
+    # a client that edits its history (after the first three messages, which name the
+    # conversation) is checked and counted in full again
+    edited = [dict(m) for m in messages]
+    changed = [i for i, m in enumerate(edited) if i >= 3 and isinstance(m.get("content"), str)]
+    if changed:
+        edited[changed[0]]["content"] += " edited"
+        checked = conversations.check(edited)
+        assert checked.base is None
+        units, _, _ = count_units(edited, checked, FMT, cache, conversations)
+        assert units == count_units(edited, validate_messages(edited), FMT, TokenCache())[0]
