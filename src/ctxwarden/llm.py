@@ -353,22 +353,19 @@ class LLMClient:
 
         ``path`` is relative to ``base_url`` (``"chat/completions"``). Raises
         :class:`UpstreamStatusError` for an error status and :class:`UpstreamError` for
-        everything else that goes wrong. ``headers`` are added to this request's.
+        everything else that goes wrong. ``headers`` are added to this request's. The body is
+        serialised once, with orjson (a 10 MB conversation in milliseconds).
         """
+        content = None if body is None else _json_bytes(body)
+        sent_headers = dict(headers or {})
+        if content is not None:
+            sent_headers["Content-Type"] = "application/json"
         url = f"{self._base_url}/{path.lstrip('/')}"
         shown = f"{method} {self._base_path}/{path.lstrip('/')} at {self._where}"
         attempt = 0
         while True:
             try:
-                sent = dict(headers or {})
-                if body is not None:
-                    sent["Content-Type"] = "application/json"
-                response = self._http().request(
-                    method,
-                    url,
-                    content=None if body is None else _json_bytes(body),
-                    headers=sent or None,
-                )
+                response = self._http().request(method, url, content=content, headers=sent_headers)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt < self._max_retries:
                     wait = self._backoff_for(attempt)

@@ -41,11 +41,13 @@ it holds as data.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +59,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ctxwarden.engine import Engine
 from ctxwarden.errors import BudgetError, ConfigError, CtxwardenError, InputError, UpstreamError
-from ctxwarden.fit import Fitted, Lead, fit
+from ctxwarden.fit import Fitted, fit
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.agents import install_agent_apis
-from ctxwarden.server.chatfit import TokenCache, count_units, message_text, validate_messages
+from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
 from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.proxymemory import (
@@ -157,6 +159,7 @@ class _Proxy:
     windows: Windows
     memory: ProxyMemory
     cache: TokenCache
+    conversations: Conversations
     metrics: ProxyMetrics
 
 
@@ -216,6 +219,7 @@ def create_proxy_app(
         windows=Windows(upstream, engine.registry, probe=config.probe_window),
         memory=ProxyMemory(engine),
         cache=TokenCache(),
+        conversations=Conversations(),
         metrics=ProxyMetrics(metrics),
     )
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
@@ -282,6 +286,23 @@ def create_proxy_app(
     return app
 
 
+@contextmanager
+def _collections_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a block (a no-op if it is already off).
+
+    Process-wide while the block runs: objects dropped meanwhile are freed by reference
+    counting as always; only cycles wait for the next collection.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
@@ -329,6 +350,7 @@ class _Plan:
     sent: int
     counted: int
     stored: dict[str, int]
+    conversation_tokens: int  # what sending the whole conversation would cost
 
 
 def _fit(
@@ -336,7 +358,7 @@ def _fit(
     who: Who,
     body: dict[str, Any],
     headers: Mapping[str, str],
-    leads: Sequence[Lead],
+    checked: Checked,
     remember: bool,
 ) -> _Plan:
     """Fit the conversation to the chosen window, with the memory block when there is one."""
@@ -356,9 +378,9 @@ def _fit(
                 field=field,
             )
     tools = body.get("tools") or []
-    fixed = fmt.request_overhead(has_system=leads[0] == "system")
+    fixed = fmt.request_overhead(has_system=checked.leads[0] == "system")
     fixed += fmt.tools_tokens(choice.tokenizer, tools) if tools else 0
-    units, counted, keys = count_units(messages, leads, fmt, proxy.cache)
+    units, counted, keys = count_units(messages, checked, fmt, proxy.cache, proxy.conversations)
     keep_fraction = proxy.config.keep_fraction
     fitted = fit(units, cap=cap, fixed=fixed, keep_fraction=keep_fraction)
     block: Block | None = None
@@ -405,6 +427,7 @@ def _fit(
         sent=len(sent_messages),
         counted=counted,
         stored=stored,
+        conversation_tokens=fixed + sum(u.tokens for u in units),
     )
 
 
@@ -420,6 +443,7 @@ def _report(plan: _Plan, who: Who, received: int, started: float, **extra: Any) 
         "window_source": choice.window_source,
         "cap": plan.cap,
         "tokens": fitted.tokens,
+        "conversation_tokens": plan.conversation_tokens,
         "unchanged": fitted.unchanged,
         "received_messages": received,
         "sent_messages": plan.sent,
@@ -450,8 +474,9 @@ def _turn(
     """One request: the upstream body (or its relayed events), the report, and whether to send
     the body as events (None: as JSON; otherwise whether the client asked for usage)."""
     started = time.perf_counter()
-    body = _parse(raw)
-    leads = validate_messages(body.get("messages"))
+    with _collections_paused():
+        body = _parse(raw)
+        checked = proxy.conversations.check(body.get("messages"))
     who = who_of(caller.tenant, headers, body)
     wants_stream = bool(body.get("stream"))
     tools = body.get("tools") or []
@@ -462,13 +487,14 @@ def _turn(
     )
     ticket.wait(proxy.slots.timeout)
     try:
-        plan = _fit(proxy, who, body, headers, leads, who.named)
+        with _collections_paused():  # a big conversation is ~100k new objects: no GC passes
+            plan = _fit(proxy, who, body, headers, checked, who.named)
         proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
         proxy.metrics.sent_tokens.inc(plan.fitted.tokens)
         if plan.block is not None:
             proxy.metrics.memory_blocks.labels(kept=str(plan.block_kept).lower()).inc()
         if wants_stream and not tools:
-            events = _send(proxy, who, body, headers, leads, plan, stream=True)
+            events = _send(proxy, who, body, headers, checked, plan, stream=True)
             assert isinstance(events, ChunkStream)
             if events.body is None:
                 report = _report(plan, who, len(body["messages"]), started)
@@ -478,7 +504,7 @@ def _turn(
             proxy.metrics.observe_usage(payload.get("usage"))
             report = _report(plan, who, len(body["messages"]), started)
         else:
-            payload, plan, upstream_ms = _ask(proxy, who, body, headers, leads, plan)
+            payload, plan, upstream_ms = _ask(proxy, who, body, headers, checked, plan)
             report = _report(
                 plan, who, len(body["messages"]), started, upstream_ms=upstream_ms,
                 cached_tokens=cached_tokens(payload.get("usage")),
@@ -503,7 +529,7 @@ def _send(
     who: Who,
     body: dict[str, Any],
     headers: Mapping[str, str],
-    leads: Sequence[Lead],
+    checked: Checked,
     plan: _Plan,
     *,
     stream: bool,
@@ -526,7 +552,7 @@ def _send(
             if attempt or served is None or served >= plan.choice.window:
                 raise
             proxy.windows.learn(body["model"], served)
-            refitted = _fit(proxy, who, body, headers, leads, who.named)
+            refitted = _fit(proxy, who, body, headers, checked, who.named)
             plan.__dict__.update(refitted.__dict__)
     raise AssertionError("unreachable")
 
@@ -536,12 +562,12 @@ def _ask(
     who: Who,
     body: dict[str, Any],
     headers: Mapping[str, str],
-    leads: Sequence[Lead],
+    checked: Checked,
     plan: _Plan,
 ) -> tuple[dict[str, Any], _Plan, float]:
     """Ask upstream unstreamed; the answer, the plan sent, and the upstream's milliseconds."""
     began = time.perf_counter()
-    payload = _send(proxy, who, body, headers, leads, plan, stream=False)
+    payload = _send(proxy, who, body, headers, checked, plan, stream=False)
     assert isinstance(payload, dict)
     proxy.metrics.observe_usage(payload.get("usage"))
     return payload, plan, round((time.perf_counter() - began) * 1000, 2)

@@ -41,6 +41,8 @@ __all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "ProxyMemory", "Who", "who_
 SESSION_HEADER = "x-ctxwarden-session"
 USER_HEADER = "x-ctxwarden-user"
 _NAME_LIMIT = 256
+#: Messages remembered per conversation before its id table starts again.
+_KNOWN_LIMIT = 200_000
 
 
 def _name(value: Any, field: str) -> str | None:
@@ -129,11 +131,14 @@ def _record(message: Mapping[str, Any], id: str) -> dict[str, Any] | None:
 
 @dataclass
 class _Conversation:
-    """What was stored of one conversation: the messages' cache keys, in order, and how often
-    each semantic key occurred among them (for the n-th-copy ids)."""
+    """What was stored of one conversation: the last request's message keys and ids, the id of
+    every (message key, n-th occurrence) seen, and how often each semantic key was stored (for
+    the n-th-copy ids)."""
 
     keys: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    occurrences: Counter[int] = field(default_factory=Counter)
+    known: dict[tuple[int, int], str] = field(default_factory=dict)
     seen: Counter[str] = field(default_factory=Counter)
     block: Block | None = None
     question: int | None = None
@@ -184,27 +189,37 @@ class ProxyMemory:
         """Store the messages not stored yet (``keys``: their cache keys, one per message).
 
         Returns the ingest counts and every message's id (for leaving them out of retrieval).
+        A conversation that grew is looked at from where the last request ended; one whose
+        history the client changed (trimmed, edited) is looked up message by message.
         """
         state = self._conversation(who)
-        known = len(state.keys)
-        if known <= len(keys) and state.keys == list(keys[:known]):
-            # the conversation only grew: only its new messages are looked at
-            new_from, seen, ids = known, state.seen, state.ids[:known]
+        if len(state.known) > _KNOWN_LIMIT:
+            state.known.clear()  # ids restart from the conversation's start, the same ids
+            state.seen.clear()
+        done = len(state.keys)
+        if done <= len(keys) and state.keys == list(keys[:done]):
+            start, ids, occurrences = done, state.ids[:done], state.occurrences
         else:
-            new_from, seen, ids = 0, Counter(), []  # the client changed its history: recount
-        ids.extend([""] * (len(messages) - new_from))
+            start, ids, occurrences = 0, [], Counter()
         records: list[dict[str, Any]] = []
-        for index in range(new_from, len(messages)):
-            semantic = _semantic_key(messages[index])
-            seen[semantic] += 1
-            ids[index] = self._id(who, semantic, seen[semantic])
-            record = _record(messages[index], ids[index])
-            if record is not None:
-                records.append(record)
+        for index in range(start, len(messages)):
+            key = keys[index]
+            occurrences[key] += 1
+            composite = (key, occurrences[key])
+            id = state.known.get(composite)
+            if id is None:
+                semantic = _semantic_key(messages[index])
+                state.seen[semantic] += 1
+                id = self._id(who, semantic, state.seen[semantic])
+                state.known[composite] = id
+                record = _record(messages[index], id)
+                if record is not None:
+                    records.append(record)
+            ids.append(id)
         counts = self._ingest(who, records)
         state.keys = list(keys)
         state.ids = ids
-        state.seen = seen
+        state.occurrences = occurrences
         return counts, ids
 
     def _ingest(self, who: Who, records: list[dict[str, Any]]) -> dict[str, int]:
