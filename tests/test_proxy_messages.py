@@ -400,3 +400,50 @@ def test_beta_requests_as_claude_code_sends_them(rig: Rig) -> None:
         model=CLAUDE, messages=[{"role": "user", "content": "hi"}]
     )
     assert counted.input_tokens > 0
+
+
+def test_an_upstream_that_cannot_count_is_asked_once_then_the_margin_is_used(
+    uncounted: Rig,
+) -> None:
+    uncounted.upstream._queue.extend([Step("a"), Step("b")])
+    messages: list[Any] = []
+    for n in range(100):
+        messages += [
+            {"role": "user", "content": f"question {n}: " + "lorem ipsum " * 20},
+            {"role": "assistant", "content": f"answer {n}"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    for _ in range(2):
+        raw = uncounted.client.messages.with_raw_response.create(
+            model="claude-tiny", max_tokens=256, messages=messages
+        )
+        report = json.loads(raw.headers["x-ctxwarden-report"])
+        assert "counted_by" not in report
+        assert report["unchanged"] is False
+        assert report["tokens"] <= report["cap"]
+    assert len(uncounted.counted()) == 1  # the 404 is remembered
+    sent = uncounted.sent()[-1]["messages"]
+    assert sent[-1] == messages[-1]
+    assert sent == messages[len(messages) - len(sent) :]
+
+
+def test_a_window_header_names_the_window_of_any_model(rig: Rig) -> None:
+    rig.upstream._queue.append(Step("ok"))
+    messages: list[Any] = []
+    for n in range(40):
+        messages += [
+            {"role": "user", "content": f"question {n}: " + "lorem ipsum " * 20},
+            {"role": "assistant", "content": f"answer {n}"},
+        ]
+    messages.append({"role": "user", "content": "and now?"})
+    raw = rig.client.messages.with_raw_response.create(
+        model="claude-sonnet-5",
+        max_tokens=256,
+        messages=messages,
+        extra_headers={"X-Ctxwarden-Window": "3000"},
+    )
+    report = json.loads(raw.headers["x-ctxwarden-report"])
+    assert report["window"] == 3000
+    assert report["window_source"] == "header"
+    assert report["unchanged"] is False
+    assert stand_in_count({"messages": rig.sent()[0]["messages"]}) <= report["cap"]
