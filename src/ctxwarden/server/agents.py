@@ -17,7 +17,6 @@ message after the system part.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +42,6 @@ from ctxwarden.wirefit import CostCache, Pricer
 
 __all__ = ["CLAUDE_FACTOR", "Budget", "Shared", "Turn", "install_agent_apis"]
 
-log = logging.getLogger(__name__)
-
 REPORT_HEADER = "x-ctxwarden-report"
 #: Claude's tokenizer is not public: without the upstream's count endpoint, o200k times this.
 #: An estimate, not measured here (no Claude tokenizer is available offline); the report says
@@ -52,6 +49,7 @@ REPORT_HEADER = "x-ctxwarden-report"
 CLAUDE_FACTOR = 1.35
 #: The window assumed for a Claude model the registry does not know.
 CLAUDE_WINDOW = 200_000
+#: The reply reserve of a Claude model the registry does not know (a request's max_tokens wins).
 CLAUDE_MAX_OUTPUT = 8192
 
 
@@ -249,12 +247,12 @@ def report_header(report: Mapping[str, Any]) -> str:
     return json.dumps(report, separators=(",", ":"), ensure_ascii=True)
 
 
-def remember_and_recall(
+def remember_conversation(
     shared: Shared, turn: Turn, texts: Sequence[tuple[str, str]]
 ) -> frozenset[str]:
     """Store the conversation's ``(role, text)`` messages in the scope the client named, with
-    the chat path's helper (:class:`ProxyMemory`: nothing without a name); the stored ids, to
-    leave them out of retrieval."""
+    the chat path's helper (:class:`ProxyMemory`: nothing without a name); their ids, which
+    retrieval (:func:`with_memory`) leaves out."""
     if not turn.remember:
         return frozenset()
     messages = [{"role": role, "content": text} for role, text in texts]

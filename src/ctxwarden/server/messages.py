@@ -45,7 +45,7 @@ from ctxwarden.server.agents import (
     principal,
     refuse_redirects,
     relay,
-    remember_and_recall,
+    remember_conversation,
     remember_reply,
     report_header,
     take_slot,
@@ -346,7 +346,7 @@ def _turn(
     try:
         _fit(shared, anthropic, turn, body, forwarded)  # before storing: a refusal stores nothing
         texts, question = _texts(body)
-        exclude = remember_and_recall(shared, turn, texts)
+        exclude = remember_conversation(shared, turn, texts)
         outgoing = _render(
             shared, anthropic, turn, body, forwarded, question=question, exclude=exclude
         )

@@ -39,7 +39,7 @@ from ctxwarden.server.agents import (
     principal,
     refuse_redirects,
     relay,
-    remember_and_recall,
+    remember_conversation,
     remember_reply,
     report_header,
     take_slot,
@@ -186,7 +186,7 @@ def _turn(
         texts, question = _texts(body)
         # a request that cannot be fitted stores nothing: fit first
         fit_turn(shared, turn, plan.units, plan.fixed)
-        exclude = remember_and_recall(shared, turn, texts)
+        exclude = remember_conversation(shared, turn, texts)
         fitted = with_memory(shared, turn, question=question, exclude=exclude)
         block = turn.block.text if turn.block is not None else None
         outgoing = fit_responses.render(body, plan.units, fitted, block)
