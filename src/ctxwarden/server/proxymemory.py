@@ -34,13 +34,13 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import InputError
 from ctxwarden.server.chatfit import message_text
 from ctxwarden.tokens import ChatFormat
-from ctxwarden.types import Memory
+from ctxwarden.types import Memory, check_scope_name
 
 __all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "ProxyMemory", "Who", "who_of"]
 
 SESSION_HEADER = "x-ctxwarden-session"
 USER_HEADER = "x-ctxwarden-user"
-_NAME_LIMIT = 256
+_NAME_LIMIT = 500
 #: Messages remembered per conversation before its id table starts again.
 _KNOWN_LIMIT = 200_000
 
@@ -48,13 +48,13 @@ _KNOWN_LIMIT = 200_000
 def _name(value: Any, field: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise InputError("must be a string", field=field)
-    name: str = value.strip()
-    if not name:
-        return None
-    if len(name) > _NAME_LIMIT or "\x00" in name:
-        raise InputError(f"must be at most {_NAME_LIMIT} characters, without NUL", field=field)
+    if isinstance(value, str) and not value.strip():
+        return None  # an empty user or header names nobody
+    # the store's rule for session and user names (no NUL, no lone surrogate); the limit leaves
+    # room for the "user:" prefix of an end user's own session
+    name = check_scope_name(value.strip() if isinstance(value, str) else value, field)
+    if len(name) > _NAME_LIMIT:
+        raise InputError(f"longer than {_NAME_LIMIT} characters", field=field)
     return name
 
 
