@@ -126,8 +126,9 @@ class ProxyConfig:
     request naming neither is never remembered). ``memory_tokens``: the largest memory block.
     ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
     ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
-    upstream the window it serves. ``server``: body limit (32 MiB by default), concurrency gate
-    and authentication.
+    upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
+    the default allows 32 MiB bodies (:data:`DEFAULT_MAX_BODY_BYTES`), a :class:`ServerConfig`
+    of your own has its own default (1 MiB): pass ``max_body_bytes`` with it.
     """
 
     destructive: tuple[str, ...] = ()
