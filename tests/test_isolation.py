@@ -315,3 +315,113 @@ def test_mcp_remember_pins_for_the_scope_asked_and_recall_follows_the_user(
 
     anyio.run(main)
     assert engine.stats()["memories"] == 2  # the refused note stored nothing
+
+
+def test_http_bad_scope_arguments_name_the_field_and_store_nothing(engine: Engine) -> None:
+    import httpx
+
+    from ctxwarden.server.http import create_app
+    from serving import serve
+
+    with serve(create_app(engine)) as url, httpx.Client(base_url=url) as client:
+        r = client.post("/v1/search", json={"query": "x", "scope": "user"})
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "user"
+        r = client.post("/v1/assemble", json={"session": "s", "scope": "everyone"})
+        assert r.status_code == 422
+        assert "scope" in r.json()["error"]["field"]
+        r = client.post(
+            "/v1/ingest",
+            json={"records": [{"id": "a", "content": "fine"}], "user": "bad\u0000name"},
+        )
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "user"
+        r = client.post(
+            "/v1/ingest",
+            json={"records": [{"id": "a", "content": "fine"}, {"content": "x", "user": 5}]},
+        )
+        assert r.status_code == 422
+        assert r.json()["error"]["field"] == "user"
+        assert client.get("/v1/stats").json()["memories"] == 0
+        ok = client.post(
+            "/v1/ingest", json={"records": [{"id": "a", "content": "fine"}], "user": "alice"}
+        )
+        assert ok.status_code == 200
+        assert client.get("/v1/memories/a", params={"user": "alice"}).status_code == 200
+        assert client.get("/v1/memories/a", params={"user": "bob"}).status_code == 404
+        assert client.get("/v1/stats", params={"user": "bob"}).json()["memories"] == 0
+        assert client.get("/v1/stats", params={"scope": "user"}).status_code == 422
+        pinned = client.post("/v1/memories/a/pin", params={"scope": "user"})
+        assert pinned.status_code == 200
+        pins = client.get("/v1/pins", params={"user": "alice", "session": "other"}).json()
+        assert [p["id"] for p in pins["pins"]] == ["a"]
+        assert client.get("/v1/pins", params={"user": "bob"}).json()["pins"] == []
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["u1", "u2", None]),
+            st.sampled_from(["s1", "s2", "s3"]),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    limit=st.integers(min_value=1, max_value=30),
+    reader=st.tuples(st.sampled_from(["u1", "u2", None]), st.sampled_from(["s1", "s2", None])),
+    wide=st.sampled_from([None, "user", "tenant"]),
+)
+def test_search_returns_exactly_the_scopes_best(
+    engine: Engine,
+    rows: list[tuple[str | None, str, bool]],
+    limit: int,
+    reader: tuple[str | None, str | None],
+    wide: str | None,
+) -> None:
+    """Whatever the records and the reader: every hit is in the scope, and the hit count is
+    min(limit, the scope's matching records): no other scope's rows crowd them out."""
+    engine.delete_tenant()
+    records = [
+        {"id": f"r{i}", "user": user, "session": session,
+         "content": f"zeta report number {i}" if hit else f"other words {i}",
+         "created_at": T0 + i}
+        for i, (user, session, hit) in enumerate(rows)
+    ]  # fmt: skip
+    engine.ingest([{k: v for k, v in r.items() if v is not None} for r in records], fold=False)
+    user, session = reader
+    if wide == "user" and user is None:
+        with pytest.raises(InputError):
+            engine.search("zeta", user=user, session=session, scope="user")
+        return
+    hits = engine.search("zeta", user=user, session=session, scope=wide, limit=limit)  # type: ignore[arg-type]
+    scope = resolve(session=session, user=user, scope=wide)
+    expected = {
+        r["id"]
+        for r in records
+        if "zeta" in str(r["content"])
+        and (scope.session is None or r["session"] == scope.session)
+        and (scope.user is None or r["user"] == scope.user)
+    }
+    got = {m.id for m, _ in hits}
+    assert got <= expected
+    assert len(got) == min(limit, len(expected))
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": "ok", "fold": False},
+    ],
+)
+def test_nothing_folds_into_a_transcript_turn_later(engine: Engine, stored: dict[str, Any]) -> None:
+    fold = stored.pop("fold", True)
+    engine.ingest([{"id": "first", "session": "s", "created_at": T0, **stored}], fold=fold)
+    later = engine.ingest([{"id": "later", "session": "s", "content": "ok", "created_at": T0 + 5}])
+    assert later.outcomes[0].status == "stored"
+    assert engine.get("first").dup_count == 1

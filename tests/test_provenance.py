@@ -170,7 +170,7 @@ def test_retrieved_content_is_quoted_data_outside_the_system_message(
     )  # fmt: skip
     context = signed_engine.assemble(
         session="s1", query="what is the vault code?", system="You help.", tenant="acme",
-        model="gpt-4o",
+        model="gpt-4o", scope="tenant",  # another session's message: the tenant's history
     )  # fmt: skip
     roles = [m["role"] for m in context.messages]
     assert roles == ["system", "user", "user", "user"]

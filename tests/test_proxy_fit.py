@@ -88,6 +88,10 @@ def test_continue_three_times_goes_upstream_as_sent(rig: Rig) -> None:
     assert sent["top_k"] == 5
     assert sent["vendor_field"] == {"a": [1, 2]}
     assert report(raw)["unchanged"] is True
+    # stored as a transcript: every "continue" its own memory, nothing folded
+    stored = [m for m in rig.engine.store.iter_memories("default") if m.content == "continue"]
+    assert len(stored) == 3
+    assert all(m.dup_count == 1 for m in stored)
 
 
 def test_a_body_over_one_mebibyte_is_accepted_and_fitted(rig: Rig) -> None:

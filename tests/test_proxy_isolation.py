@@ -146,3 +146,13 @@ def test_canary_50_end_users_under_one_key_and_20_tenants_leak_nothing(rig: Rig)
     # the memory works (each asker's own word comes back), so the zero is not for want of it
     asked = prompts[len(people) :]
     assert all(canary[owner] in prompt for prompt, owner in zip(asked, people, strict=True))
+
+
+def test_a_bad_end_user_name_gets_400_naming_it_and_stores_nothing(rig: Rig) -> None:
+    with rig.client(0) as client, pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], user="a\x00b"
+        )
+    assert "'user'" in str(caught.value)
+    assert rig.engine.stats(tenant="tenant-0")["memories"] == 0
+    assert rig.upstream.chat_requests() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,13 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
         client.close()
 
 
+def wait_for_memories(engine: Engine, count: int) -> None:
+    """Until ``count`` memories are stored: a reply is stored just after its answer is sent."""
+    deadline = time.monotonic() + 10
+    while engine.stats()["memories"] < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def call(id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -98,6 +106,7 @@ def test_two_turns_ingest_only_what_is_new(rig: Rig) -> None:
     assert sent.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert CLIENT_KEY not in json.dumps(sent.headers) + json.dumps(sent.body)
 
+    wait_for_memories(rig.engine, 2)  # the reply is stored once the answer is sent
     second = [
         *first,
         reply.choices[0].message.model_dump(exclude_none=True),
@@ -111,7 +120,8 @@ def test_two_turns_ingest_only_what_is_new(rig: Rig) -> None:
     # only the new messages are looked at: the echoed reply is known, the question is new
     assert report["stored"] == {"stored": 1, "known": 1}
     assert rig.upstream.chat_requests()[1].body["messages"] == second
-    assert rig.engine.stats()["memories"] == 4  # two user turns, two stored replies
+    wait_for_memories(rig.engine, 4)  # two user turns, two replies
+    assert rig.engine.stats()["memories"] == 4
 
 
 @pytest.mark.parametrize("rig", [["ok"]], indirect=True)

@@ -56,6 +56,7 @@ __all__ = [
     "BOT_CHANGE_WORDS",
     "DEFAULT_CONFIG",
     "REPOST_MARKERS",
+    "UNFOLDABLE",
     "DedupeCandidate",
     "DedupeConfig",
     "FoldDecision",
@@ -66,6 +67,7 @@ __all__ = [
     "near_key",
     "scope_kinds",
     "skeleton",
+    "unfoldable_hash",
 ]
 
 Scope = Literal["channel_or_session", "channel", "session"]
@@ -145,6 +147,22 @@ def exact_key(
     True
     """
     return _digest128(author or "", canonical(content), canonical(attachment_text(attachments)))
+
+
+#: Leads the ``content_hash`` of a message no layer may fold into: an agent's transcript
+#: (assistant and tool turns), a tool call, an untrusted record, a record ingested with
+#: ``fold=False``. Layer A looks targets up by ``content_hash`` = :func:`exact_key` (32 hex
+#: digits), which never starts with it, so a person's "ok" never folds into the agent's "ok".
+UNFOLDABLE = "~"
+
+
+def unfoldable_hash(key: str) -> str:
+    """The ``content_hash`` of a message no record may fold into (see :data:`UNFOLDABLE`).
+
+    >>> unfoldable_hash("ab12")
+    '~ab12'
+    """
+    return UNFOLDABLE + key
 
 
 def skeleton(masked: str) -> tuple[str, ...]:

@@ -54,6 +54,7 @@ from ctxwarden.dedupe import (
     exact_key,
     exact_scopes,
     scope_kinds,
+    unfoldable_hash,
 )
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.errors import (
@@ -531,6 +532,9 @@ class Engine:
                 content_hash = exact_key(
                     author=record.author, content=record.content, attachments=record.attachments
                 )
+                if record.kind == "message":
+                    # Never a layer-A target either: a later record must not fold into it.
+                    content_hash = unfoldable_hash(content_hash)
             add(_Prepared(record, record_id, created, content_hash, candidate))
         for attempt in range(_WRITE_ATTEMPTS):
             try:

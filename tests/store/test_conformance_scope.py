@@ -168,7 +168,9 @@ def test_end_user_migration_keeps_old_pins_tenant_wide(
         "INSERT INTO memories (id, tenant, session, author_kind, role, content, created_at, "
         "kind, content_hash, last_seen_at, pinned) VALUES "
         "('pin', 't', 's', 'human', 'user', 'old pin', 10.0, 'message', 'h1', 10.0, {true}), "
-        "('msg', 't', 's', 'human', 'user', 'old message', 20.0, 'message', 'h2', 20.0, {false})"
+        "('msg', 't', 's', 'human', 'user', 'old message', 20.0, 'message', 'h2', 20.0, {false}), "
+        "('bot', 't', 's', 'agent', 'assistant', 'old reply', 30.0, 'message', 'h3', 30.0, "
+        "{false})"
     )
     opened: Store
     if backend == "sqlite":
@@ -198,6 +200,9 @@ def test_end_user_migration_keeps_old_pins_tenant_wide(
         opened = PostgresStore(dsn)
     try:
         assert opened.get("t", "msg").user is None
+        # an agent's old turn is no fold target any more; a person's message still is
+        assert opened.get("t", "bot").content_hash == "~h3"
+        assert opened.get("t", "msg").content_hash == "h2"
         elsewhere = ReadScope(kind="session", session="other", user="someone")
         assert [m.id for m in opened.pinned("t", scope=elsewhere)] == ["pin"]
         assert opened.stats("t", scope=USER_ALICE)["memories"] == 0

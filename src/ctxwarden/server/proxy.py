@@ -46,7 +46,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +55,7 @@ import httpx
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ctxwarden.engine import Engine
@@ -127,8 +128,9 @@ class ProxyConfig:
     request naming neither is never remembered). ``memory_tokens``: the largest memory block.
     ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
     ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
-    upstream the window it serves. ``server``: body limit (32 MiB by default), concurrency gate
-    and authentication.
+    upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
+    the default allows 32 MiB bodies (:data:`DEFAULT_MAX_BODY_BYTES`), a :class:`ServerConfig`
+    of your own has its own default (1 MiB): pass ``max_body_bytes`` with it.
     """
 
     destructive: tuple[str, ...] = ()
@@ -269,17 +271,27 @@ def create_proxy_app(
         """Fit the conversation, remember it when named, ask upstream, check tool calls."""
         caller.require("write")
         raw = await request.body()
-        payload, report, stream = await run_in_threadpool(
+        payload, report, stream, after = await run_in_threadpool(
             _turn, proxy, caller, raw, {k.lower(): v for k, v in request.headers.items()}
         )
         header = {REPORT_HEADER: _report_header(report)}
+        # the reply is stored after the answer is sent (see _after)
+        background = BackgroundTask(after) if after is not None else None
         if not isinstance(payload, dict):  # the upstream's own stream, relayed
             return StreamingResponse(payload, media_type="text/event-stream", headers=header)
         if stream is not None:
             return StreamingResponse(
-                _sse(payload, include_usage=stream), media_type="text/event-stream", headers=header
+                _sse(payload, include_usage=stream),
+                media_type="text/event-stream",
+                headers=header,
+                background=background,
             )
-        return Response(orjson.dumps(payload), media_type="application/json", headers=header)
+        return Response(
+            orjson.dumps(payload),
+            media_type="application/json",
+            headers=header,
+            background=background,
+        )
 
     install_agent_apis(app, engine, upstream, anthropic)  # /v1/responses, /v1/messages
     app.add_middleware(LimitsMiddleware, config=config.server, metrics=metrics)
@@ -470,9 +482,12 @@ def _report(plan: _Plan, who: Who, received: int, started: float, **extra: Any) 
 
 def _turn(
     proxy: _Proxy, caller: Principal, raw: bytes, headers: Mapping[str, str]
-) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any], bool | None]:
-    """One request: the upstream body (or its relayed events), the report, and whether to send
-    the body as events (None: as JSON; otherwise whether the client asked for usage)."""
+) -> tuple[
+    dict[str, Any] | Iterator[bytes], dict[str, Any], bool | None, Callable[[], None] | None
+]:
+    """One request: the upstream body (or its relayed events), the report, whether to send the
+    body as events (None: as JSON; otherwise whether the client asked for usage), and what to
+    do once the answer is sent (store the reply)."""
     started = time.perf_counter()
     with _collections_paused():
         body = _parse(raw)
@@ -486,6 +501,7 @@ def _turn(
         f"{who.tenant}\x00{who.user}\x00{who.session}" if who.named else uuid.uuid4().hex
     )
     ticket.wait(proxy.slots.timeout)
+    handed = False  # to the relay of a stream, which releases it when the stream ends
     try:
         with _collections_paused():  # a big conversation is ~100k new objects: no GC passes
             plan = _fit(proxy, who, body, headers, checked, who.named)
@@ -499,7 +515,8 @@ def _turn(
             if events.body is None:
                 report = _report(plan, who, len(body["messages"]), started)
                 # the relay releases the ticket when the stream ends
-                return _relay(proxy, who, events, ticket), report, None
+                handed = True
+                return _relay(proxy, who, events, ticket), report, None, None
             payload = events.body  # the upstream did not stream: sent on as events
             proxy.metrics.observe_usage(payload.get("usage"))
             report = _report(plan, who, len(body["messages"]), started)
@@ -513,15 +530,14 @@ def _turn(
             tool_report = _checked(proxy, payload, body["model"], tools)
             if tool_report is not None:
                 report["tool_calls"] = tool_report
-        _store_reply(proxy, who, payload)
-    except BaseException:
-        ticket.release()
-        raise
-    ticket.release()
+        after = _after(proxy, who, payload)
+    finally:
+        if not handed:
+            ticket.release()
     stream: bool | None = None
     if wants_stream:
         stream = bool((body.get("stream_options") or {}).get("include_usage"))
-    return payload, report, stream
+    return payload, report, stream, after
 
 
 def _send(
@@ -582,10 +598,24 @@ def _answer(payload: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _store_reply(proxy: _Proxy, who: Who, payload: Mapping[str, Any]) -> None:
+def _after(proxy: _Proxy, who: Who, payload: Mapping[str, Any]) -> Callable[[], None] | None:
+    """Storing the reply, to run once the answer is sent. Its id is fixed now, while the turn
+    holds its slot: it is the id the client's echo of the reply gets, so if the next turn comes
+    first (or the client hung up and this never runs), the echo stores it and this is known."""
     answer = _answer(payload)
-    if answer is not None and who.named:
-        proxy.memory.remember_reply(who, answer)
+    if answer is None or not who.named:
+        return None
+    record = proxy.memory.reply_record(who, answer)
+    if record is None:
+        return None
+
+    def store() -> None:
+        try:
+            proxy.memory.store(who, [record])
+        except CtxwardenError:
+            log.exception("storing the reply failed; the client's echo of it will store it")
+
+    return store
 
 
 def _checked(

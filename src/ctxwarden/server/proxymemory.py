@@ -34,13 +34,13 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import InputError
 from ctxwarden.server.chatfit import message_text
 from ctxwarden.tokens import ChatFormat
-from ctxwarden.types import Memory
+from ctxwarden.types import Memory, check_scope_name
 
 __all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "ProxyMemory", "Who", "who_of"]
 
 SESSION_HEADER = "x-ctxwarden-session"
 USER_HEADER = "x-ctxwarden-user"
-_NAME_LIMIT = 256
+_NAME_LIMIT = 500
 #: Messages remembered per conversation before its id table starts again.
 _KNOWN_LIMIT = 200_000
 
@@ -48,13 +48,13 @@ _KNOWN_LIMIT = 200_000
 def _name(value: Any, field: str) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise InputError("must be a string", field=field)
-    name: str = value.strip()
-    if not name:
-        return None
-    if len(name) > _NAME_LIMIT or "\x00" in name:
-        raise InputError(f"must be at most {_NAME_LIMIT} characters, without NUL", field=field)
+    if isinstance(value, str) and not value.strip():
+        return None  # an empty user or header names nobody
+    # the store's rule for session and user names (no NUL, no lone surrogate); the limit leaves
+    # room for the "user:" prefix of an end user's own session
+    name = check_scope_name(value.strip() if isinstance(value, str) else value, field)
+    if len(name) > _NAME_LIMIT:
+        raise InputError(f"longer than {_NAME_LIMIT} characters", field=field)
     return name
 
 
@@ -73,7 +73,8 @@ class Who:
 
     @property
     def conversation(self) -> str:
-        """Where the messages are stored: the session, else the end user's own session."""
+        """The session the messages are stored in: the named one, else the end user's own (the
+        records carry the end user too, so a user-scope read finds all of their sessions)."""
         if self.session is not None:
             return self.session
         return f"user:{self.user}"
@@ -180,7 +181,9 @@ class ProxyMemory:
             return state
 
     def _id(self, who: Who, semantic: str, copy: int) -> str:
-        raw = f"{who.conversation}\x00{semantic}\x00{copy}".encode("utf-8", "surrogatepass")
+        raw = f"{who.user}\x00{who.conversation}\x00{semantic}\x00{copy}".encode(
+            "utf-8", "surrogatepass"
+        )
         return f"px-{xxhash.xxh3_128_hexdigest(raw)}"
 
     def remember(
@@ -225,23 +228,37 @@ class ProxyMemory:
     def _ingest(self, who: Who, records: list[dict[str, Any]]) -> dict[str, int]:
         if not records:
             return {}
-        result = self.engine.ingest(records, tenant=who.tenant, session=who.conversation)
+        result = self.engine.ingest(
+            records, tenant=who.tenant, session=who.conversation, user=who.user, fold=False
+        )
         return {status: count for status, count in result.counts.items() if count}
 
-    def remember_reply(self, who: Who, message: Mapping[str, Any]) -> None:
-        """Store the upstream's reply under the id the client's echo of it will get."""
+    def reply_record(self, who: Who, message: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The upstream's reply as a record, under the id the client's echo of it will get
+        (so whichever is stored first, the other is ``known``)."""
         state = self._conversation(who)
-        semantic = _semantic_key({**message, "role": "assistant"})
-        record = _record(
-            {**message, "role": "assistant"}, self._id(who, semantic, state.seen[semantic] + 1)
-        )
+        reply = {**message, "role": "assistant"}
+        semantic = _semantic_key(reply)
+        return _record(reply, self._id(who, semantic, state.seen[semantic] + 1))
+
+    def store(self, who: Who, records: list[dict[str, Any]]) -> dict[str, int]:
+        """Store ``records`` for ``who`` verbatim (never folded); the non-zero counts."""
+        return self._ingest(who, records)
+
+    def remember_reply(self, who: Who, message: Mapping[str, Any]) -> None:
+        """Store the upstream's reply (see :meth:`reply_record`)."""
+        record = self.reply_record(who, message)
         if record is not None:
             self._ingest(who, [record])
 
     def _search(self, who: Who, query: str, limit: int) -> list[Memory]:
-        """The one place retrieval is scoped: the narrowest scope the request named."""
-        found = self.engine.search(query, tenant=who.tenant, limit=limit * 4)
-        return [m for m, _ in found if m.session == who.conversation][:limit]
+        """The one place retrieval is scoped: the narrowest scope the request named (the
+        session, of that end user when one is named; else the end user), filtered in the store
+        query."""
+        found = self.engine.search(
+            query, tenant=who.tenant, session=who.session, user=who.user, limit=limit
+        )
+        return [memory for memory, _ in found]
 
     def block(
         self,

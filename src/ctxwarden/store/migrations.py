@@ -68,7 +68,10 @@ lookup of a few keys probes each bucket of the window for each key (a dozen inde
 1-hour window) instead of reading every index entry of the window.
 Migration 11 (``end_user``) adds ``memories.end_user`` (the record's ``user``: the end user a
 memory belongs to, NULL for none) and ``memories_user`` on (tenant, end_user, kind, created_at,
-rowid) for reads scoped to an end user, and recreates ``memory_rows``.
+rowid) for reads scoped to an end user, ``memories.pin_scope`` (where a pin shows; pins made
+before become tenant pins, as they were shown), marks messages no record may fold into (an
+agent's turns, tool calls and results, untrusted records: ``content_hash`` prefixed with
+``dedupe.UNFOLDABLE``), and recreates ``memory_rows``.
 """
 
 from __future__ import annotations
@@ -433,6 +436,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             # Where a pinned memory is visible: NULL its own session, 'user' its end user's
             # sessions, 'tenant' everywhere. Pins made before were visible tenant-wide.
             "ALTER TABLE memories ADD COLUMN pin_scope TEXT",
+            # Messages no record may fold into (dedupe.UNFOLDABLE): an agent's turns, tool
+            # calls and results, untrusted records; ingest marks them so from now on.
+            """UPDATE memories SET content_hash = '~' || content_hash
+               WHERE kind = 'message' AND content_hash NOT LIKE '~%'
+               AND (role IN ('assistant', 'tool') OR tool_calls IS NOT NULL
+                    OR metadata LIKE '%"trusted": false%')""",
             "UPDATE memories SET pin_scope = 'tenant' WHERE pinned = 1",
             # scope="user" reads (history, pinned, summaries, stats) seek by end user.
             """CREATE INDEX memories_user

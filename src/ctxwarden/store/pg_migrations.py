@@ -307,6 +307,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             # Where a pinned memory is visible: NULL its own session, 'user' its end user's
             # sessions, 'tenant' everywhere. Pins made before were visible tenant-wide.
             "ALTER TABLE memories ADD COLUMN pin_scope TEXT",
+            # Messages no record may fold into (dedupe.UNFOLDABLE): an agent's turns, tool
+            # calls and results, untrusted records; ingest marks them so from now on.
+            """UPDATE memories SET content_hash = '~' || content_hash
+               WHERE kind = 'message' AND content_hash NOT LIKE '~%'
+               AND (role IN ('assistant', 'tool') OR tool_calls IS NOT NULL
+                    OR metadata LIKE '%"trusted": false%')""",
             "UPDATE memories SET pin_scope = 'tenant' WHERE pinned",
             """CREATE INDEX memories_user
                ON memories (tenant, end_user, kind, created_at, rowid)

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ctxwarden.errors import ConflictError, InputError, StoreError
-from ctxwarden.scope import ReadScope, in_scope
+from ctxwarden.scope import ReadScope
 from ctxwarden.store import migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -869,9 +869,8 @@ class SQLiteStore(MemoryReads):
         scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
-        Only memories in ``scope`` (the tenant's when None) are returned: a page whose rows are
-        mostly other scopes' falls back to one joined query filtered by the scope, over every
-        match when the scope is narrower than the tenant (never the newest budget only).
+        Only memories in ``scope`` (the tenant's when None) are returned: a scope narrower than
+        the tenant ranks every match of its own rows (:meth:`_search_scope`).
         Rows in ``known`` (this tenant's memories by rowid, read earlier in the same retrieval)
         are not read again: a bridge hop's hits were ~60 % of them (~4 us a row read).
 
@@ -907,15 +906,14 @@ class SQLiteStore(MemoryReads):
                 (match, budget - 1),
             )
             floor = int(oldest[0][0]) if oldest else 0
+        scope_filter, scope_params = scope_sql(scope)
+        if scope_filter:
+            return self._search_scope(tenant, match, limit, scope_filter, scope_params, known)
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
         # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
         # whose own sorter keeps every matching row (~1.5x the time).
         page = limit * 2
-        scope_filter, scope_params = scope_sql(scope)
-        # "+": the rowid look-up stays the plan (not a scan of a session or user index).
-        plus_scope = re.sub(r"AND (session|end_user) =", r"AND +\1 =", scope_filter)
-        m_scope, _ = scope_sql(scope, "m.")
         ranked_rows = self._query(
             "SELECT rowid, bm25(memories_fts) AS score FROM memories_fts "
             "WHERE memories_fts MATCH ? AND rowid >= ? ORDER BY score, rowid LIMIT ?",
@@ -937,7 +935,7 @@ class SQLiteStore(MemoryReads):
                 unread = []
                 for rowid in chunk:
                     memory = known.get(rowid)
-                    if memory is not None and memory.tenant == tenant and in_scope(memory, scope):
+                    if memory is not None and memory.tenant == tenant:
                         found.append((memory, -rank[rowid]))
                     else:
                         unread.append(rowid)
@@ -947,24 +945,67 @@ class SQLiteStore(MemoryReads):
             marks = ",".join("?" * len(chunk))
             for row in self._query(
                 f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
-                f"AND +tenant = ?{plus_scope}",
-                [*chunk, tenant, *scope_params],
+                "AND +tenant = ?",
+                [*chunk, tenant],
             ):
                 found.append((memory_of(row), -rank[int(row[0])]))
-        if len(found) < limit and (len(ranked_rows) == page or (scope_filter and floor)):
-            # A narrower scope is ranked over all its matches: the newest budget of the
-            # tenant's may hold none of its rows.
+        if len(found) < limit and len(ranked_rows) == page:
             rows = self._query(
                 f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "
                 "bm25(memories_fts) AS rank FROM memories_fts JOIN memory_rows m "
                 "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? "
-                f"AND memories_fts.rowid >= ? AND m.tenant = ?{m_scope} "
-                "ORDER BY rank, m.rowid LIMIT ?",
-                (match, 0 if scope_filter else floor, tenant, *scope_params, limit),
+                "AND memories_fts.rowid >= ? AND m.tenant = ? ORDER BY rank, m.rowid LIMIT ?",
+                (match, floor, tenant, limit),
             )
             return [(memory_of(r[:-1]), -float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found[:limit]
+
+    def _search_scope(
+        self,
+        tenant: str,
+        match: str,
+        limit: int,
+        scope_filter: str,
+        scope_params: list[Any],
+        known: Mapping[int, Memory] | None,
+    ) -> list[tuple[Memory, float]]:
+        """:meth:`search` within a session's or an end user's memories: every match of the
+        scope ranked (never the tenant's newest budget, which may hold none of them), FTS5
+        bounded to the scope's rowid range (a live conversation's rows are a narrow range of
+        the store, so the join reads few rows it then drops), then the best ``limit`` read."""
+        lo, hi = self._query(
+            f"SELECT min(rowid), max(rowid) FROM memories WHERE tenant = ?{scope_filter}",
+            [tenant, *scope_params],
+        )[0]
+        if lo is None:
+            return []
+        m_scope = scope_filter.replace(" AND ", " AND m.")
+        ranked = self._query(
+            "SELECT memories_fts.rowid, bm25(memories_fts) AS score FROM memories_fts "
+            "JOIN memories m ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? "
+            f"AND memories_fts.rowid BETWEEN ? AND ? AND m.tenant = ?{m_scope} "
+            "ORDER BY score, memories_fts.rowid LIMIT ?",
+            [match, lo, hi, tenant, *scope_params, limit],
+        )
+        rank: dict[int, float] = dict(ranked)
+        rows: dict[int, Memory] = {}
+        unread = []
+        for rowid in rank:
+            memory = known.get(rowid) if known else None
+            if memory is not None and memory.tenant == tenant:
+                rows[rowid] = memory
+            else:
+                unread.append(rowid)
+        for start in range(0, len(unread), 500):
+            chunk = unread[start : start + 500]
+            for row in self._query(
+                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ):
+                rows[int(row[0])] = memory_of(row)
+        return [(rows[r], -rank[r]) for r in rank if r in rows]
 
     def _term_rows(self, quoted: str) -> int:
         """Rows holding the (quoted) term, counted up to COMMON_TERM_ROWS; cached 10 minutes."""
