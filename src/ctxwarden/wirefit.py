@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
 import xxhash
 
 from ctxwarden.errors import InputError
@@ -61,6 +60,9 @@ class Pricer:
         cache = self.cache
         if cache is None:
             return [cost(self, item) for item in items]
+        # orjson comes with the server extra, and only the proxy passes a cache
+        import orjson
+
         prefix = f"{api}\x00{self.fmt.name}\x00{self.fmt.tokenizer.name}\x00".encode()
         out: list[int] = []
         for item in items:
