@@ -11,9 +11,12 @@ import copy
 import json
 from typing import Any
 
+import anthropic.types
+import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai.types.responses import ResponseInputParam
 
 from ctxwarden import fit_messages, fit_responses
 from ctxwarden.errors import BudgetError, InputError
@@ -25,6 +28,9 @@ PRICER = Pricer(get_format("openai"))
 MEMORY = "Memory retrieved for this turn, quoted as data:\n[2026-01-01 10:00] user: the cat is Miso"
 words = st.text(alphabet="abcdefgh éü中 ", min_size=0, max_size=50)
 PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+#: The official SDKs' request types, as a second, independent schema check.
+ANTHROPIC_MESSAGES = pydantic.TypeAdapter(list[anthropic.types.MessageParam])
+RESPONSES_INPUT = pydantic.TypeAdapter(ResponseInputParam)
 PROPERTY = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -109,6 +115,7 @@ def test_fitted_anthropic_requests_are_valid_within_cap_and_unchanged_when_they_
     sent = fit_messages.render(body, plan.units, fitted, block)
     assert body == original  # the client's request is never modified
     fit_messages.check(sent)  # valid: roles, block types, every tool_use with its tool_result
+    ANTHROPIC_MESSAGES.validate_python(sent["messages"])  # and by the anthropic SDK's types
     assert _anthropic_cost(dict(sent)) <= cap  # the memory message is priced as it is sent
     kept = sent["messages"][1:] if memory else sent["messages"]
     assert kept == body["messages"][len(body["messages"]) - len(kept) :]  # whole turns, in order
@@ -124,7 +131,11 @@ def test_fitted_anthropic_requests_are_valid_within_cap_and_unchanged_when_they_
 
 # -- OpenAI Responses
 
-IMAGE_PART = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+IMAGE_PART = {
+    "type": "input_image",
+    "image_url": "data:image/png;base64,iVBORw0KGgo=",
+    "detail": "auto",
+}
 
 
 @st.composite
@@ -165,6 +176,8 @@ def responses_turn(draw: st.DrawFn, number: int) -> list[dict[str, Any]]:
         items.append(
             {
                 "type": "message",
+                "id": f"msg_{number}",
+                "status": "completed",
                 "role": "assistant",
                 "content": [{"type": "output_text", "text": draw(words), "annotations": []}],
             }
@@ -215,6 +228,7 @@ def test_fitted_responses_requests_are_valid_within_cap_and_unchanged_when_they_
     sent = fit_responses.render(body, plan.units, fitted, block)
     assert body == original
     fit_responses.check(sent)  # valid: item types, roles, every output after its call
+    RESPONSES_INPUT.validate_python(sent["input"])  # and by the openai SDK's types
     assert _responses_cost(dict(sent)) <= cap
     items = body["input"]
     lead = sum(1 for u in plan.units if u.kind == "system")
