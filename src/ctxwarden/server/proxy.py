@@ -390,11 +390,15 @@ def _fit(
     stored: dict[str, int] = {}
     if remember:
         # only now: a request that cannot be fitted stores nothing
-        stored, remembered = proxy.memory.remember(who, messages, keys)
+        stored, _ = proxy.memory.remember(who, messages, keys)
+    lead = 0
+    while lead < len(units) and units[lead].kind == "system":
+        lead += 1
+    memory_at = units[lead - 1].stop if lead else 0
     if remember and proxy.config.memory:
-        exclude = frozenset(
-            remembered[i] for k in fitted.keep for i in range(units[k].start, units[k].stop)
-        )
+        # the conversation's own messages as sent: the system messages and the kept tail
+        tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
+        exclude = proxy.memory.kept(who, memory_at, tail_from)
         question = next(
             (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
             "",
@@ -402,14 +406,10 @@ def _fit(
         room = min(proxy.config.memory_tokens, cap - fitted.tokens)
         block, kept_block = proxy.memory.block(who, question, exclude=exclude, budget=room, fmt=fmt)
         if block is not None:
-            # Same cut: the block uses only the room the fit left (see ProxyMemory.block).
-            fitted = fit(
-                units, cap=cap, fixed=fixed, memory_tokens=block.tokens, keep_fraction=keep_fraction
-            )
-    lead = 0
-    while lead < len(units) and units[lead].kind == "system":
-        lead += 1
-    memory_at = units[lead - 1].stop if lead else 0
+            # The block takes only the room the fit left, so fit() with it would choose the same
+            # units (the same smallest step k fits, a smaller one still does not): only the
+            # total changes.
+            fitted = dataclasses.replace(fitted, tokens=fitted.tokens + block.tokens)
     if fitted.unchanged and block is None:
         sent_messages = messages
     else:
