@@ -19,7 +19,7 @@ import pytest
 from ctxwarden import Engine
 from ctxwarden.llm import LLMClient
 from ctxwarden.server.proxy import create_proxy_app
-from ctxwarden.server.proxywindows import served_window_of, window_from_error
+from ctxwarden.server.windows import served_window_of, window_from_error
 from llmserver import Recorded, Reply, ScriptedServer, completion
 from realserver import llama_server
 from serving import serve

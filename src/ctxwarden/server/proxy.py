@@ -6,7 +6,7 @@ request the proxy:
 1. checks the conversation against the chat schema (:mod:`ctxwarden.server.chatfit`): an
    unknown role, a malformed message, a ``tool`` message without its call or a call without its
    result gets 400 naming ``messages[i]...``, and nothing is stored;
-2. picks the tokenizer and window (:mod:`ctxwarden.server.proxywindows`): the registry's, or the
+2. picks the tokenizer and window (:mod:`ctxwarden.server.windows`): the registry's, or the
    ``X-Ctxwarden-Tokenizer`` / ``X-Ctxwarden-Window`` headers, lowered to the window the upstream
    actually serves; an unknown model is counted with an over-estimating o200k, never refused;
 3. fits it (:mod:`ctxwarden.fit`): a conversation that fits goes upstream as sent, every message
@@ -75,7 +75,7 @@ from ctxwarden.server.proxymemory import (
 )
 from ctxwarden.server.proxyreply import check_tool_calls, completion_events
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens
-from ctxwarden.server.proxywindows import ModelChoice, Windows, window_from_error
+from ctxwarden.server.windows import ModelChoice, Windows, window_from_error
 from ctxwarden.sessions import Ticket, TurnSlots
 
 __all__ = [
