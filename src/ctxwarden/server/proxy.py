@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -122,7 +122,12 @@ class ProxyConfig:
     ``destructive``: tool-name patterns (``fnmatch``, e.g. ``"delete_*"``) whose calls are held
     for approval. ``reask``: ask the model once to rewrite a call whose arguments cannot be
     repaired. ``memory``: store and retrieve for requests that name an end user or session (a
-    request naming neither is never remembered). ``memory_tokens``: the largest memory block.
+    request naming neither is never remembered). ``memory_tokens``: the largest memory block
+    (kept free for it when a conversation has to be trimmed anyway). ``memory_refresh``:
+    ``"cut"`` (default) changes the block only when the conversation's cut moves, so the
+    prompt's prefix stays the same between cuts (prompt caches); ``"topic"`` also searches
+    again for every new user message and changes the block when the search no longer finds
+    any of its memories.
     ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
     ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
     upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
@@ -134,6 +139,7 @@ class ProxyConfig:
     reask: bool = True
     memory: bool = True
     memory_tokens: int = 1024
+    memory_refresh: Literal["cut", "topic"] = "cut"
     keep_fraction: float = 0.6
     probe_window: bool = True
     server: ServerConfig = dataclasses.field(default_factory=_proxy_server)
@@ -143,6 +149,8 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.memory_tokens < 0:
             raise ConfigError(f"memory_tokens: {self.memory_tokens} must not be negative")
+        if self.memory_refresh not in ("cut", "topic"):
+            raise ConfigError(f"memory_refresh: {self.memory_refresh!r} is not 'cut' or 'topic'")
         if not 0.0 <= self.keep_fraction < 1.0:
             raise ConfigError(f"keep_fraction: {self.keep_fraction} must be from 0 to below 1")
 
@@ -395,7 +403,21 @@ def _fit(
     while lead < len(units) and units[lead].kind == "system":
         lead += 1
     memory_at = units[lead - 1].stop if lead else 0
-    if remember and proxy.config.memory:
+    memory = remember and proxy.config.memory and proxy.config.memory_tokens > 0
+    reserved = 0
+    if memory and not fitted.unchanged:
+        # A conversation that must be trimmed anyway is trimmed with room for the memory
+        # block kept (a constant, so the cut points stay a function of the prefix): the block
+        # never has to leave between two cuts for want of room.
+        try:
+            fitted = fit(
+                units, cap=cap, fixed=fixed, keep_fraction=keep_fraction,
+                memory_tokens=proxy.config.memory_tokens,
+            )  # fmt: skip
+            reserved = proxy.config.memory_tokens
+        except BudgetError:
+            pass  # the newest turn leaves no such room: the block gets what is left
+    if memory:
         # the conversation's own messages as sent: the system messages and the kept tail
         tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
         exclude = proxy.memory.kept(who, memory_at, tail_from)
@@ -403,13 +425,16 @@ def _fit(
             (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
             "",
         )
-        room = min(proxy.config.memory_tokens, cap - fitted.tokens)
-        block, kept_block = proxy.memory.block(who, question, exclude=exclude, budget=room, fmt=fmt)
-        if block is not None:
-            # The block takes only the room the fit left, so fit() with it would choose the same
-            # units (the same smallest step k fits, a smaller one still does not): only the
-            # total changes.
-            fitted = dataclasses.replace(fitted, tokens=fitted.tokens + block.tokens)
+        room = min(proxy.config.memory_tokens, cap - fitted.tokens + reserved)
+        cut = tail_from if proxy.config.memory_refresh == "cut" else None
+        block, kept_block = proxy.memory.block(
+            who, question, exclude=exclude, budget=room, fmt=fmt, cut=cut
+        )
+        # The block takes only the room kept for it, or else the room the fit left (then fit()
+        # with its tokens would choose the same units: tests/test_fit.py), so the units stay
+        # and the total stays within the cap.
+        used = block.tokens if block is not None else 0
+        fitted = dataclasses.replace(fitted, tokens=fitted.tokens - reserved + used)
     if fitted.unchanged and block is None:
         sent_messages = messages
     else:

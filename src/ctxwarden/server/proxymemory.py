@@ -144,6 +144,7 @@ class _Conversation:
     seen: Counter[str] = field(default_factory=Counter)
     block: Block | None = None
     question: int | None = None
+    cut: int | None = None  # where the conversation was cut when the block was made
 
 
 class Kept:
@@ -220,6 +221,9 @@ class ProxyMemory:
             position = state.position
         else:
             start, ids, occurrences, position = 0, [], Counter(), {}
+            # not a continuation of the last request (a new conversation of the same end user,
+            # or a history the client rewrote): its memory block starts afresh
+            state.block, state.question, state.cut = None, None, None
         records: list[dict[str, Any]] = []
         for index in range(start, len(messages)):
             key = keys[index]
@@ -291,19 +295,30 @@ class ProxyMemory:
         exclude: Container[str],
         budget: int,
         fmt: ChatFormat,
+        cut: int | None = None,
     ) -> tuple[Block | None, bool]:
         """The memory block for ``question`` within ``budget`` tokens, and whether it is the
-        previous request's block kept as it was (see the module's docstring)."""
+        previous request's block kept as it was (see the module's docstring).
+
+        ``cut``: where the conversation's kept tail starts. When given, the block (or its
+        absence) is kept while the cut stays where it was, and only changes when the cut moves:
+        a new block rewrites the prompt from its place on, which the cut does anyway.
+        """
         state = self._conversation(who)
         asked = xxhash.xxh3_64_intdigest(question.encode("utf-8", "surrogatepass"))
         previous = state.block
+        valid = previous is not None and previous.tokens <= budget
         if previous is not None and any(id in exclude for id in previous.ids):
-            previous = None  # one of its memories is now in the conversation itself
-        if previous is not None and previous.tokens > budget:
-            previous = None
-        if previous is not None and state.question == asked:
+            valid = False  # one of its memories is now in the conversation itself
+        same_cut = cut is not None and state.cut == cut
+        if same_cut and (valid or previous is None):
+            return previous, previous is not None
+        if valid and state.question == asked:
             return previous, True
         state.question = asked
+        state.cut = cut
+        if not valid:
+            previous = None
         if not question.strip() or budget <= 0:
             state.block = None
             return None, False
