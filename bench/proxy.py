@@ -7,6 +7,8 @@ of a minimal OpenAI-compatible upstream that answers a canned completion without
 request (so its own time is small and the same for every request), and a client that sends
 bodies serialised before the clock starts.
 
+Text is chat-like: made-up words drawn Zipf-like (bench/chat_text.py).
+
 (1) Replay: a generated agent session of ``--turns`` user turns (seed fixed; nothing from the dev
 data): each turn is a question, then in 60 % of turns one to three tool rounds (one or two
 parallel calls, results of 40 to 400 words), then the answer. Every model call is one request
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import orjson
 import uvicorn
 
@@ -50,12 +53,9 @@ from ctxwarden import Engine
 from ctxwarden.llm import LLMClient
 from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
 
-WORDS = (
-    "the deploy release branch merge ticket customer budget design schedule report bug fix test "
-    "pipeline server database query index cache token memory context agent model prompt window "
-    "latency metric alert invoice price contract launch roadmap sprint file function class "
-    "module import error trace stack value config option path build lint format type check"
-).split()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/chat_text.py
+import chat_text
+
 ANSWER = orjson.dumps(
     {
         "id": "chatcmpl-bench",
@@ -135,19 +135,32 @@ def serve(app: Any) -> Iterator[str]:
         sock.close()
 
 
-def words(rng: random.Random, low: int, high: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+class Text:
+    """Chat-like text: made-up words drawn Zipf-like over 3,000 (bench/chat_text.py), so a
+    question's terms match a small share of the messages, as in real chat (a few dozen words
+    drawn uniformly would put every term in every other message)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.vocab = chat_text.vocabulary(self.rng)
+        self.weights = chat_text.zipf_weights(len(self.vocab))
+        self.lengths = random.Random(seed)
+
+    def __call__(self, low: int, high: int) -> str:
+        count = self.lengths.randint(low, high)
+        return chat_text.sentence(self.rng, self.vocab, self.weights, words=count)
 
 
 def session(turns: int, seed: int = 16) -> Iterator[list[dict[str, Any]]]:
     """The conversation at each model call of a generated agent session."""
     rng = random.Random(seed)
+    words = Text(seed)
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent. " + words(rng, 60, 60)}
+        {"role": "system", "content": "You are a coding agent. " + words(60, 60)}
     ]
     calls = 0
     for turn in range(turns):
-        messages.append({"role": "user", "content": f"task {turn}: " + words(rng, 10, 60)})
+        messages.append({"role": "user", "content": f"task {turn}: " + words(10, 60)})
         yield list(messages)
         rounds = rng.choice([1, 2, 3]) if rng.random() < 0.6 else 0
         for _ in range(rounds):
@@ -171,9 +184,9 @@ def session(turns: int, seed: int = 16) -> Iterator[list[dict[str, Any]]]:
                 }
             )
             for i in ids:
-                messages.append({"role": "tool", "tool_call_id": i, "content": words(rng, 40, 400)})
+                messages.append({"role": "tool", "tool_call_id": i, "content": words(40, 400)})
             yield list(messages)
-        messages.append({"role": "assistant", "content": words(rng, 10, 80)})
+        messages.append({"role": "assistant", "content": words(10, 80)})
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -213,12 +226,12 @@ def replay(url: str, upstream: Upstream, turns: int, window: int) -> dict[str, A
 
 
 def conversation(size: int, seed: int) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
+    words = Text(seed)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
     while len(messages) < size - 1:
-        messages.append({"role": "user", "content": words(rng, 40, 40)})
-        messages.append({"role": "assistant", "content": words(rng, 40, 40)})
-    messages.append({"role": "user", "content": words(rng, 40, 40)})
+        messages.append({"role": "user", "content": words(40, 40)})
+        messages.append({"role": "assistant", "content": words(40, 40)})
+    messages.append({"role": "user", "content": words(40, 40)})
     return messages[:size]
 
 
@@ -226,7 +239,7 @@ def latency(
     url: str, upstream: Upstream, size: int, runs: int, named: bool
 ) -> tuple[list[float], list[float]]:
     """Added milliseconds (through the proxy minus direct) and the proxy's in-handler ms."""
-    rng = random.Random(size)
+    words = Text(size + 1)
     messages = conversation(size, seed=size)
     headers = {"Content-Type": "application/json"}
     if named:
@@ -237,8 +250,8 @@ def latency(
     with httpx.Client(timeout=120) as client:
         for run in range(runs + 2):  # two warm-up runs: the counts of the history get cached
             # the conversation grows by a turn, as an agent's does
-            messages = [*messages, {"role": "assistant", "content": words(rng, 40, 40)},
-                        {"role": "user", "content": words(rng, 40, 40)}]  # fmt: skip
+            messages = [*messages, {"role": "assistant", "content": words(40, 40)},
+                        {"role": "user", "content": words(40, 40)}]  # fmt: skip
             body = orjson.dumps({"model": "gpt-4o", "messages": messages})
             upstream.bodies.clear()
             start = time.perf_counter()

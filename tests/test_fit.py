@@ -232,3 +232,22 @@ def test_turn_spans_groups_leading_system_and_turns() -> None:
     assert turn_spans(["system", "system"]) == [(0, 1, "system"), (1, 2, "system")]
     # a system message after the first user message belongs to its turn
     assert turn_spans(["user", "system", "other", "user"]) == [(0, 3, "turn"), (3, 4, "turn")]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(conversations(), st.integers(10, 900), st.integers(0, 40), st.data())
+def test_memory_in_the_room_left_keeps_the_same_cut(
+    messages: list[dict[str, Any]], cap: int, fixed: int, data: st.DataObject
+) -> None:
+    """What the proxy relies on: a memory block no larger than the room the fit left changes
+    only the total, never which units are kept."""
+    units = units_of(messages)
+    try:
+        alone = fit(units, cap=cap, fixed=fixed)
+    except BudgetError:
+        return
+    memory = data.draw(st.integers(0, cap - alone.tokens))
+    together = fit(units, cap=cap, fixed=fixed, memory_tokens=memory)
+    assert together.keep == alone.keep
+    assert together.tokens == alone.tokens + memory
+    assert together.unchanged == alone.unchanged

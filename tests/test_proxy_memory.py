@@ -151,3 +151,29 @@ def test_through_the_proxy_the_block_stays_put_during_a_tool_loop(
     report = json.loads(raw.headers["x-ctxwarden-report"])
     assert report["memory"]["kept"] is True
     assert report["memory"]["scope"] == "user"
+
+
+def test_with_a_cut_the_block_changes_only_when_the_cut_moves() -> None:
+    with Engine.open(":memory:") as engine:
+        memory = ProxyMemory(engine)
+        who = Who(tenant="default", user="ann", session="s")
+        _remember(memory, who, [
+            {"role": "user", "content": "the staging database password rotates on mondays"},
+            {"role": "assistant", "content": "noted"},
+            {"role": "user", "content": "the deploy freeze starts friday at noon"},
+        ])  # fmt: skip
+
+        def ask(question: str, cut: int) -> tuple[Any, bool]:
+            return memory.block(who, question, exclude=frozenset(), budget=500, fmt=FMT, cut=cut)
+
+        first, kept = ask("when does the password rotate?", 4)
+        assert first is not None
+        assert "mondays" in first.text
+        assert not kept
+        # another topic, the same cut: the prompt's prefix stays as it was
+        assert ask("when is the deploy freeze?", 4) == (first, True)
+        # the cut moved (the prompt changes there anyway): the block follows the question
+        moved, kept = ask("when is the deploy freeze?", 9)
+        assert moved is not None
+        assert "freeze" in moved.text
+        assert not kept

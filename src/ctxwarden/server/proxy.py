@@ -49,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -75,11 +75,10 @@ from ctxwarden.server.proxymemory import (
     Who,
     who_of,
 )
+from ctxwarden.server.proxyreply import check_tool_calls, completion_events
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens
 from ctxwarden.server.windows import ModelChoice, Windows, window_from_error
 from ctxwarden.sessions import Ticket, TurnSlots
-from ctxwarden.toolcalls import ToolCall, ToolCallReport, check_call, check_reply
-from ctxwarden.toolcalls import repair_request_messages as reask_messages
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -125,7 +124,12 @@ class ProxyConfig:
     ``destructive``: tool-name patterns (``fnmatch``, e.g. ``"delete_*"``) whose calls are held
     for approval. ``reask``: ask the model once to rewrite a call whose arguments cannot be
     repaired. ``memory``: store and retrieve for requests that name an end user or session (a
-    request naming neither is never remembered). ``memory_tokens``: the largest memory block.
+    request naming neither is never remembered). ``memory_tokens``: the largest memory block
+    (kept free for it when a conversation has to be trimmed anyway). ``memory_refresh``:
+    ``"cut"`` (default) changes the block only when the conversation's cut moves, so the
+    prompt's prefix stays the same between cuts (prompt caches); ``"topic"`` also searches
+    again for every new user message and changes the block when the search no longer finds
+    any of its memories.
     ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
     ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
     upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
@@ -137,6 +141,7 @@ class ProxyConfig:
     reask: bool = True
     memory: bool = True
     memory_tokens: int = 1024
+    memory_refresh: Literal["cut", "topic"] = "cut"
     keep_fraction: float = 0.6
     probe_window: bool = True
     server: ServerConfig = dataclasses.field(default_factory=_proxy_server)
@@ -146,6 +151,8 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.memory_tokens < 0:
             raise ConfigError(f"memory_tokens: {self.memory_tokens} must not be negative")
+        if self.memory_refresh not in ("cut", "topic"):
+            raise ConfigError(f"memory_refresh: {self.memory_refresh!r} is not 'cut' or 'topic'")
         if not 0.0 <= self.keep_fraction < 1.0:
             raise ConfigError(f"keep_fraction: {self.keep_fraction} must be from 0 to below 1")
 
@@ -281,7 +288,7 @@ def create_proxy_app(
             return StreamingResponse(payload, media_type="text/event-stream", headers=header)
         if stream is not None:
             return StreamingResponse(
-                _sse(payload, include_usage=stream),
+                completion_events(payload, include_usage=stream),
                 media_type="text/event-stream",
                 headers=header,
                 background=background,
@@ -400,26 +407,43 @@ def _fit(
     stored: dict[str, int] = {}
     if remember:
         # only now: a request that cannot be fitted stores nothing
-        stored, remembered = proxy.memory.remember(who, messages, keys)
-    if remember and proxy.config.memory:
-        exclude = frozenset(
-            remembered[i] for k in fitted.keep for i in range(units[k].start, units[k].stop)
-        )
-        question = next(
-            (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
-            "",
-        )
-        room = min(proxy.config.memory_tokens, cap - fitted.tokens)
-        block, kept_block = proxy.memory.block(who, question, exclude=exclude, budget=room, fmt=fmt)
-        if block is not None:
-            # Same cut: the block uses only the room the fit left (see ProxyMemory.block).
-            fitted = fit(
-                units, cap=cap, fixed=fixed, memory_tokens=block.tokens, keep_fraction=keep_fraction
-            )
+        stored, _ = proxy.memory.remember(who, messages, keys)
     lead = 0
     while lead < len(units) and units[lead].kind == "system":
         lead += 1
     memory_at = units[lead - 1].stop if lead else 0
+    memory = remember and proxy.config.memory and proxy.config.memory_tokens > 0
+    reserved = 0
+    if memory and not fitted.unchanged:
+        # A conversation that must be trimmed anyway is trimmed with room for the memory
+        # block kept (a constant, so the cut points stay a function of the prefix): the block
+        # never has to leave between two cuts for want of room.
+        try:
+            fitted = fit(
+                units, cap=cap, fixed=fixed, keep_fraction=keep_fraction,
+                memory_tokens=proxy.config.memory_tokens,
+            )  # fmt: skip
+            reserved = proxy.config.memory_tokens
+        except BudgetError:
+            pass  # the newest turn leaves no such room: the block gets what is left
+    if memory:
+        # the conversation's own messages as sent: the system messages and the kept tail
+        tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
+        exclude = proxy.memory.kept(who, memory_at, tail_from)
+        question = next(
+            (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
+            "",
+        )
+        room = min(proxy.config.memory_tokens, cap - fitted.tokens + reserved)
+        cut = tail_from if proxy.config.memory_refresh == "cut" else None
+        block, kept_block = proxy.memory.block(
+            who, question, exclude=exclude, budget=room, fmt=fmt, cut=cut
+        )
+        # The block takes only the room kept for it, or else the room the fit left (then fit()
+        # with its tokens would choose the same units: tests/test_fit.py), so the units stay
+        # and the total stays within the cap.
+        used = block.tokens if block is not None else 0
+        fitted = dataclasses.replace(fitted, tokens=fitted.tokens - reserved + used)
     if fitted.unchanged and block is None:
         sent_messages = messages
     else:
@@ -625,7 +649,10 @@ def _checked(
     if answer is None or not answer.get("tool_calls"):
         return None
     first = payload["choices"][0]
-    return _check_tool_calls(proxy.upstream, proxy.config, model, answer, tools, first)
+    config = proxy.config
+    return check_tool_calls(
+        proxy.upstream, config.destructive, config.reask, model, answer, tools, first
+    )
 
 
 def _relay(proxy: _Proxy, who: Who, events: ChunkStream, ticket: Ticket) -> Iterator[bytes]:
@@ -653,109 +680,3 @@ def _relay(proxy: _Proxy, who: Who, events: ChunkStream, ticket: Ticket) -> Iter
     finally:
         events.close()
         ticket.release()
-
-
-def _check_tool_calls(
-    upstream: LLMClient,
-    config: ProxyConfig,
-    model: str,
-    message: dict[str, Any],
-    tools: Sequence[Mapping[str, Any]],
-    choice: dict[str, Any],
-) -> dict[str, Any]:
-    """Check, repair, re-ask and gate the reply's calls in place; the report of what was done."""
-    raw_calls = message.get("tool_calls") or []
-    calls = [ToolCall.from_openai(c) for c in raw_calls]
-    report = check_reply(calls, tools, destructive=config.destructive)
-    checks = list(report.calls)
-    reasks: list[dict[str, Any]] = []
-    if config.reask:
-        for position, check in enumerate(checks):
-            if check.status != "invalid" or check.problems[0].code == "unknown_tool":
-                continue
-            schema = _schema_for(tools, check.call.name)
-            answer = upstream.chat(
-                reask_messages(check.call, check.problems, schema=schema), model=model
-            )
-            again = check_call(
-                dataclasses.replace(check.call, arguments=answer.text or ""),
-                tools,
-                destructive=config.destructive,
-            )
-            reasks.append({"id": check.call.id, "name": check.call.name, "status": again.status})
-            if again.status != "invalid":
-                checks[position] = dataclasses.replace(
-                    again,
-                    original_arguments=check.original_arguments,
-                    steps=(*check.steps, "asked the model to rewrite the call", *again.steps),
-                )
-    final = ToolCallReport(calls=tuple(checks))
-    runnable = final.runnable_calls()
-    message["tool_calls"] = [c.to_openai() for c in runnable] or None
-    if message["tool_calls"] is None:
-        del message["tool_calls"]
-    notes = []
-    if final.held:
-        notes.append(final.held_notice())
-    dropped = [c for c in final.calls if c.status == "invalid"]
-    if dropped:
-        notes.append(
-            "\n".join(
-                f"The call to {c.call.name} (call {c.call.id}) was dropped: its arguments are "
-                "not valid for the tool."
-                for c in dropped
-            )
-        )
-    if notes:
-        content = message.get("content")
-        message["content"] = "\n".join(p for p in [content, *notes] if p)
-    if not runnable and choice.get("finish_reason") == "tool_calls":
-        choice["finish_reason"] = "stop"
-    out = final.to_json()
-    out["reasks"] = reasks
-    return out
-
-
-def _schema_for(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    for tool in tools:
-        function = tool.get("function", tool)
-        if isinstance(function, Mapping) and function.get("name") == name:
-            parameters = function.get("parameters")
-            return parameters if isinstance(parameters, Mapping) else None
-    return None
-
-
-def _sse(payload: Mapping[str, Any], *, include_usage: bool) -> Iterator[bytes]:
-    """The completed reply as OpenAI ``chat.completion.chunk`` server-sent events."""
-    base = {
-        "id": payload.get("id", "chatcmpl-ctxwarden"),
-        "object": "chat.completion.chunk",
-        "created": payload.get("created", int(time.time())),
-        "model": payload.get("model", ""),
-    }
-
-    def event(data: Mapping[str, Any]) -> bytes:
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-    for choice in payload.get("choices") or []:
-        index = choice.get("index", 0)
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {"role": message.get("role", "assistant")}
-        if message.get("content") is not None:
-            delta["content"] = message["content"]
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [
-                {"index": position, **call} for position, call in enumerate(message["tool_calls"])
-            ]
-        yield event({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
-        yield event(
-            {
-                **base,
-                "choices": [
-                    {"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}
-                ],
-            }
-        )
-    if include_usage and payload.get("usage") is not None:
-        yield event({**base, "choices": [], "usage": payload["usage"]})
-    yield b"data: [DONE]\n\n"

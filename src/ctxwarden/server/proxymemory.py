@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from ctxwarden.server.chatfit import message_text
 from ctxwarden.tokens import ChatFormat
 from ctxwarden.types import Memory, check_scope_name
 
-__all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "ProxyMemory", "Who", "who_of"]
+__all__ = ["SESSION_HEADER", "USER_HEADER", "Block", "Kept", "ProxyMemory", "Who", "who_of"]
 
 SESSION_HEADER = "x-ctxwarden-session"
 USER_HEADER = "x-ctxwarden-user"
@@ -138,11 +138,27 @@ class _Conversation:
 
     keys: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    position: dict[str, int] = field(default_factory=dict)  # id -> index in the last request
     occurrences: Counter[int] = field(default_factory=Counter)
     known: dict[tuple[int, int], str] = field(default_factory=dict)
     seen: Counter[str] = field(default_factory=Counter)
     block: Block | None = None
     question: int | None = None
+    cut: int | None = None  # where the conversation was cut when the block was made
+
+
+class Kept:
+    """The ids of a conversation's messages that go upstream, as a container: ``id in kept``
+    is O(1) however long the conversation (memory blocks leave these out)."""
+
+    def __init__(self, position: Mapping[str, int], head: int, tail_from: int) -> None:
+        self._position = position
+        self._head = head
+        self._tail_from = tail_from
+
+    def __contains__(self, id: object) -> bool:
+        index = self._position.get(id) if isinstance(id, str) else None
+        return index is not None and (index < self._head or index >= self._tail_from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +218,12 @@ class ProxyMemory:
         done = len(state.keys)
         if done <= len(keys) and state.keys == list(keys[:done]):
             start, ids, occurrences = done, state.ids[:done], state.occurrences
+            position = state.position
         else:
-            start, ids, occurrences = 0, [], Counter()
+            start, ids, occurrences, position = 0, [], Counter(), {}
+            # not a continuation of the last request (a new conversation of the same end user,
+            # or a history the client rewrote): its memory block starts afresh
+            state.block, state.question, state.cut = None, None, None
         records: list[dict[str, Any]] = []
         for index in range(start, len(messages)):
             key = keys[index]
@@ -219,11 +239,18 @@ class ProxyMemory:
                 if record is not None:
                     records.append(record)
             ids.append(id)
+            position.setdefault(id, index)
         counts = self._ingest(who, records)
         state.keys = list(keys)
         state.ids = ids
         state.occurrences = occurrences
+        state.position = position
         return counts, ids
+
+    def kept(self, who: Who, head: int, tail_from: int) -> Kept:
+        """The memories that are messages of the conversation as sent: its first ``head``
+        messages and those from ``tail_from`` on (the ones between were trimmed)."""
+        return Kept(self._conversation(who).position, head, tail_from)
 
     def _ingest(self, who: Who, records: list[dict[str, Any]]) -> dict[str, int]:
         if not records:
@@ -265,22 +292,33 @@ class ProxyMemory:
         who: Who,
         question: str,
         *,
-        exclude: frozenset[str],
+        exclude: Container[str],
         budget: int,
         fmt: ChatFormat,
+        cut: int | None = None,
     ) -> tuple[Block | None, bool]:
         """The memory block for ``question`` within ``budget`` tokens, and whether it is the
-        previous request's block kept as it was (see the module's docstring)."""
+        previous request's block kept as it was (see the module's docstring).
+
+        ``cut``: where the conversation's kept tail starts. When given, the block (or its
+        absence) is kept while the cut stays where it was, and only changes when the cut moves:
+        a new block rewrites the prompt from its place on, which the cut does anyway.
+        """
         state = self._conversation(who)
         asked = xxhash.xxh3_64_intdigest(question.encode("utf-8", "surrogatepass"))
         previous = state.block
-        if previous is not None and previous.ids & exclude:
-            previous = None  # one of its memories is now in the conversation itself
-        if previous is not None and previous.tokens > budget:
-            previous = None
-        if previous is not None and state.question == asked:
+        valid = previous is not None and previous.tokens <= budget
+        if previous is not None and any(id in exclude for id in previous.ids):
+            valid = False  # one of its memories is now in the conversation itself
+        same_cut = cut is not None and state.cut == cut
+        if same_cut and (valid or previous is None):
+            return previous, previous is not None
+        if valid and state.question == asked:
             return previous, True
         state.question = asked
+        state.cut = cut
+        if not valid:
+            previous = None
         if not question.strip() or budget <= 0:
             state.block = None
             return None, False
