@@ -397,3 +397,25 @@ def test_fifty_end_users_never_see_each_others_canaries(rig: Rig) -> None:
         found = {w for w in json.dumps(body["input"]).replace("\\n", " ").split() if "CANARY" in w}
         assert all(f"CANARY{user[5:]}X" in w for w in found), (user, found)
         assert found, user  # its own canary comes back
+
+
+def test_the_memory_block_stays_as_it_was_through_a_tool_loop(rig: Rig) -> None:
+    """Prompt caches: the block keeps its text and place while the conversation grows."""
+    rig.upstream._queue.extend([Step("Noted."), Step("calling"), Step("done")])
+    rig.client.responses.create(
+        model="gpt-4o", input="The deploy key is in vault slot 7.", user="dana"
+    )
+    items: list[Any] = [
+        {"role": "developer", "content": "You deploy things."},
+        {"role": "user", "content": "Where is the deploy key kept?"},
+    ]
+    rig.client.responses.create(model="gpt-4o", input=items, user="dana")
+    items += [
+        {"type": "function_call", "call_id": "c1", "name": "look", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "nothing found"},
+    ]
+    rig.client.responses.create(model="gpt-4o", input=items, user="dana")
+    first, second = rig.sent()[1]["input"], rig.sent()[2]["input"]
+    assert "vault slot 7" in json.dumps(first[1])
+    assert second[: len(first)] == first  # the second prompt only appends
+    assert second[len(first) :] == items[2:]

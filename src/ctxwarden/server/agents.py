@@ -16,6 +16,7 @@ message after the system part.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ from fastapi import Request
 
 from ctxwarden import tokens
 from ctxwarden.engine import Engine
-from ctxwarden.errors import AuthError, InputError, UpstreamError
+from ctxwarden.errors import AuthError, BudgetError, InputError, UpstreamError
 from ctxwarden.fit import Fitted, Unit, fit
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
@@ -67,6 +68,7 @@ class Shared:
     remember: bool = True
     memory_tokens: int = 1024
     keep_fraction: float = 0.6
+    memory_refresh: str = "cut"
     _claude: tokens.Tokenizer | None = None
 
     def claude_tokenizer(self) -> tokens.Tokenizer:
@@ -247,21 +249,19 @@ def report_header(report: Mapping[str, Any]) -> str:
     return json.dumps(report, separators=(",", ":"), ensure_ascii=True)
 
 
-def remember_conversation(
-    shared: Shared, turn: Turn, texts: Sequence[tuple[str, str]]
-) -> frozenset[str]:
-    """Store the conversation's ``(role, text)`` messages in the scope the client named, with
-    the chat path's helper (:class:`ProxyMemory`: nothing without a name); their ids, which
-    retrieval (:func:`with_memory`) leaves out."""
+def remember_conversation(shared: Shared, turn: Turn, texts: Sequence[tuple[str, str]]) -> None:
+    """Store the conversation in the scope the client named, with the chat path's helper
+    (:class:`ProxyMemory`: nothing without a name). ``texts``: one ``(role, text)`` per item of
+    the request's list, in order (items that are not text messages as ``(type, "")``: not
+    stored, but they keep the positions :func:`with_memory` reads)."""
     if not turn.remember:
-        return frozenset()
+        return
     messages = [{"role": role, "content": text} for role, text in texts]
     keys = [
         xxhash.xxh3_64_intdigest(f"{role}\x00{text}".encode("utf-8", "surrogatepass"))
         for role, text in texts
     ]
-    turn.ingested, ids = shared.memory.remember(turn.who, messages, keys)
-    return frozenset(i for i in ids if i)
+    turn.ingested, _ = shared.memory.remember(turn.who, messages, keys)
 
 
 def remember_reply(shared: Shared, turn: Turn, text: str) -> None:
@@ -295,27 +295,44 @@ def fit_turn(
     return turn.fitted
 
 
-def with_memory(
-    shared: Shared, turn: Turn, *, question: str | None, exclude: frozenset[str]
-) -> Fitted:
-    """The fit of :func:`fit_turn` again with the memory block, when the client named a scope
-    and memory is on (the block takes only the room the fit left, so the cut stays where it
-    was); counted in ``/metrics``."""
+def with_memory(shared: Shared, turn: Turn, *, question: str | None, memory_at: int) -> Fitted:
+    """The fit of :func:`fit_turn` with the memory block, as the chat path does it, when the
+    client named a scope and memory is on: a conversation trimmed anyway is trimmed with room
+    kept for the block (so it never has to leave between two cuts); the block changes only when
+    the cut moves (``memory_refresh="cut"``) and leaves out what is sent anyway. ``memory_at``:
+    the item index after the system part, where the block goes. Counted in ``/metrics``."""
     assert turn.fitted is not None, "fit_turn first"
     fitted = turn.fitted
-    if turn.remember and shared.remember and question:
-        room = min(shared.memory_tokens, turn.budget.cap - fitted.tokens)
-        turn.block, turn.block_kept = shared.memory.block(
-            turn.who, question, exclude=exclude, budget=room, fmt=turn.budget.pricer.fmt
+    memory = turn.remember and shared.remember and shared.memory_tokens > 0 and bool(question)
+    if memory:
+        reserved = 0
+        if not fitted.unchanged:
+            try:
+                fitted = fit(
+                    turn.units,
+                    cap=turn.budget.cap,
+                    fixed=turn.fixed,
+                    memory_tokens=math.ceil(shared.memory_tokens * turn.scale),
+                    keep_fraction=shared.keep_fraction,
+                )
+                reserved = math.ceil(shared.memory_tokens * turn.scale)
+            except BudgetError:
+                pass  # the newest turn leaves no such room: the block gets what is left
+        tail_from = turn.units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
+        exclude = shared.memory.kept(turn.who, memory_at, tail_from)
+        room = min(
+            shared.memory_tokens, int((turn.budget.cap - fitted.tokens + reserved) / turn.scale)
         )
-        if turn.block is not None:
-            fitted = fit(
-                turn.units,
-                cap=turn.budget.cap,
-                fixed=turn.fixed,
-                memory_tokens=math.ceil(turn.block.tokens * turn.scale),
-                keep_fraction=shared.keep_fraction,
-            )
+        turn.block, turn.block_kept = shared.memory.block(
+            turn.who,
+            str(question),
+            exclude=exclude,
+            budget=room,
+            fmt=turn.budget.pricer.fmt,
+            cut=tail_from if shared.memory_refresh == "cut" else None,
+        )
+        used = math.ceil(turn.block.tokens * turn.scale) if turn.block is not None else 0
+        fitted = dataclasses.replace(fitted, tokens=fitted.tokens - reserved + used)
     turn.fitted = fitted
     if shared.metrics is not None:
         shared.metrics.fits.labels(outcome="unchanged" if fitted.unchanged else "trimmed").inc()
@@ -385,6 +402,7 @@ def install_agent_apis(
         remember=bool(getattr(config, "memory", True)),
         memory_tokens=int(getattr(config, "memory_tokens", 1024)),
         keep_fraction=float(getattr(config, "keep_fraction", 0.6)),
+        memory_refresh=str(getattr(config, "memory_refresh", "cut")),
     )
     responses.install(app, shared, upstream)
     claude_windows = None

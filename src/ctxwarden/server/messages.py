@@ -288,11 +288,10 @@ def _render(
     forwarded: Mapping[str, str],
     *,
     question: str | None,
-    exclude: frozenset[str],
 ) -> Mapping[str, Any]:
     """The request to send: with the memory block, re-counted by the upstream when it was cut
     by scaled counts (and cut further while that count is over the cap)."""
-    fitted = with_memory(shared, turn, question=question, exclude=exclude)
+    fitted = with_memory(shared, turn, question=question, memory_at=0)
     block = turn.block.text if turn.block is not None else None
     outgoing = fit_messages.render(body, turn.units, fitted, block)
     if turn.extra.pop("exact_total", None) is None or (fitted.unchanged and block is None):
@@ -346,10 +345,8 @@ def _turn(
     try:
         _fit(shared, anthropic, turn, body, forwarded)  # before storing: a refusal stores nothing
         texts, question = _texts(body)
-        exclude = remember_conversation(shared, turn, texts)
-        outgoing = _render(
-            shared, anthropic, turn, body, forwarded, question=question, exclude=exclude
-        )
+        remember_conversation(shared, turn, texts)
+        outgoing = _render(shared, anthropic, turn, body, forwarded, question=question)
         if body.get("stream"):
             events = anthropic.stream_messages(outgoing, headers=forwarded)
             if events.body is None:

@@ -91,14 +91,17 @@ def reply_text(payload: Mapping[str, Any]) -> str:
 
 
 def _texts(body: Mapping[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
-    """The conversation's (role, text) messages and the newest user text."""
+    """One ``(role, text)`` per input item (``(type, "")`` for items that are not messages)
+    and the newest user text."""
     raw = body.get("input")
     if isinstance(raw, str):
         return [("user", raw)], raw
     texts: list[tuple[str, str]] = []
     query = None
     for item in raw or ():
-        if fit_responses.item_type(item) != "message":
+        kind = fit_responses.item_type(item)
+        if kind != "message":
+            texts.append((kind, ""))
             continue
         content = item.get("content")
         if isinstance(content, str):
@@ -107,7 +110,7 @@ def _texts(body: Mapping[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
             text = "\n".join(
                 str(p.get("text", ""))
                 for p in content or ()
-                if isinstance(p, Mapping) and p.get("type") in ("input_text", "output_text")
+                if isinstance(p, dict) and p.get("type") in ("input_text", "output_text")
             )
         role = str(item.get("role"))
         texts.append((role, text))
@@ -186,8 +189,9 @@ def _turn(
         texts, question = _texts(body)
         # a request that cannot be fitted stores nothing: fit first
         fit_turn(shared, turn, plan.units, plan.fixed)
-        exclude = remember_conversation(shared, turn, texts)
-        fitted = with_memory(shared, turn, question=question, exclude=exclude)
+        remember_conversation(shared, turn, texts)
+        memory_at = sum(u.stop - u.start for u in plan.units if u.kind == "system")
+        fitted = with_memory(shared, turn, question=question, memory_at=memory_at)
         block = turn.block.text if turn.block is not None else None
         outgoing = fit_responses.render(body, plan.units, fitted, block)
         if body.get("stream"):
