@@ -65,12 +65,15 @@ class ScriptedServer:
 
     A ``str`` in the script is the content of a chat completion, a ``dict`` is a full JSON body.
     When the script runs out, the server answers 500 "script exhausted" so the test sees it.
+    Paths outside ``/v1/`` (other servers' own endpoints) get 404 and are kept in ``probes``,
+    unless a responder function answers everything.
     """
 
     def __init__(self, script: Script = ()) -> None:
         self._responder = script if callable(script) else None
         self._queue: list[Reply | str | dict[str, Any]] = [] if callable(script) else list(script)
         self.requests: list[Recorded] = []
+        self.probes: list[Recorded] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -88,6 +91,10 @@ class ScriptedServer:
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
     def _next(self, recorded: Recorded) -> Reply:
+        if not recorded.path.startswith("/v1/") and self._responder is None:
+            # a server-specific path (llama.cpp's /props, Ollama's /api/show): not this server's
+            self.probes.append(recorded)
+            return Reply(status=404, body={"error": {"message": "not found"}})
         with self._lock:
             self.requests.append(recorded)
             if self._responder is not None:

@@ -72,15 +72,16 @@ def _free_port() -> int:
 
 
 @contextmanager
-def llama_server(folder: Path) -> Iterator[LlamaServer]:
-    """Start the server, wait until it answers ``GET /v1/models``, stop it on exit."""
+def llama_server(folder: Path, *, n_ctx: int = 4096) -> Iterator[LlamaServer]:
+    """Start the server (a context of ``n_ctx`` tokens), wait until it answers
+    ``GET /v1/models``, stop it on exit."""
     model = _gguf(folder)
     port = _free_port()
     log_path = folder / "llama-server.log"
     log = log_path.open("wb")  # a file, not a pipe: a full pipe would block the server
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "4096", "--n_threads", "2", "--model_alias", MODEL,
+         "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", "2", "--model_alias", MODEL,
          # the GGUF has no template llama-cpp-python reads; its llama-2 fallback gets no words
          "--chat_format", "gemma"],
         stdout=log,

@@ -34,6 +34,10 @@ class StreamingServer:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
+                if not self.path.endswith("/chat/completions"):  # another server's endpoint
+                    self.rfile.read(length)
+                    self.send_error(404)
+                    return
                 owner.bodies.append(json.loads(self.rfile.read(length)))
                 if owner.status != 200:
                     payload = json.dumps({"error": {"message": "bad request"}}).encode()

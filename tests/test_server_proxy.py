@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,8 @@ import pytest
 from ctxwarden import Engine, EngineConfig
 from ctxwarden.llm import LLMClient
 from ctxwarden.models import ModelSpec
-from ctxwarden.server.proxy import ProxyConfig, create_proxy_app, session_of
+from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
+from ctxwarden.server.proxymemory import who_of
 from llmserver import Recorded, Reply, ScriptedServer, completion
 from serving import serve
 from sseserver import StreamingServer
@@ -65,11 +67,22 @@ def rig(request: pytest.FixtureRequest) -> Iterator[Rig]:
         ScriptedServer(script) as upstream,
         Engine.open(":memory:", config=config) as engine,
         LLMClient(upstream.url, api_key=UPSTREAM_KEY, max_retries=0) as llm,
-        serve(create_proxy_app(engine, llm, ProxyConfig(destructive=("delete_*",)))) as url,
+        serve(
+            create_proxy_app(
+                engine, llm, ProxyConfig(destructive=("delete_*",), probe_window=False)
+            )
+        ) as url,
     ):
         client = openai.OpenAI(base_url=url + "/v1", api_key=CLIENT_KEY, max_retries=0)
         yield Rig(upstream=upstream, client=client, engine=engine)
         client.close()
+
+
+def wait_for_memories(engine: Engine, count: int) -> None:
+    """Until ``count`` memories are stored: a reply is stored just after its answer is sent."""
+    deadline = time.monotonic() + 10
+    while engine.stats()["memories"] < count and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def call(id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -86,14 +99,14 @@ def test_two_turns_ingest_only_what_is_new(rig: Rig) -> None:
     assert reply.choices[0].message.content == "hello there"
     report = rig.report(raw)
     assert report["session"] == "s1"
-    assert report["ingested"]["stored"] == 1
+    assert report["stored"] == {"stored": 1}  # the user turn; the system prompt is not memory
     sent = rig.upstream.chat_requests()[0]
-    assert sent.body["messages"][0]["role"] == "system"
-    assert sent.body["messages"][-1] == {"role": "user", "content": "hi, the deploy is friday"}
+    assert sent.body["messages"] == first  # as sent
     # the proxy's own key goes upstream, the agent's never does
     assert sent.headers["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert CLIENT_KEY not in json.dumps(sent.headers) + json.dumps(sent.body)
 
+    wait_for_memories(rig.engine, 2)  # the reply is stored once the answer is sent
     second = [
         *first,
         reply.choices[0].message.model_dump(exclude_none=True),
@@ -104,10 +117,11 @@ def test_two_turns_ingest_only_what_is_new(rig: Rig) -> None:
     )
     assert raw.parse().choices[0].message.content == "second answer"
     report = rig.report(raw)
-    assert report["ingested"] == {**report["ingested"], "stored": 1, "known": 2}
-    history = [m["content"] for m in rig.upstream.chat_requests()[1].body["messages"]]
-    assert history[1:] == ["hi, the deploy is friday", "hello there", "and who runs it?"]
-    assert rig.engine.stats()["memories"] == 4  # two user turns, two stored replies
+    # only the new messages are looked at: the echoed reply is known, the question is new
+    assert report["stored"] == {"stored": 1, "known": 1}
+    assert rig.upstream.chat_requests()[1].body["messages"] == second
+    wait_for_memories(rig.engine, 4)  # two user turns, two replies
+    assert rig.engine.stats()["memories"] == 4
 
 
 @pytest.mark.parametrize("rig", [["ok"]], indirect=True)
@@ -125,8 +139,14 @@ def test_long_conversation_is_fitted_to_the_window(rig: Rig) -> None:
     assert report["tokens"] <= report["cap"] < 1200
     sent = rig.upstream.chat_requests()[0].body["messages"]
     assert len(sent) < len(messages)
+    assert sent[0] == SYSTEM
     assert sent[-1]["content"] == "what was note 3?"
-    assert report["session"].startswith("sys-")
+    # whole turns dropped, oldest first: what is kept is the conversation's tail
+    assert sent[1:] == messages[len(messages) - len(sent) + 1 :]
+    assert report["dropped_turns"] > 0
+    assert report["session"] is None
+    assert report["user"] is None
+    assert rig.engine.stats()["memories"] == 0  # named nobody: nothing remembered
 
 
 @pytest.mark.parametrize("rig", [["streamed answer"]], indirect=True)
@@ -138,7 +158,7 @@ def test_streaming(rig: Rig) -> None:
         stream_options={"include_usage": True},
         user="u-7",
     )
-    assert rig.report(raw)["session"] == "u-7"
+    assert rig.report(raw)["user"] == "u-7"
     chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "streamed answer"
@@ -207,7 +227,7 @@ def test_destructive_call_is_held_for_approval(rig: Rig) -> None:
 
 @pytest.mark.parametrize("field", ["api_base", "base_url", "api_key"])
 def test_request_cannot_redirect_the_proxy(rig: Rig, field: str) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
+    with pytest.raises(openai.BadRequestError) as caught:
         rig.client.chat.completions.create(
             model="gpt-4o-mini",
             messages=[{"role": "user", "content": "hi"}],
@@ -232,13 +252,14 @@ def test_models_and_upstream_client_errors_pass_through(rig: Rig) -> None:
     assert "context too long" in str(caught.value)
 
 
-def test_session_of_prefers_header_then_user_then_system_hash() -> None:
+def test_who_is_the_user_header_then_body_user_and_the_session_header() -> None:
     body = {"user": "u1", "messages": [SYSTEM]}
-    assert session_of({"x-ctxwarden-session": "h"}, body) == "h"
-    assert session_of({}, body) == "u1"
-    a = session_of({}, {"messages": [SYSTEM]})
-    assert a == session_of({}, {"messages": [SYSTEM, {"role": "user", "content": "x"}]})
-    assert a != session_of({}, {"messages": [{"role": "system", "content": "other"}]})
+    who = who_of("t", {"x-ctxwarden-session": "h"}, body)
+    assert (who.user, who.session, who.scope, who.named) == ("u1", "h", "session", True)
+    who = who_of("t", {"x-ctxwarden-user": "u2"}, body)
+    assert (who.user, who.session, who.scope) == ("u2", None, "user")
+    # the same system prompt names nobody: two end users never become one session
+    assert not who_of("t", {}, {"messages": [SYSTEM]}).named
 
 
 def test_turn_slots_cap_upstream_concurrency_and_serialise_a_session() -> None:
@@ -307,7 +328,7 @@ def test_streamed_request_without_tools_is_relayed_event_by_event() -> None:
         assert [c.choices[0].delta.content for c in chunks[1:-1]] == pieces
         assert chunks[-1].choices[0].finish_reason == "stop"
         assert upstream.bodies[0]["stream"] is True
-        assert json.loads(raw.headers["x-ctxwarden-report"])["session"] == "u1"
+        assert json.loads(raw.headers["x-ctxwarden-report"])["user"] == "u1"
         # the relayed reply was stored: sending it back is recognised as known
         second = [*first, {"role": "assistant", "content": "".join(pieces)},
                   {"role": "user", "content": "thanks"}]  # fmt: skip
@@ -315,9 +336,8 @@ def test_streamed_request_without_tools_is_relayed_event_by_event() -> None:
             model="gpt-4o-mini", messages=second, stream=True, user="u1"
         )
         list(raw.parse())
-        assert json.loads(raw.headers["x-ctxwarden-report"])["ingested"]["known"] == 2
-        sent = [m["content"] for m in upstream.bodies[1]["messages"]]
-        assert sent == ["when is the deploy?", "The deploy is on Friday.", "thanks"]
+        assert json.loads(raw.headers["x-ctxwarden-report"])["stored"] == {"known": 1, "stored": 1}
+        assert upstream.bodies[1]["messages"] == second
 
 
 def test_streamed_upstream_error_passes_through() -> None:
@@ -332,7 +352,7 @@ def test_streamed_upstream_error_passes_through() -> None:
             client.chat.completions.create(
                 model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
             )
-        assert engine.stats()["memories"] == 1  # the user turn; no reply stored
+        assert engine.stats()["memories"] == 0  # named nobody: nothing stored
 
 
 @pytest.mark.parametrize("rig", [["sunny, noted"]], indirect=True)

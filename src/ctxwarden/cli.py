@@ -649,13 +649,35 @@ def proxy(
     destructive: Annotated[
         list[str] | None, typer.Option(help="Tool-name pattern to hold for approval (repeat).")
     ] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (default 32 MiB).")] = 32
+    << 20,
+    memory: Annotated[
+        bool,
+        typer.Option(
+            "--memory/--no-memory",
+            help="Retrieve memory for requests that name an end user or session.",
+        ),
+    ] = True,
+    anthropic_upstream: Annotated[
+        str | None,
+        typer.Option(
+            help="Anthropic Messages API root for /v1/messages, e.g. https://api.anthropic.com/v1 "
+            "(key from CTXWARDEN_ANTHROPIC_API_KEY or the config)."
+        ),
+    ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
 ) -> None:
-    """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
+    """Serve the proxy: chat completions and Responses to --upstream (key from
+    CTXWARDEN_UPSTREAM_API_KEY or the config), Anthropic Messages to --anthropic-upstream.
+
+    Requests that name neither an end user (``user`` / X-Ctxwarden-User) nor a session
+    (X-Ctxwarden-Session) are only fitted to the window: nothing is stored or retrieved.
+    """
     import uvicorn
 
     from ctxwarden.llm import LLMClient
+    from ctxwarden.llm_anthropic import AnthropicClient
     from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
     from ctxwarden.server.runtime import prepare
 
@@ -664,14 +686,29 @@ def proxy(
     if not url:
         raise ConfigError("upstream: not set; pass --upstream URL or set it in the config")
     patterns = tuple(destructive or settings.destructive_tools)
+    claude_url = anthropic_upstream or settings.anthropic_upstream
+    claude = (
+        AnthropicClient(
+            claude_url,
+            api_key=settings.anthropic_api_key,
+            count_tokens=settings.anthropic_count_tokens,
+        )
+        if claude_url
+        else None
+    )
     with (
         _engine(settings, server=True, inclusion_log=inclusion_log) as engine,
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
-        server = _server_config(engine, host, no_auth)
-        app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
+        server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
+        config = ProxyConfig(destructive=patterns, server=server, memory=memory)
+        app_ = create_proxy_app(engine, client, config, anthropic=claude)
         prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+        try:
+            uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+        finally:
+            if claude is not None:
+                claude.close()
 
 
 @app.command()

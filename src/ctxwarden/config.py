@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     #: its key; requests can never change either.
     upstream: str | None = None
     upstream_api_key: str | None = Field(default=None, repr=False)
+    #: The proxy's Anthropic Messages upstream (``/v1/messages``; e.g.
+    #: https://api.anthropic.com/v1) and its key, sent as ``x-api-key``; whether to ask its
+    #: ``/messages/count_tokens`` to size conversations near the window.
+    anthropic_upstream: str | None = None
+    anthropic_api_key: str | None = Field(default=None, repr=False)
+    anthropic_count_tokens: bool = True
     #: Tool-name patterns the proxy holds for approval (``delete_*``, ``post_*``).
     destructive_tools: list[str] = Field(default_factory=list)
     #: Per-tenant keys that sign tool results (:mod:`ctxwarden.provenance`), at least 16

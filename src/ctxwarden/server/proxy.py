@@ -1,66 +1,98 @@
-"""An OpenAI-compatible proxy: the agent sends its whole conversation, the model gets a context.
+"""An OpenAI-compatible proxy that fits an agent's conversation into the model's window.
 
-``POST /v1/chat/completions`` (streamed or not) and ``GET /v1/models``. For each request the
-proxy:
+``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, ``GET /metrics``. For each
+request the proxy:
 
-1. picks the session: the ``X-Ctxwarden-Session`` header, else the body's ``user``, else a hash
-   of the system prompt;
-2. ingests the messages it has not seen (ids derived from the session and the message, so a
-   conversation sent again is recognised as known);
-3. assembles a context that fits the model's window (window and tokenizer from the registry);
-4. sends that upstream with the configured :class:`~ctxwarden.llm.LLMClient`: a streamed
-   request without tools is streamed through event by event; any request with tools is asked
-   unstreamed, because its tool calls are checked before anything reaches the agent (and then
-   sent as events if the agent asked to stream);
-5. checks the reply's tool calls (:func:`ctxwarden.toolcalls.check_reply`): repairs malformed
-   arguments, asks the model once to rewrite a call that cannot be repaired, holds back calls to
-   destructive tools and says approval is needed;
-6. stores the reply and answers with the upstream body, plus an ``x-ctxwarden-report``
-   header: session, context size, ingest counts, and every repair and gate.
+1. checks the conversation against the chat schema (:mod:`ctxwarden.server.chatfit`): an
+   unknown role, a malformed message, a ``tool`` message without its call or a call without its
+   result gets 400 naming ``messages[i]...``, and nothing is stored;
+2. picks the tokenizer and window (:mod:`ctxwarden.server.windows`): the registry's, or the
+   ``X-Ctxwarden-Tokenizer`` / ``X-Ctxwarden-Window`` headers, lowered to the window the upstream
+   actually serves; an unknown model is counted with an over-estimating o200k, never refused;
+3. fits it (:mod:`ctxwarden.fit`): a conversation that fits goes upstream as sent, every message
+   the client's own; one that does not keeps its system messages first and its newest user turn
+   and everything after it in order, and drops older turns oldest first, in large steps so the
+   following requests only append (providers' prompt caches keep hitting); a tool call and its
+   results are kept or dropped together;
+4. remembers, only for a request that names an end user (``user`` or ``X-Ctxwarden-User``) or a
+   session (``X-Ctxwarden-Session``): stores the new messages verbatim and, when memory is on,
+   inserts one retrieved-memory block after the system messages
+   (:mod:`ctxwarden.server.proxymemory`). A request naming neither is only fitted: nothing is
+   stored, nothing retrieved;
+5. sends the request upstream with its other fields as sent: a streamed request without tools is
+   streamed through event by event; a request with tools is asked unstreamed, because its tool
+   calls are checked first (:func:`ctxwarden.toolcalls.check_reply`: repaired, re-asked once,
+   destructive ones held for approval) and then sent as events if the agent asked to stream;
+6. answers with the upstream body plus an ``x-ctxwarden-report`` header: the window and where it
+   came from, the tokens, what was dropped, the memory block, what was stored, the provider's
+   cached-token count, every repair and gate.
 
-Provenance of relayed tool results: the agent's client ran its tools, not the proxy, so the
-``tool`` messages in a conversation are stored unsigned, hence untrusted
-(:mod:`ctxwarden.provenance`), even when the tenant has a tool key configured: signing what it
-merely relays would claim a verification nobody made. A tool that wants its results trusted
-signs them itself and posts them through the HTTP API. Untrusted content never enters the
-system message; in the context a relayed result goes back only as a ``tool`` message paired
-with its call in recent history (its role marks it as data); retrieval leaves tool messages out.
+Upstream failures keep the upstream's status (a timeout is 504, an unreachable server 502) and a
+body that never names the upstream's host or port. An upstream that answers "maximum context
+length is N" teaches the proxy its window: the conversation is fitted again and sent once more.
 
-The upstream URL and key come from configuration only. Request fields that would redirect the
+The upstream URL and key come from configuration only: request fields that would redirect the
 proxy (``api_base``, ``base_url``, ``api_key``...) are refused, the agent's ``Authorization``
-header is never forwarded, and the client follows no redirects.
+header is never forwarded, and the client follows no redirects. Relayed ``tool`` messages are
+stored unsigned, hence untrusted (:mod:`ctxwarden.provenance`), and the memory block quotes what
+it holds as data.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import time
-from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-import xxhash
+import httpx
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ctxwarden.engine import Engine
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import BudgetError, ConfigError, CtxwardenError, InputError, UpstreamError
+from ctxwarden.fit import Fitted, fit
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
+from ctxwarden.llm_anthropic import AnthropicClient
+from ctxwarden.server.agents import install_agent_apis
+from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
 from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
+from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+from ctxwarden.server.proxymemory import (
+    SESSION_HEADER,
+    USER_HEADER,
+    Block,
+    ProxyMemory,
+    Who,
+    who_of,
+)
+from ctxwarden.server.proxyreply import check_tool_calls, completion_events
+from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens
+from ctxwarden.server.windows import ModelChoice, Windows, window_from_error
 from ctxwarden.sessions import Ticket, TurnSlots
-from ctxwarden.toolcalls import ToolCall, ToolCallReport, check_call, check_reply
-from ctxwarden.toolcalls import repair_request_messages as reask_messages
-from ctxwarden.types import Context
 
-__all__ = ["FORBIDDEN_FIELDS", "ProxyConfig", "create_proxy_app", "session_of"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "FORBIDDEN_FIELDS",
+    "REPORT_HEADER",
+    "SESSION_HEADER",
+    "USER_HEADER",
+    "ProxyConfig",
+    "create_proxy_app",
+]
 
 log = logging.getLogger(__name__)
 
-#: Request fields that could point the proxy elsewhere or ask for its key: refused with 422.
+#: Request fields that could point the proxy elsewhere or ask for its key: refused with 400.
 FORBIDDEN_FIELDS = frozenset(
     {
         "api_base",
@@ -76,9 +108,13 @@ FORBIDDEN_FIELDS = frozenset(
         "extra_headers",
     }
 )
-#: The header a client may set to name its session.
-SESSION_HEADER = "x-ctxwarden-session"
 REPORT_HEADER = "x-ctxwarden-report"
+#: The proxy's default body limit: a 256k-token conversation with room to spare.
+DEFAULT_MAX_BODY_BYTES = 32 << 20
+
+
+def _proxy_server() -> ServerConfig:
+    return ServerConfig(max_body_bytes=DEFAULT_MAX_BODY_BYTES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,122 +123,130 @@ class ProxyConfig:
 
     ``destructive``: tool-name patterns (``fnmatch``, e.g. ``"delete_*"``) whose calls are held
     for approval. ``reask``: ask the model once to rewrite a call whose arguments cannot be
-    repaired. ``server``: body limit, concurrency gate and authentication.
+    repaired. ``memory``: store and retrieve for requests that name an end user or session (a
+    request naming neither is never remembered). ``memory_tokens``: the largest memory block
+    (kept free for it when a conversation has to be trimmed anyway). ``memory_refresh``:
+    ``"cut"`` (default) changes the block only when the conversation's cut moves, so the
+    prompt's prefix stays the same between cuts (prompt caches); ``"topic"`` also searches
+    again for every new user message and changes the block when the search no longer finds
+    any of its memories.
+    ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
+    ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
+    upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
+    the default allows 32 MiB bodies (:data:`DEFAULT_MAX_BODY_BYTES`), a :class:`ServerConfig`
+    of your own has its own default (1 MiB): pass ``max_body_bytes`` with it.
     """
 
     destructive: tuple[str, ...] = ()
     reask: bool = True
-    server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+    memory: bool = True
+    memory_tokens: int = 1024
+    memory_refresh: Literal["cut", "topic"] = "cut"
+    keep_fraction: float = 0.6
+    probe_window: bool = True
+    server: ServerConfig = dataclasses.field(default_factory=_proxy_server)
     turn_slots: int = 8
     turn_timeout: float = 120.0
 
-
-def session_of(headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
-    """The session of a request: header, else ``user``, else a hash of the system prompt."""
-    named = headers.get(SESSION_HEADER)
-    if named and named.strip():
-        return named.strip()
-    user = body.get("user")
-    if isinstance(user, str) and user.strip():
-        return user.strip()
-    system = "\n".join(
-        _text(m.get("content"))
-        for m in body.get("messages", ())
-        if isinstance(m, Mapping) and m.get("role") in ("system", "developer")
-    )
-    return "sys-" + xxhash.xxh3_64_hexdigest(system.encode("utf-8", "surrogatepass"))
+    def __post_init__(self) -> None:
+        if self.memory_tokens < 0:
+            raise ConfigError(f"memory_tokens: {self.memory_tokens} must not be negative")
+        if self.memory_refresh not in ("cut", "topic"):
+            raise ConfigError(f"memory_refresh: {self.memory_refresh!r} is not 'cut' or 'topic'")
+        if not 0.0 <= self.keep_fraction < 1.0:
+            raise ConfigError(f"keep_fraction: {self.keep_fraction} must be from 0 to below 1")
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text")
-        )
-    return str(content)
+@dataclass
+class _Proxy:
+    """What every request shares."""
+
+    engine: Engine
+    upstream: LLMClient
+    config: ProxyConfig
+    slots: TurnSlots
+    windows: Windows
+    memory: ProxyMemory
+    cache: TokenCache
+    conversations: Conversations
+    metrics: ProxyMetrics
 
 
-def _message_key(session: str, message: Mapping[str, Any]) -> str:
-    # only what an agent keeps when it sends a reply back (clients add null fields of their own)
-    calls = [
-        [
-            c.get("id"),
-            (c.get("function") or {}).get("name"),
-            (c.get("function") or {}).get("arguments"),
-        ]
-        for c in message.get("tool_calls") or []
-        if isinstance(c, Mapping)
-    ]
-    return "\x00".join(
-        [
-            session,
-            str(message.get("role")),
-            _text(message.get("content")).strip(),
-            json.dumps(calls, sort_keys=True, separators=(",", ":")),
-            str(message.get("tool_call_id") or ""),
-        ]
-    )
-
-
-class _Ids:
-    """Stable ids for a conversation's messages: the n-th copy of a message gets the same id
-    every time the conversation is sent, so only new messages are stored."""
-
-    def __init__(self, session: str) -> None:
-        self.session = session
-        self.seen: Counter[str] = Counter()
-
-    def next(self, message: Mapping[str, Any]) -> str:
-        key = _message_key(self.session, message)
-        self.seen[key] += 1
-        digest = xxhash.xxh3_64_hexdigest(f"{key}\x00{self.seen[key]}".encode("utf-8", "replace"))
-        return f"px-{digest}"
-
-
-def _record(message: Mapping[str, Any], id: str) -> dict[str, Any] | None:
-    role = message.get("role")
-    content = _text(message.get("content")).strip()
-    calls = message.get("tool_calls") or []
-    if not content and not calls:
-        return None
-    record: dict[str, Any] = {"id": id, "role": role, "content": content or None}
-    if calls:
-        record["tool_calls"] = calls
-    if message.get("tool_call_id"):
-        record["tool_call_id"] = message["tool_call_id"]
-    if isinstance(message.get("name"), str):
-        record["name"] = message["name"]
-    return record
-
-
-def _openai_error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status_code=status
-    )
+def _openai_error(
+    status: int, message: str, kind: str, *, code: str | None = None, param: str | None = None
+) -> JSONResponse:
+    error: dict[str, Any] = {"message": message, "type": kind, "code": code or status}
+    if param is not None:
+        error["param"] = param
+    return JSONResponse({"error": error}, status_code=status)
 
 
 def _report_header(report: Mapping[str, Any]) -> str:
     return json.dumps(report, separators=(",", ":"), ensure_ascii=True)
 
 
-def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | None = None) -> Any:
-    """The proxy application; ``upstream`` is the configured model server's client."""
+def _upstream_error(exc: UpstreamError) -> JSONResponse:
+    """The upstream's failure with its status and message, never its host or port."""
+    if isinstance(exc, UpstreamStatusError):
+        return _openai_error(
+            exc.status,
+            f"upstream answered {exc.status}: {exc.detail}",
+            "upstream_error",
+            code=f"upstream_{exc.status}",
+        )
+    cause = exc.__cause__
+    if isinstance(cause, httpx.TimeoutException):
+        return _openai_error(
+            504, "upstream: no answer in time; try again or raise the proxy's timeout",
+            "upstream_timeout",
+        )  # fmt: skip
+    if isinstance(cause, httpx.HTTPError):
+        return _openai_error(
+            502, "upstream: the model server cannot be reached; check that it is running",
+            "upstream_unreachable",
+        )  # fmt: skip
+    return _openai_error(
+        502, "upstream: the model server's answer was not usable", "upstream_error"
+    )
+
+
+def create_proxy_app(
+    engine: Engine,
+    upstream: LLMClient,
+    config: ProxyConfig | None = None,
+    anthropic: AnthropicClient | None = None,
+) -> Any:
+    """The proxy application; ``upstream`` is the configured model server's client (chat
+    completions and Responses), ``anthropic`` the Messages API upstream if there is one."""
     config = config or ProxyConfig()
-    slots = TurnSlots(config.turn_slots, timeout=config.turn_timeout)
+    metrics = Metrics(engine.log_counters)
+    proxy = _Proxy(
+        engine=engine,
+        upstream=upstream,
+        config=config,
+        slots=TurnSlots(config.turn_slots, timeout=config.turn_timeout),
+        windows=Windows(upstream, engine.registry, probe=config.probe_window),
+        memory=ProxyMemory(engine),
+        cache=TokenCache(),
+        conversations=Conversations(),
+        metrics=ProxyMetrics(metrics),
+    )
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
-    app.state.slots = slots
+    app.state.slots = proxy.slots
     app.state.engine = engine
     app.state.config = config.server
+    app.state.proxy = proxy
 
     @app.exception_handler(CtxwardenError)
     async def _error(request: Request, exc: CtxwardenError) -> JSONResponse:
-        if isinstance(exc, UpstreamStatusError) and 400 <= exc.status < 500:
-            return _openai_error(exc.status, f"upstream: {exc.detail}", "upstream_error")
+        if isinstance(exc, UpstreamError):
+            return _upstream_error(exc)
+        if isinstance(exc, BudgetError):
+            return _openai_error(
+                400, str(exc), "invalid_request_error", code="context_length_exceeded"
+            )
+        if isinstance(exc, InputError):
+            return _openai_error(400, str(exc), "invalid_request_error", param=exc.field)
         status = status_for(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
@@ -218,6 +262,11 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
         """Liveness."""
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    def metrics_endpoint() -> Response:
+        """Prometheus metrics: requests, fits, tokens sent, the provider's cached tokens."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
     @app.get("/v1/models")
     def models(caller: Caller) -> dict[str, Any]:
         """The upstream's model list, as it sent it."""
@@ -226,199 +275,398 @@ def create_proxy_app(engine: Engine, upstream: LLMClient, config: ProxyConfig | 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, caller: Caller) -> Response:
-        """Ingest the new messages, assemble, ask upstream, check tool calls, store the reply."""
+        """Fit the conversation, remember it when named, ask upstream, check tool calls."""
         caller.require("write")
-        try:
-            body = await request.json()
-        except ValueError:
-            raise InputError("the body is not JSON", field="body") from None
-        if not isinstance(body, dict):
-            raise InputError("expected a JSON object", field="body")
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        payload, report = await run_in_threadpool(
-            _turn, engine, upstream, config, slots, caller, body, headers
+        raw = await request.body()
+        payload, report, stream, after = await run_in_threadpool(
+            _turn, proxy, caller, raw, {k.lower(): v for k, v in request.headers.items()}
         )
         header = {REPORT_HEADER: _report_header(report)}
+        # the reply is stored after the answer is sent (see _after)
+        background = BackgroundTask(after) if after is not None else None
         if not isinstance(payload, dict):  # the upstream's own stream, relayed
             return StreamingResponse(payload, media_type="text/event-stream", headers=header)
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if stream is not None:
             return StreamingResponse(
-                _sse(payload, include_usage=include_usage),
+                completion_events(payload, include_usage=stream),
                 media_type="text/event-stream",
                 headers=header,
+                background=background,
             )
-        return JSONResponse(payload, headers=header)
+        return Response(
+            orjson.dumps(payload),
+            media_type="application/json",
+            headers=header,
+            background=background,
+        )
 
-    app.add_middleware(LimitsMiddleware, config=config.server)
+    install_agent_apis(app, engine, upstream, anthropic)  # /v1/responses, /v1/messages
+    app.add_middleware(LimitsMiddleware, config=config.server, metrics=metrics)
     return app
 
 
-def _turn(
-    engine: Engine,
-    upstream: LLMClient,
-    config: ProxyConfig,
-    slots: TurnSlots,
-    caller: Principal,
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
-    """One turn in its session's slot: the upstream body, or for a streamed request without
-    tools the upstream's own events as they come (the slot is held until the stream ends)."""
+@contextmanager
+def _collections_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a block (a no-op if it is already off).
+
+    Process-wide while the block runs: objects dropped meanwhile are freed by reference
+    counting as always; only cycles wait for the next collection.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"the body is not JSON ({exc})", field="body") from None
+    if not isinstance(body, dict):
+        raise InputError("expected a JSON object", field="body")
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
                 "the upstream is fixed by the proxy's configuration: remove this field",
                 field=name,
             )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InputError("expected a non-empty list of messages", field="messages")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(body.get("model"), str) or not body["model"]:
         raise InputError("missing: name the model", field="model")
-    tools = body.get("tools") or []
-    session = session_of(headers, body)
-    ticket = slots.enqueue(f"{caller.tenant}\x00{session}")
-    ticket.wait(slots.timeout)
-    try:
-        turn = _prepare(engine, caller.tenant, session, body, model, tools)
-        if body.get("stream") and not tools:
-            outgoing = {**turn.outgoing, "stream": True}
-            events = upstream.stream("chat/completions", outgoing)
-            if events.body is None:
-                return _relay(engine, turn, events, ticket), turn.report()
-            payload = events.body  # the upstream did not stream: sent on as events
-            answer = ((payload.get("choices") or [{}])[0] or {}).get("message")
-            if isinstance(answer, dict):
-                turn.store_reply(engine, answer)
-            report = turn.report()
-        else:
-            payload, report = _finish(engine, upstream, config, turn, model, tools)
-    except BaseException:
-        ticket.release()
-        raise
-    ticket.release()
-    return payload, report
+    tools = body.get("tools")
+    if tools is not None and (
+        not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
+    ):
+        raise InputError("must be a list of tool objects", field="tools")
+    return body
+
+
+def _requested_output(body: Mapping[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"must be a positive integer, got {value!r}", field=name)
+        return value
+    return None
 
 
 @dataclass
-class _Turn:
-    tenant: str
-    session: str
-    ids: _Ids
-    context: Context
-    ingested: Mapping[str, int]
+class _Plan:
+    """One fitted request: what goes upstream and the report's numbers."""
+
     outgoing: dict[str, Any]
-    received: int
-
-    def report(self, **extra: Any) -> dict[str, Any]:
-        return {
-            "session": self.session,
-            "model": self.context.report.model,
-            "tokens": self.context.tokens,
-            "cap": self.context.report.cap,
-            "window": self.context.report.window,
-            "included": len(self.context.included),
-            "sent_messages": len(self.context.messages),
-            "received_messages": self.received,
-            "ingested": dict(self.ingested),
-            **extra,
-        }
-
-    def store_reply(self, engine: Engine, message: Mapping[str, Any]) -> None:
-        reply = _record(message, self.ids.next(message))
-        if reply is not None:
-            reply["role"] = "assistant"
-            engine.ingest([reply], tenant=self.tenant, session=self.session)
+    choice: ModelChoice
+    cap: int
+    fitted: Fitted
+    block: Block | None
+    block_kept: bool
+    sent: int
+    counted: int
+    stored: dict[str, int]
+    conversation_tokens: int  # what sending the whole conversation would cost
 
 
-def _prepare(
-    engine: Engine,
-    tenant: str,
-    session: str,
+def _fit(
+    proxy: _Proxy,
+    who: Who,
     body: dict[str, Any],
-    model: str,
-    tools: Sequence[Mapping[str, Any]],
-) -> _Turn:
-    """Ingest the new messages and assemble the context to send."""
-    messages = body["messages"]
-    system_parts: list[str] = []
-    records: list[dict[str, Any]] = []
-    ids = _Ids(session)
-    query: str | None = None
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise InputError("expected an object", field=f"messages[{index}]")
-        role = message.get("role")
-        if role in ("system", "developer"):
-            system_parts.append(_text(message.get("content")))
-            continue
-        record = _record(message, ids.next(message))
-        if record is not None:
-            records.append(record)
-        if role == "user":
-            query = _text(message.get("content")).strip() or query
-    ingested = engine.ingest(records, tenant=tenant, session=session)
-    system = "\n\n".join(p for p in system_parts if p.strip()) or None
-    context = engine.assemble(
-        session=session, query=query, model=model, system=system, tools=tools, tenant=tenant
-    )
-    outgoing = {k: v for k, v in body.items() if k not in ("stream", "user")}
-    if not body.get("stream"):
-        outgoing.pop("stream_options", None)
-    outgoing["messages"] = list(context.messages)
-    outgoing["stream"] = False
-    return _Turn(
-        tenant=tenant,
-        session=session,
-        ids=ids,
-        context=context,
-        ingested=ingested.counts,
+    headers: Mapping[str, str],
+    checked: Checked,
+    remember: bool,
+) -> _Plan:
+    """Fit the conversation to the chosen window, with the memory block when there is one."""
+    messages: list[Any] = body["messages"]
+    model: str = body["model"]
+    choice = proxy.windows.choose(model, headers)
+    fmt = choice.fmt
+    limits = proxy.engine.config.policy.limits(window=choice.window, max_output=choice.max_output)
+    cap = limits.cap
+    requested = _requested_output(body)
+    if requested is not None:
+        cap = min(cap, choice.window - requested - limits.margin)
+        if cap <= 0:
+            field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+            raise InputError(
+                f"{requested} leaves no room for the prompt in a window of {choice.window}",
+                field=field,
+            )
+    tools = body.get("tools") or []
+    fixed = fmt.request_overhead(has_system=checked.leads[0] == "system")
+    fixed += fmt.tools_tokens(choice.tokenizer, tools) if tools else 0
+    units, counted, keys = count_units(messages, checked, fmt, proxy.cache, proxy.conversations)
+    keep_fraction = proxy.config.keep_fraction
+    fitted = fit(units, cap=cap, fixed=fixed, keep_fraction=keep_fraction)
+    block: Block | None = None
+    kept_block = False
+    stored: dict[str, int] = {}
+    if remember:
+        # only now: a request that cannot be fitted stores nothing
+        stored, _ = proxy.memory.remember(who, messages, keys)
+    lead = 0
+    while lead < len(units) and units[lead].kind == "system":
+        lead += 1
+    memory_at = units[lead - 1].stop if lead else 0
+    memory = remember and proxy.config.memory and proxy.config.memory_tokens > 0
+    reserved = 0
+    if memory and not fitted.unchanged:
+        # A conversation that must be trimmed anyway is trimmed with room for the memory
+        # block kept (a constant, so the cut points stay a function of the prefix): the block
+        # never has to leave between two cuts for want of room.
+        try:
+            fitted = fit(
+                units, cap=cap, fixed=fixed, keep_fraction=keep_fraction,
+                memory_tokens=proxy.config.memory_tokens,
+            )  # fmt: skip
+            reserved = proxy.config.memory_tokens
+        except BudgetError:
+            pass  # the newest turn leaves no such room: the block gets what is left
+    if memory:
+        # the conversation's own messages as sent: the system messages and the kept tail
+        tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
+        exclude = proxy.memory.kept(who, memory_at, tail_from)
+        question = next(
+            (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
+            "",
+        )
+        room = min(proxy.config.memory_tokens, cap - fitted.tokens + reserved)
+        cut = tail_from if proxy.config.memory_refresh == "cut" else None
+        block, kept_block = proxy.memory.block(
+            who, question, exclude=exclude, budget=room, fmt=fmt, cut=cut
+        )
+        # The block takes only the room kept for it, or else the room the fit left (then fit()
+        # with its tokens would choose the same units: tests/test_fit.py), so the units stay
+        # and the total stays within the cap.
+        used = block.tokens if block is not None else 0
+        fitted = dataclasses.replace(fitted, tokens=fitted.tokens - reserved + used)
+    if fitted.unchanged and block is None:
+        sent_messages = messages
+    else:
+        kept = [m for i in fitted.keep for m in messages[units[i].start : units[i].stop]]
+        sent_messages = (
+            kept if block is None else [*kept[:memory_at], block.message(), *kept[memory_at:]]
+        )
+    outgoing = dict(body)
+    outgoing["messages"] = sent_messages
+    return _Plan(
         outgoing=outgoing,
-        received=len(messages),
+        choice=choice,
+        cap=cap,
+        fitted=fitted,
+        block=block,
+        block_kept=kept_block,
+        sent=len(sent_messages),
+        counted=counted,
+        stored=stored,
+        conversation_tokens=fixed + sum(u.tokens for u in units),
     )
 
 
-def _finish(
-    engine: Engine,
-    upstream: LLMClient,
-    config: ProxyConfig,
-    turn: _Turn,
-    model: str,
-    tools: Sequence[Mapping[str, Any]],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Ask upstream (not streamed), check the tool calls, store the reply."""
-    turn.outgoing.pop("stream_options", None)
+def _report(plan: _Plan, who: Who, received: int, started: float, **extra: Any) -> dict[str, Any]:
+    choice = plan.choice
+    fitted = plan.fitted
+    report: dict[str, Any] = {
+        "model": choice.model,
+        "tokenizer": choice.tokenizer.name,
+        "exact": choice.tokenizer.exact,
+        "known_model": choice.known,
+        "window": choice.window,
+        "window_source": choice.window_source,
+        "cap": plan.cap,
+        "tokens": fitted.tokens,
+        "conversation_tokens": plan.conversation_tokens,
+        "unchanged": fitted.unchanged,
+        "received_messages": received,
+        "sent_messages": plan.sent,
+        "dropped_turns": len(fitted.dropped),
+        "counted_messages": plan.counted,
+        "user": who.user,
+        "session": who.session,
+        "remembered": who.named,
+        "stored": plan.stored,
+        "memory": None
+        if plan.block is None
+        else {
+            "scope": who.scope,
+            "memories": len(plan.block.ids),
+            "tokens": plan.block.tokens,
+            "kept": plan.block_kept,
+        },
+        "notes": [*choice.notes, *fitted.notes],
+        "proxy_ms": round((time.perf_counter() - started) * 1000, 2),
+    }
+    report.update(extra)
+    return report
+
+
+def _turn(
+    proxy: _Proxy, caller: Principal, raw: bytes, headers: Mapping[str, str]
+) -> tuple[
+    dict[str, Any] | Iterator[bytes], dict[str, Any], bool | None, Callable[[], None] | None
+]:
+    """One request: the upstream body (or its relayed events), the report, whether to send the
+    body as events (None: as JSON; otherwise whether the client asked for usage), and what to
+    do once the answer is sent (store the reply)."""
     started = time.perf_counter()
-    payload = upstream.post("chat/completions", turn.outgoing)
-    upstream_ms = round((time.perf_counter() - started) * 1000, 1)
-    tool_report: dict[str, Any] | None = None
+    with _collections_paused():
+        body = _parse(raw)
+        checked = proxy.conversations.check(body.get("messages"))
+    who = who_of(caller.tenant, headers, body)
+    wants_stream = bool(body.get("stream"))
+    tools = body.get("tools") or []
+    # One turn per conversation at a time (its reply is stored before the next is fitted);
+    # a request that names nobody is its own conversation.
+    ticket = proxy.slots.enqueue(
+        f"{who.tenant}\x00{who.user}\x00{who.session}" if who.named else uuid.uuid4().hex
+    )
+    ticket.wait(proxy.slots.timeout)
+    handed = False  # to the relay of a stream, which releases it when the stream ends
+    try:
+        with _collections_paused():  # a big conversation is ~100k new objects: no GC passes
+            plan = _fit(proxy, who, body, headers, checked, who.named)
+        proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
+        proxy.metrics.sent_tokens.inc(plan.fitted.tokens)
+        if plan.block is not None:
+            proxy.metrics.memory_blocks.labels(kept=str(plan.block_kept).lower()).inc()
+        if wants_stream and not tools:
+            events = _send(proxy, who, body, headers, checked, plan, stream=True)
+            assert isinstance(events, ChunkStream)
+            if events.body is None:
+                report = _report(plan, who, len(body["messages"]), started)
+                # the relay releases the ticket when the stream ends
+                handed = True
+                return _relay(proxy, who, events, ticket), report, None, None
+            payload = events.body  # the upstream did not stream: sent on as events
+            proxy.metrics.observe_usage(payload.get("usage"))
+            report = _report(plan, who, len(body["messages"]), started)
+        else:
+            payload, plan, upstream_ms = _ask(proxy, who, body, headers, checked, plan)
+            report = _report(
+                plan, who, len(body["messages"]), started, upstream_ms=upstream_ms,
+                cached_tokens=cached_tokens(payload.get("usage")),
+            )  # fmt: skip
+            report["proxy_ms"] = round(report["proxy_ms"] - upstream_ms, 2)
+            tool_report = _checked(proxy, payload, body["model"], tools)
+            if tool_report is not None:
+                report["tool_calls"] = tool_report
+        after = _after(proxy, who, payload)
+    finally:
+        if not handed:
+            ticket.release()
+    stream: bool | None = None
+    if wants_stream:
+        stream = bool((body.get("stream_options") or {}).get("include_usage"))
+    return payload, report, stream, after
+
+
+def _send(
+    proxy: _Proxy,
+    who: Who,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    checked: Checked,
+    plan: _Plan,
+    *,
+    stream: bool,
+) -> ChunkStream | dict[str, Any]:
+    """Send ``plan`` upstream; on a context-length error that names a smaller window, learn it,
+    fit again and send once more (``plan`` is updated in place)."""
+    for attempt in (0, 1):
+        outgoing = dict(plan.outgoing)
+        if stream:
+            outgoing["stream"] = True
+        else:
+            outgoing["stream"] = False
+            outgoing.pop("stream_options", None)
+        try:
+            if stream:
+                return proxy.upstream.stream("chat/completions", outgoing)
+            return proxy.upstream.post("chat/completions", outgoing)
+        except UpstreamStatusError as exc:
+            served = window_from_error(exc.detail) if exc.status == 400 else None
+            if attempt or served is None or served >= plan.choice.window:
+                raise
+            proxy.windows.learn(body["model"], served)
+            refitted = _fit(proxy, who, body, headers, checked, who.named)
+            plan.__dict__.update(refitted.__dict__)
+    raise AssertionError("unreachable")
+
+
+def _ask(
+    proxy: _Proxy,
+    who: Who,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    checked: Checked,
+    plan: _Plan,
+) -> tuple[dict[str, Any], _Plan, float]:
+    """Ask upstream unstreamed; the answer, the plan sent, and the upstream's milliseconds."""
+    began = time.perf_counter()
+    payload = _send(proxy, who, body, headers, checked, plan, stream=False)
+    assert isinstance(payload, dict)
+    proxy.metrics.observe_usage(payload.get("usage"))
+    return payload, plan, round((time.perf_counter() - began) * 1000, 2)
+
+
+def _answer(payload: Mapping[str, Any]) -> dict[str, Any] | None:
     choices = payload.get("choices")
-    first: dict[str, Any] = {}
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        first = choices[0]
-    answer = first.get("message")
-    if isinstance(answer, dict) and answer.get("tool_calls"):
-        tool_report = _check_tool_calls(upstream, config, model, answer, tools, first)
-    if isinstance(answer, dict):
-        turn.store_reply(engine, answer)
-    report = turn.report(upstream_ms=upstream_ms)
-    if tool_report is not None:
-        report["tool_calls"] = tool_report
-    return payload, report
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            return message
+    return None
 
 
-def _relay(engine: Engine, turn: _Turn, events: ChunkStream, ticket: Ticket) -> Iterator[bytes]:
+def _after(proxy: _Proxy, who: Who, payload: Mapping[str, Any]) -> Callable[[], None] | None:
+    """Storing the reply, to run once the answer is sent. Its id is fixed now, while the turn
+    holds its slot: it is the id the client's echo of the reply gets, so if the next turn comes
+    first (or the client hung up and this never runs), the echo stores it and this is known."""
+    answer = _answer(payload)
+    if answer is None or not who.named:
+        return None
+    record = proxy.memory.reply_record(who, answer)
+    if record is None:
+        return None
+
+    def store() -> None:
+        try:
+            proxy.memory.store(who, [record])
+        except CtxwardenError:
+            log.exception("storing the reply failed; the client's echo of it will store it")
+
+    return store
+
+
+def _checked(
+    proxy: _Proxy, payload: dict[str, Any], model: str, tools: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    answer = _answer(payload)
+    if answer is None or not answer.get("tool_calls"):
+        return None
+    first = payload["choices"][0]
+    config = proxy.config
+    return check_tool_calls(
+        proxy.upstream, config.destructive, config.reask, model, answer, tools, first
+    )
+
+
+def _relay(proxy: _Proxy, who: Who, events: ChunkStream, ticket: Ticket) -> Iterator[bytes]:
     """Pass the upstream's events through as they come; store the reply text at the end."""
     parts: list[str] = []
     try:
         for data in events:
             try:
-                chunk = json.loads(data)
-            except ValueError:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
                 chunk = None
             if isinstance(chunk, dict):
+                if chunk.get("usage") is not None:
+                    proxy.metrics.observe_usage(chunk["usage"])
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") if isinstance(choice, dict) else None
                     if isinstance(delta, dict) and choice.get("index", 0) == 0:
@@ -427,114 +675,8 @@ def _relay(engine: Engine, turn: _Turn, events: ChunkStream, ticket: Ticket) -> 
                             parts.append(content)
             yield b"data: " + data.encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
-        if parts:
-            turn.store_reply(engine, {"role": "assistant", "content": "".join(parts)})
+        if parts and who.named:
+            proxy.memory.remember_reply(who, {"role": "assistant", "content": "".join(parts)})
     finally:
         events.close()
         ticket.release()
-
-
-def _check_tool_calls(
-    upstream: LLMClient,
-    config: ProxyConfig,
-    model: str,
-    message: dict[str, Any],
-    tools: Sequence[Mapping[str, Any]],
-    choice: dict[str, Any],
-) -> dict[str, Any]:
-    """Check, repair, re-ask and gate the reply's calls in place; the report of what was done."""
-    raw_calls = message.get("tool_calls") or []
-    calls = [ToolCall.from_openai(c) for c in raw_calls]
-    report = check_reply(calls, tools, destructive=config.destructive)
-    checks = list(report.calls)
-    reasks: list[dict[str, Any]] = []
-    if config.reask:
-        for position, check in enumerate(checks):
-            if check.status != "invalid" or check.problems[0].code == "unknown_tool":
-                continue
-            schema = _schema_for(tools, check.call.name)
-            answer = upstream.chat(
-                reask_messages(check.call, check.problems, schema=schema), model=model
-            )
-            again = check_call(
-                dataclasses.replace(check.call, arguments=answer.text or ""),
-                tools,
-                destructive=config.destructive,
-            )
-            reasks.append({"id": check.call.id, "name": check.call.name, "status": again.status})
-            if again.status != "invalid":
-                checks[position] = dataclasses.replace(
-                    again,
-                    original_arguments=check.original_arguments,
-                    steps=(*check.steps, "asked the model to rewrite the call", *again.steps),
-                )
-    final = ToolCallReport(calls=tuple(checks))
-    runnable = final.runnable_calls()
-    message["tool_calls"] = [c.to_openai() for c in runnable] or None
-    if message["tool_calls"] is None:
-        del message["tool_calls"]
-    notes = []
-    if final.held:
-        notes.append(final.held_notice())
-    dropped = [c for c in final.calls if c.status == "invalid"]
-    if dropped:
-        notes.append(
-            "\n".join(
-                f"The call to {c.call.name} (call {c.call.id}) was dropped: its arguments are "
-                "not valid for the tool."
-                for c in dropped
-            )
-        )
-    if notes:
-        content = message.get("content")
-        message["content"] = "\n".join(p for p in [content, *notes] if p)
-    if not runnable and choice.get("finish_reason") == "tool_calls":
-        choice["finish_reason"] = "stop"
-    out = final.to_json()
-    out["reasks"] = reasks
-    return out
-
-
-def _schema_for(tools: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
-    for tool in tools:
-        function = tool.get("function", tool)
-        if isinstance(function, Mapping) and function.get("name") == name:
-            parameters = function.get("parameters")
-            return parameters if isinstance(parameters, Mapping) else None
-    return None
-
-
-def _sse(payload: Mapping[str, Any], *, include_usage: bool) -> Iterator[bytes]:
-    """The completed reply as OpenAI ``chat.completion.chunk`` server-sent events."""
-    base = {
-        "id": payload.get("id", "chatcmpl-ctxwarden"),
-        "object": "chat.completion.chunk",
-        "created": payload.get("created", int(time.time())),
-        "model": payload.get("model", ""),
-    }
-
-    def event(data: Mapping[str, Any]) -> bytes:
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-    for choice in payload.get("choices") or []:
-        index = choice.get("index", 0)
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {"role": message.get("role", "assistant")}
-        if message.get("content") is not None:
-            delta["content"] = message["content"]
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [
-                {"index": position, **call} for position, call in enumerate(message["tool_calls"])
-            ]
-        yield event({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
-        yield event(
-            {
-                **base,
-                "choices": [
-                    {"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}
-                ],
-            }
-        )
-    if include_usage and payload.get("usage") is not None:
-        yield event({**base, "choices": [], "usage": payload["usage"]})
-    yield b"data: [DONE]\n\n"

@@ -1,203 +1,162 @@
-"""The context window an upstream server actually serves, asked once per model and cached.
+"""Which tokenizer and window a proxied request is fitted to: the served window, any model.
 
-A model's published window is not what a server gives it: llama.cpp runs with the ``-c`` it was
-started with (split across its parallel slots), vLLM with ``--max-model-len``, Ollama with the
-model's ``num_ctx``. Sending more than that is a 400 (llama.cpp, vLLM) or a silently cut prompt
-(Ollama). :class:`ServedWindows` asks the upstream, in this order, and takes the first answer:
+The window is the smallest of what is known:
 
-1. ``GET /v1/models``: vLLM's ``max_model_len``; LM Studio-style ``loaded_context_length`` (the
-   loaded model's) or ``max_context_length``, for the entry whose ``id`` is the model (or the
-   only entry).
-2. ``GET /props`` (llama.cpp's server): ``default_generation_settings.n_ctx`` (one slot's share)
-   and ``n_ctx``, the smaller when both are there.
-3. Ollama: ``GET /api/ps`` ``context_length`` of the loaded model, else ``POST /api/show``'s
-   ``num_ctx`` in ``parameters``, else ``model_info["<architecture>.context_length"]`` (the
-   model's own limit: a model neither loaded nor given ``num_ctx`` runs with the server's
-   default context, which the API does not report).
-4. ``GET /api/v0/models`` (LM Studio's REST API): as 1.
+- the registry's window for the model (:mod:`ctxwarden.models`), or ``X-Ctxwarden-Window``;
+- the window the upstream actually serves, asked once per model and cached by
+  :class:`~ctxwarden.server.served.ServedWindows` (llama.cpp's ``/props``, vLLM's and LM Studio's
+  model lists, Ollama's ``/api/ps`` and ``/api/show``);
+- a window learnt from an upstream's "context length exceeded" answer (llama-cpp-python and
+  vLLM say ``maximum context length is N``), after which the proxy fits again and retries once.
 
-It never raises: an upstream that answers none of these (the OpenAI API, llama-cpp-python's
-server) gives None, cached for ``retry_after`` seconds before asking again; a found window is
-cached for ``ttl`` seconds (a server restarted with another ``-c`` is noticed then). Thread-safe:
-concurrent callers for one model wait for a single round of questions.
-
-    >>> from ctxwarden.llm import LLMClient
-    >>> windows = ServedWindows(LLMClient("http://127.0.0.1:9/v1"), timeout=0.2)
-    >>> windows.window("qwen3") is None  # nothing listens on port 9
-    True
+The tokenizer is ``X-Ctxwarden-Tokenizer`` when sent, else the registry's
+(:meth:`~ctxwarden.models.ModelRegistry.resolve`). A model the registry does not know is never
+refused: the registry counts it with its over-estimating approximation, and the proxy assumes
+:data:`UNKNOWN_MODEL_WINDOW` unless the upstream or a header says otherwise (an upstream's
+context-length error lowers it); the report says so.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ctxwarden import tokens
+from ctxwarden.errors import InputError
 from ctxwarden.llm import LLMClient
+from ctxwarden.models import ModelRegistry, remote_tokenizer
+from ctxwarden.server.served import ServedWindows
 
-__all__ = ["ServedWindows"]
+__all__ = [
+    "TOKENIZER_HEADER",
+    "UNKNOWN_MODEL_WINDOW",
+    "WINDOW_HEADER",
+    "ModelChoice",
+    "ServedWindows",
+    "Windows",
+    "window_from_error",
+]
 
-logger = logging.getLogger(__name__)
+TOKENIZER_HEADER = "x-ctxwarden-tokenizer"
+WINDOW_HEADER = "x-ctxwarden-window"
+#: The window assumed for a model nobody names a window for (neither registry, header nor server);
+#: an upstream that serves less says so in its error, and the proxy fits again.
+UNKNOWN_MODEL_WINDOW = 32768
+#: The reply reserve of a model without a spec.
+UNKNOWN_MODEL_MAX_OUTPUT = 4096
+_ERROR_PATTERNS = (
+    re.compile(r"maximum context length is (\d+)"),
+    re.compile(r"exceed context window of (\d+)"),
+    re.compile(r"context length of (?:only )?(\d+)"),
+    re.compile(r"\bn_ctx\W{1,4}(\d+)"),
+)
 
-_NUM_CTX = re.compile(r"(?m)^\s*num_ctx\s+(\d+)\s*$")
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelChoice:
+    """The tokenizer, chat format and window a request is fitted to, and where each came from."""
 
-@dataclass
-class _Entry:
-    window: int | None
-    expires: float
+    model: str
+    tokenizer: tokens.Tokenizer
+    fmt: tokens.ChatFormat
+    window: int
+    max_output: int
+    window_source: str
+    known: bool
+    notes: tuple[str, ...]
 
 
 def _positive(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool):
         return None
-    number = int(value)
-    return number if number > 0 and number == value else None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None
 
 
-def _smallest(*values: Any) -> int | None:
-    found = [v for v in (_positive(x) for x in values) if v is not None]
-    return min(found) if found else None
+def window_from_error(detail: str) -> int | None:
+    """The window an upstream's context-length error names, if it names one."""
+    for pattern in _ERROR_PATTERNS:
+        match = pattern.search(detail)
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1))
+    return None
 
 
-def _entry_for(data: Mapping[str, Any], model: str) -> Mapping[str, Any] | None:
-    """The model's entry in an OpenAI-style ``{"data": [...]}`` list (or the only one)."""
-    items = data.get("data")
-    if not isinstance(items, list):
-        return None
-    entries = [e for e in items if isinstance(e, Mapping)]
-    wanted = model.strip().lower()
-    for entry in entries:
-        if str(entry.get("id", "")).strip().lower() == wanted:
-            return entry
-    return entries[0] if len(entries) == 1 else None
+class Windows:
+    """Tokenizer and window per request; served windows asked of the upstream once per model."""
 
-
-def _from_model_entry(entry: Mapping[str, Any] | None) -> int | None:
-    if entry is None:
-        return None
-    loaded = _positive(entry.get("loaded_context_length"))
-    if loaded is not None:
-        return loaded
-    return _positive(entry.get("max_model_len")) or _positive(entry.get("max_context_length"))
-
-
-class ServedWindows:
-    """Ask an OpenAI-compatible upstream for the window it serves each model (see the module).
-
-    ``client`` is the proxy's :class:`~ctxwarden.llm.LLMClient` (its ``base_url`` ends in
-    ``/v1``; the server-root endpoints are asked with ``root=True``). ``timeout`` bounds each
-    question; ``ttl`` and ``retry_after`` are the cache lifetimes of a found window and of
-    "no answer", in seconds.
-    """
-
-    def __init__(
-        self,
-        client: LLMClient,
-        *,
-        timeout: float = 5.0,
-        ttl: float = 600.0,
-        retry_after: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._ttl = ttl
-        self._retry_after = retry_after
-        self._clock = clock
+    def __init__(self, upstream: LLMClient, registry: ModelRegistry, *, probe: bool = True) -> None:
+        self.registry = registry
+        self._served = ServedWindows(upstream) if probe else None
+        self._learnt: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._cache: dict[str, _Entry] = {}
-        self._asking: dict[str, threading.Lock] = {}
 
-    def window(self, model: str) -> int | None:
-        """The window the upstream serves ``model`` in tokens, or None when it does not say."""
-        key = model.strip().lower() if isinstance(model, str) else ""
-        cached = self._cached(key)
-        if cached is not None:
-            return cached.window
+    def served(self, model: str) -> tuple[int | None, str]:
+        """The window the upstream serves ``model`` with and where it was read (cached)."""
+        learnt = self._learnt.get(model)
+        if learnt is not None:
+            return learnt, "served (named in the upstream's error)"
+        found = self._served.window(model) if self._served is not None else None
+        return (found, "served (asked the upstream)") if found else (None, "")
+
+    def learn(self, model: str, window: int) -> None:
+        """Remember a window the upstream named in an error (only ever lowers the window)."""
         with self._lock:
-            asking = self._asking.setdefault(key, threading.Lock())
-        with asking:  # one round of questions per model; the others wait for its answer
-            cached = self._cached(key)
-            if cached is not None:
-                return cached.window
-            window = self._ask(model)
-            life = self._ttl if window is not None else self._retry_after
-            with self._lock:
-                self._cache[key] = _Entry(window, self._clock() + life)
-            return window
+            current, _ = self.served(model)
+            if current is None or window < current:
+                self._learnt[model] = window
 
-    def forget(self, model: str | None = None) -> None:
-        """Drop the cached answer for ``model`` (all models when None): the next call asks."""
-        with self._lock:
-            if model is None:
-                self._cache.clear()
-            else:
-                self._cache.pop(model.strip().lower(), None)
-
-    def _cached(self, key: str) -> _Entry | None:
-        with self._lock:
-            entry = self._cache.get(key)
-        if entry is None or entry.expires <= self._clock():
-            return None
-        return entry
-
-    def _ask(self, model: str) -> int | None:
-        probes: tuple[tuple[str, Callable[[str], int | None]], ...] = (
-            ("/v1/models", self._openai_models),
-            ("/props", self._llamacpp_props),
-            ("/api/ps, /api/show", self._ollama),
-            ("/api/v0/models", self._lmstudio),
+    def choose(self, model: str, headers: Mapping[str, str]) -> ModelChoice:
+        """The tokenizer, format and window for ``model`` with the request's headers."""
+        notes: list[str] = []
+        named_tokenizer = headers.get(TOKENIZER_HEADER, "").strip() or None
+        named_window = headers.get(WINDOW_HEADER, "").strip()
+        window_override = None
+        if named_window:
+            window_override = _positive(named_window)
+            if window_override is None:
+                raise InputError(
+                    f"{named_window!r} must be a positive number of tokens",
+                    field=f"header {WINDOW_HEADER}",
+                )
+        try:
+            spec = self.registry.resolve(
+                model, tokenizer=remote_tokenizer(named_tokenizer), window=window_override
+            )
+        except InputError as exc:
+            header = TOKENIZER_HEADER if exc.field == "tokenizer" else WINDOW_HEADER
+            raise InputError(str(exc), field=f"header {header}") from None
+        tok = tokens.get_tokenizer(spec.tokenizer)
+        if not spec.registered and named_tokenizer is None:
+            notes.append(
+                f"unknown model {model!r}: counted with {tok.name} (an over-estimate); name its "
+                f"tokenizer with the {TOKENIZER_HEADER} header or register it"
+            )
+        if window_override is not None:
+            window, source = window_override, "header"
+        elif spec.registered:
+            window, source = spec.window, "registry"
+        else:
+            window, source = UNKNOWN_MODEL_WINDOW, "assumed for an unknown model"
+            notes.append(f"window {UNKNOWN_MODEL_WINDOW} assumed: name it with {WINDOW_HEADER}")
+        served, served_source = self.served(model)
+        if served is not None and served < window:
+            notes.append(f"window {window} ({source}) lowered to the {served} the upstream serves")
+            window, source = served, served_source
+        max_output = spec.max_output if spec.registered else UNKNOWN_MODEL_MAX_OUTPUT
+        return ModelChoice(
+            model=model,
+            tokenizer=tok,
+            fmt=tokens.get_chat_format(spec.chat_format, tok),
+            window=window,
+            max_output=min(max_output, window // 2),
+            window_source=source,
+            known=spec.registered,
+            notes=tuple(notes),
         )
-        for name, probe in probes:
-            try:
-                window = probe(model)
-            except Exception as exc:  # never raise: an upstream may answer anything or nothing
-                logger.debug("served window of %r: %s: %s", model, name, exc)
-                continue
-            if window is not None:
-                logger.info("upstream serves %r with a %d-token window (%s)", model, window, name)
-                return window
-        logger.info("upstream does not say the window it serves %r", model)
-        return None
-
-    def _get(self, path: str, *, root: bool) -> dict[str, Any]:
-        return self._client.request("GET", path, root=root, timeout=self._timeout, retries=0)
-
-    def _openai_models(self, model: str) -> int | None:
-        return _from_model_entry(_entry_for(self._get("models", root=False), model))
-
-    def _llamacpp_props(self, model: str) -> int | None:
-        data = self._get("props", root=True)
-        settings = data.get("default_generation_settings")
-        slot = settings.get("n_ctx") if isinstance(settings, Mapping) else None
-        return _smallest(slot, data.get("n_ctx"))
-
-    def _ollama(self, model: str) -> int | None:
-        loaded = self._get("api/ps", root=True).get("models")
-        for entry in loaded if isinstance(loaded, list) else ():
-            if not isinstance(entry, Mapping):
-                continue
-            names = {str(entry.get(k, "")).lower() for k in ("name", "model")}
-            if model.strip().lower() in names and _positive(entry.get("context_length")):
-                return _positive(entry.get("context_length"))
-        shown = self._client.request(
-            "POST", "api/show", {"model": model}, root=True, timeout=self._timeout, retries=0
-        )
-        parameters = shown.get("parameters")
-        if isinstance(parameters, str):
-            match = _NUM_CTX.search(parameters)
-            if match:
-                return _positive(int(match.group(1)))
-        info = shown.get("model_info")
-        if isinstance(info, Mapping):
-            architecture = info.get("general.architecture")
-            return _positive(info.get(f"{architecture}.context_length"))
-        return None
-
-    def _lmstudio(self, model: str) -> int | None:
-        return _from_model_entry(_entry_for(self._get("api/v0/models", root=True), model))
