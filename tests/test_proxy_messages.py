@@ -99,7 +99,7 @@ def test_tool_use_round_trip_goes_upstream_unchanged(rig: Rig) -> None:
     assert sent["tools"] == [WEATHER]
     report = json.loads(first.headers["x-ctxwarden-report"])
     assert report["unchanged"] is True
-    assert any("Claude" in note for note in report["notes"])
+    assert any("no offline tokenizer" in note for note in report["notes"])
     # the upstream's credentials are the proxy's, never the agent's
     recorded = next(r for r in rig.upstream.requests if r.path == "/v1/messages")
     assert recorded.headers["x-api-key"] == "sk-ant-upstream"

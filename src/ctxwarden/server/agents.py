@@ -27,7 +27,6 @@ import httpx
 import xxhash
 from fastapi import Request
 
-from ctxwarden import tokens
 from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, BudgetError, InputError, UpstreamError
 from ctxwarden.fit import Fitted, Unit, fit
@@ -37,21 +36,13 @@ from ctxwarden.server.chatfit import TokenCache
 from ctxwarden.server.http import SCOPES, Principal, ServerConfig
 from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens, prompt_tokens
-from ctxwarden.server.windows import TOKENIZER_HEADER, WINDOW_HEADER, Windows
+from ctxwarden.server.windows import Windows
 from ctxwarden.sessions import TurnSlots
 from ctxwarden.wirefit import CostCache, Pricer
 
-__all__ = ["CLAUDE_FACTOR", "Budget", "Shared", "Turn", "install_agent_apis"]
+__all__ = ["Budget", "Shared", "Turn", "install_agent_apis"]
 
 REPORT_HEADER = "x-ctxwarden-report"
-#: Claude's tokenizer is not public: without the upstream's count endpoint, o200k times this.
-#: An estimate, not measured here (no Claude tokenizer is available offline); the report says
-#: so whenever it is used.
-CLAUDE_FACTOR = 1.35
-#: The window assumed for a Claude model the registry does not know.
-CLAUDE_WINDOW = 200_000
-#: The reply reserve of a Claude model the registry does not know (a request's max_tokens wins).
-CLAUDE_MAX_OUTPUT = 8192
 
 
 @dataclass
@@ -69,15 +60,6 @@ class Shared:
     memory_tokens: int = 1024
     keep_fraction: float = 0.6
     memory_refresh: str = "cut"
-    _claude: tokens.Tokenizer | None = None
-
-    def claude_tokenizer(self) -> tokens.Tokenizer:
-        """One instance (chat formats are cached per tokenizer object)."""
-        if self._claude is None:
-            self._claude = tokens.FallbackTokenizer(
-                tokens.get_tokenizer("o200k_base"), factor=CLAUDE_FACTOR
-            )
-        return self._claude
 
 
 def principal(request: Request) -> Principal:
@@ -140,12 +122,6 @@ class Budget:
     window_source: str = ""
 
 
-def _claude_unregistered(shared: Shared, model: str, headers: Mapping[str, str]) -> bool:
-    if TOKENIZER_HEADER in headers or not model.lower().split("/")[-1].startswith("claude"):
-        return False
-    return model not in shared.engine.registry
-
-
 def budget_for(
     shared: Shared,
     windows: Windows,
@@ -157,28 +133,12 @@ def budget_for(
 ) -> Budget:
     """Tokenizer, chat format and cap for ``model``, chosen as for chat completions
     (:meth:`Windows.choose`: registry, ``X-Ctxwarden-Tokenizer`` / ``-Window`` headers, the served
-    window); a Claude model the registry does not know is counted with o200k x
-    :data:`CLAUDE_FACTOR` in a :data:`CLAUDE_WINDOW` window (flagged in the report)."""
-    if _claude_unregistered(shared, model, headers):
-        tokenizer = shared.claude_tokenizer()
-        fmt = tokens.get_chat_format("openai", tokenizer)
-        window, source = CLAUDE_WINDOW, "assumed for Claude"
-        named = headers.get(WINDOW_HEADER, "").strip()
-        if named:
-            if not named.isdigit() or int(named) <= 0:
-                where = f"header {WINDOW_HEADER}"
-                raise InputError(f"{named!r} must be a positive number of tokens", field=where)
-            window, source = int(named), "header"
-        max_output = CLAUDE_MAX_OUTPUT
-        notes: tuple[str, ...] = (
-            f"Claude's tokenizer is not public: counted with {tokenizer.name} (an unmeasured "
-            "margin) unless the upstream counts",
-        )
-    else:
-        choice = windows.choose(model, headers)
-        tokenizer, fmt = choice.tokenizer, choice.fmt
-        window, source, max_output = choice.window, choice.window_source, choice.max_output
-        notes = choice.notes
+    window). Claude, whose tokenizer is not public, is counted with the registry's measured
+    approximation (flagged in the report) unless the upstream's count endpoint is used."""
+    choice = windows.choose(model, headers)
+    tokenizer, fmt = choice.tokenizer, choice.fmt
+    window, source, max_output = choice.window, choice.window_source, choice.max_output
+    notes = choice.notes
     limits = shared.engine.config.policy.limits(window=window, max_output=max_output)
     cap = limits.cap
     if isinstance(requested_output, int) and not isinstance(requested_output, bool):

@@ -112,6 +112,7 @@ class ServedWindows:
         self._lock = threading.Lock()
         self._cache: dict[str, _Entry] = {}
         self._asking: dict[str, threading.Lock] = {}
+        self._answered_by: dict[str, str] = {}
 
     def window(self, model: str) -> int | None:
         """The window the upstream serves ``model`` in tokens, or None when it does not say."""
@@ -130,6 +131,10 @@ class ServedWindows:
             with self._lock:
                 self._cache[key] = _Entry(window, self._clock() + life)
             return window
+
+    def answered_by(self, model: str) -> str:
+        """Which of the upstream's endpoints said the window of ``model`` ("" if none did)."""
+        return self._answered_by.get(model, "")
 
     def forget(self, model: str | None = None) -> None:
         """Drop the cached answer for ``model`` (all models when None): the next call asks."""
@@ -161,6 +166,7 @@ class ServedWindows:
                 continue
             if window is not None:
                 logger.info("upstream serves %r with a %d-token window (%s)", model, window, name)
+                self._answered_by[model] = name
                 return window
         logger.info("upstream does not say the window it serves %r", model)
         return None

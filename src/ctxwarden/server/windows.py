@@ -102,8 +102,10 @@ class Windows:
         learnt = self._learnt.get(model)
         if learnt is not None:
             return learnt, "served (named in the upstream's error)"
-        found = self._served.window(model) if self._served is not None else None
-        return (found, "served (asked the upstream)") if found else (None, "")
+        if self._served is None:
+            return None, ""
+        found = self._served.window(model)
+        return (found, f"served ({self._served.answered_by(model)})") if found else (None, "")
 
     def learn(self, model: str, window: int) -> None:
         """Remember a window the upstream named in an error (only ever lowers the window)."""
@@ -137,6 +139,11 @@ class Windows:
             notes.append(
                 f"unknown model {model!r}: counted with {tok.name} (an over-estimate); name its "
                 f"tokenizer with the {TOKENIZER_HEADER} header or register it"
+            )
+        elif not tok.exact:
+            notes.append(
+                f"{model!r} has no offline tokenizer: counted with {tok.name}, an over-estimate "
+                "measured for its family"
             )
         if window_override is not None:
             window, source = window_override, "header"
