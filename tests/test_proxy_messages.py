@@ -21,6 +21,7 @@ from ctxwarden.llm import LLMClient
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.models import ModelSpec
 from ctxwarden.server.proxy import create_proxy_app
+from ctxwarden.vocabs import FACTORS
 from serving import serve
 
 CLAUDE = "claude-sonnet-5"
@@ -173,8 +174,9 @@ def test_count_tokens_without_an_upstream_count_is_the_proxys_estimate(uncounted
     counted = uncounted.client.messages.count_tokens(
         model=CLAUDE, messages=[{"role": "user", "content": words}]
     )
-    # 300 o200k tokens times the Claude margin, plus the message's template tokens
-    assert 300 * 1.3 < counted.input_tokens < 300 * 1.5
+    # 300 o200k tokens times the registry's Claude factor, plus the message's template tokens
+    factor = FACTORS["claude"]
+    assert 300 * factor <= counted.input_tokens < 300 * factor + 20
 
 
 def test_near_the_cap_the_upstream_count_sizes_the_cut(rig: Rig) -> None:
