@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client", "orjson")
+SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client")
 
 
 def _uv() -> str:
@@ -82,6 +82,6 @@ def test_the_wheel_without_extras(tmp_path: Path) -> None:
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
         "ctxwarden.errors.MissingExtraError: this needs the 'server' extra "
-        "(fastapi, starlette, uvicorn, mcp, prometheus_client, orjson are missing): "
+        "(fastapi, starlette, uvicorn, mcp, prometheus_client are missing): "
         "pip install 'ctxwarden[server]'"
     )

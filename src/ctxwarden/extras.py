@@ -22,7 +22,7 @@ __all__ = ["EXTRAS", "extra_for", "require"]
 #: The top-level modules each extra installs (pyproject.toml's optional dependencies; uvicorn
 #: uses httptools and uvloop when present, so they are not required).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client", "orjson"),
+    "server": ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client"),
     "postgres": ("psycopg", "psycopg_pool", "pgvector"),
 }
 
