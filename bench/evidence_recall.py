@@ -291,6 +291,8 @@ def run(
                         model=model,
                         budget=budget,
                         log_inclusions=False,
+                        # A team whose whole history is shared: every session's evidence.
+                        scope="tenant",
                     )
                     got = {
                         "ctxwarden": set(context.included),

@@ -37,7 +37,7 @@ def _retention(engine: Engine, qa: list[dict[str, Any]], session: str, budget: i
     for q in qa:
         context = engine.assemble(
             session=session, query=q["question"], model="gpt-4", budget=budget,
-            log_inclusions=False,
+            log_inclusions=False, scope="tenant",  # the team's whole history is shared
         )  # fmt: skip
         text = "\n".join(str(m.get("content") or "") for m in context.messages).casefold()
         hits += str(q["answer"]).casefold() in text

@@ -315,13 +315,17 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
                 ]
             )  # fmt: skip
         for _ in range(args.warm):
-            engine.assemble(session=rng.choice(sessions), query=text(8), budget=4000)
+            engine.assemble(
+                session=rng.choice(sessions), query=text(8), budget=4000, scope="tenant"
+            )
         spent.clear()
         began = time.process_time()
         for _ in range(args.breakdown):
             if args.pause:
                 time.sleep(args.pause / 1000)  # process_time does not count the sleep
-            engine.assemble(session=rng.choice(sessions), query=text(8), budget=4000)
+            engine.assemble(
+                session=rng.choice(sessions), query=text(8), budget=4000, scope="tenant"
+            )
         total = time.process_time() - began
     print(f"assemble, CPU ms per call over {args.breakdown} calls ({args.seed} messages stored, "
           f"{args.vocabulary} vocabulary, {args.pause:g} ms pause before each)")  # fmt: skip
@@ -412,12 +416,12 @@ def workload(
         session = rng.choice(sessions)
         if op == "assemble":
             bodies.append((path, {"session": session, "query": text(8),
-                                  "budget": 4000}))  # fmt: skip
+                                  "budget": 4000, "scope": "tenant"}))  # fmt: skip
         elif op == "ingest":
             bodies.append(("/v1/ingest", {"session": session,
                                           "records": [{"content": text()}]}))  # fmt: skip
         else:
-            bodies.append(("/v1/search", {"query": text(4), "limit": 20}))
+            bodies.append(("/v1/search", {"query": text(4), "limit": 20, "scope": "tenant"}))
     return plan, bodies
 
 

@@ -166,6 +166,7 @@ _OTHER: dict[str, Any] = {
     "attachments": ({"name": "x"},),
     "metadata": MappingProxyType({"provenance": {"trusted": False}}),
     "latest_content": "newest",
+    "user": "bob",
 }  # fmt: skip
 
 

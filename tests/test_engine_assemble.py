@@ -285,7 +285,7 @@ def test_a_large_budget_fills_the_related_block_past_the_default_candidates(
     # 600 matching lines of ~15 tokens fit a 32k budget's related share: a fixed 100 candidates
     # (the engine's floor) would leave most of them out.
     engine.ingest(_matching(600))
-    context = engine.assemble(session="new", query="deploy note", budget=32_000)
+    context = engine.assemble(session="new", query="deploy note", budget=32_000, scope="tenant")
     related = context.report.block("related")
     assert related is not None
     assert len(related.items) == 600
@@ -304,7 +304,9 @@ def test_candidates_follow_the_sessions_line_cost(engine: Engine) -> None:
     ])  # fmt: skip
 
     def offered(session: str) -> int:
-        context = engine.assemble(session=session, query="deploy note", budget=16_000)
+        context = engine.assemble(
+            session=session, query="deploy note", budget=16_000, scope="tenant"
+        )
         return sum(1 for c in context.report.candidates if c.block == "related")
 
     short, long = offered("short"), offered("long")

@@ -14,7 +14,8 @@ def test_all_is_pinned() -> None:
             "Context", "CtxwardenError", "DedupeConfig", "EmbedError", "Engine", "EngineConfig",
             "IngestOutcome",
             "IngestResult", "InputError", "Memory", "ModelRegistry", "ModelSpec", "NotFound",
-            "Record", "Report", "SemanticConfig", "StoreError", "SummarizeError", "Tokenizer",
+            "ReadScope", "Record", "Report", "SemanticConfig", "StoreError", "SummarizeError",
+            "Tokenizer",
             "TokenizerError",
             "UpstreamError", "chat_policy", "get_tokenizer", "research_policy",
         ]

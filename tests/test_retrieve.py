@@ -116,7 +116,7 @@ def test_sync_embedding_enables_vector_candidates(clock: Clock) -> None:
             *_filler(20, clock.now - DAY),
         ])  # fmt: skip
         assert engine.store.vector_models() == {"minilm-l6-static@1": 21}
-        context = engine.assemble(session="s", query="puppy noise", budget=2000)
+        context = engine.assemble(session="s", query="puppy noise", budget=2000, scope="tenant")
         pet = next(c for c in context.report.candidates if c.id == "pet" and c.block == "related")
         assert "vector" in pet.components  # found by meaning: no word in common
         assert "bm25" not in pet.components
@@ -167,7 +167,7 @@ def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:
         rowid = engine.get("x").rowid
         vector = np.ones((1, 384), dtype=np.float32)
         engine.store.put_vectors(down.name, [rowid], vector)
-        context = engine.assemble(session="s", query="deploy key", budget=500)
+        context = engine.assemble(session="s", query="deploy key", budget=500, scope="tenant")
         assert "x" in context.included
         assert any("words only" in note for note in context.report.notes)
 
@@ -201,7 +201,9 @@ def test_a_question_hit_brings_its_answers_the_turns_after(clock: Clock) -> None
         # whoever spoke next to it (cy's greeting may be another conversation).
         assert by_id["own"].components["neighbour_before"] == pytest.approx(0.5)
         assert "before" not in by_id
-        context = engine.assemble(session="new", query="staging database port?", budget=300)
+        context = engine.assemble(
+            session="new", query="staging database port?", budget=300, scope="tenant"
+        )
         assert {"q", "a1"} <= set(_related(context))
 
 
@@ -268,10 +270,10 @@ def test_neighbours_pay_their_tokens(clock: Clock) -> None:
             _msg("a", long_answer, now - 3 * DAY + 30, author="bo"),
             *_filler(10, now - DAY),
         ])  # fmt: skip
-        small = engine.assemble(session="new", query="restart boiler", budget=250)
+        small = engine.assemble(session="new", query="restart boiler", budget=250, scope="tenant")
         assert "q" in _related(small)
         assert "a" not in _related(small)  # its hundreds of tokens do not fit
-        large = engine.assemble(session="new", query="restart boiler", budget=3000)
+        large = engine.assemble(session="new", query="restart boiler", budget=3000, scope="tenant")
         assert {"q", "a"} <= set(_related(large))
 
 

@@ -283,7 +283,7 @@ def test_compact_plan_apply_and_metrics() -> None:
 def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: str) -> None:
     with httpx.Client(base_url=url) as client:
         client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
-        body = {"session": "other", "query": "who owns the release checklist?"}
+        body = {"session": "other", "query": "who owns the release checklist?", "scope": "tenant"}
         short = client.post("/v1/assemble", json=body)
         full = client.post("/v1/assemble", params={"report": "full"}, json=body)
         bad = client.post("/v1/assemble", params={"report": "everything"}, json=body)

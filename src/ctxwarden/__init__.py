@@ -29,6 +29,7 @@ from ctxwarden.errors import (
     UpstreamError,
 )
 from ctxwarden.models import ModelRegistry, ModelSpec
+from ctxwarden.scope import ReadScope
 from ctxwarden.semantic import SemanticConfig
 from ctxwarden.tokens import Tokenizer, get_tokenizer
 from ctxwarden.types import Context, IngestOutcome, IngestResult, Memory, Record, Report
@@ -57,6 +58,7 @@ __all__ = [
     "ModelRegistry",
     "ModelSpec",
     "NotFound",
+    "ReadScope",
     "Record",
     "Report",
     "SemanticConfig",

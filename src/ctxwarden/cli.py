@@ -5,6 +5,7 @@ Errors print one line and exit non-zero (a traceback only with ``--debug``).
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from ctxwarden.config import Settings, load_settings
 from ctxwarden.engine import Engine
 from ctxwarden.errors import ConfigError, CtxwardenError, InputError, MissingExtraError
 from ctxwarden.extras import extra_for
-from ctxwarden.types import Context
+from ctxwarden.types import Context, Scope
 
 __all__ = ["app", "main"]
 
@@ -98,6 +99,18 @@ def _read_text(path: str) -> str:
         raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+class ScopeOption(enum.StrEnum):
+    """The read scopes (:mod:`ctxwarden.scope`), as a CLI choice."""
+
+    session = "session"
+    user = "user"
+    tenant = "tenant"
+
+
+def _scope(option: ScopeOption | None) -> Scope | None:
+    return None if option is None else option.value
+
+
 @app.command()
 def ingest(
     file: Annotated[str, typer.Argument(help="JSONL records or a JSON message list; - for stdin.")],
@@ -106,11 +119,12 @@ def ingest(
     report: Annotated[
         Path | None, typer.Option("--report", help="Write one outcome per record (JSONL).")
     ] = None,
+    user: Annotated[str | None, typer.Option(help="End user of records without one.")] = None,
 ) -> None:
     """Ingest records; a bad record aborts the whole batch and names its line and field."""
     records = list(_read_records(file))
     with _engine() as engine:
-        result = engine.ingest(records, session=session, tenant=tenant)
+        result = engine.ingest(records, session=session, tenant=tenant, user=user)
     if report is not None:
         with report.open("w", encoding="utf-8") as out:
             for outcome in result.outcomes:
@@ -131,11 +145,23 @@ def assemble(
     system: Annotated[str | None, typer.Option(help="System prompt.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the context as JSON.")] = False,
+    user: Annotated[str | None, typer.Option(help="End user whose session this is.")] = None,
+    scope: Annotated[
+        ScopeOption | None,
+        typer.Option(help="What related memory may come from (default: the session)."),
+    ] = None,
 ) -> None:
     """Assemble a context and print it (messages and the report)."""
     with _engine() as engine:
         context = engine.assemble(
-            session=session, query=query, model=model, budget=budget, system=system, tenant=tenant
+            session=session,
+            query=query,
+            model=model,
+            budget=budget,
+            system=system,
+            tenant=tenant,
+            user=user,
+            scope=_scope(scope),
         )
     if as_json:
         typer.echo(json.dumps(context.to_dict(), ensure_ascii=False, indent=2))
@@ -242,13 +268,51 @@ def dedupe(
 
 
 @app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Words to look for.")],
+    session: Annotated[str | None, typer.Option(help="Search this session.")] = None,
+    user: Annotated[str | None, typer.Option(help="Search this end user's memories.")] = None,
+    scope: Annotated[
+        ScopeOption | None,
+        typer.Option(help="Wider than named: user or tenant (default: the narrowest named)."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Most hits to print.")] = 20,
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Full-text search of the memories of a session, an end user, or the tenant."""
+    with _engine() as engine:
+        hits = engine.search(
+            query,
+            tenant=tenant,
+            limit=limit,
+            session=session,
+            user=user,
+            scope=_scope(scope),
+        )
+    for memory, score in hits:
+        if as_json:
+            typer.echo(json.dumps({"memory": memory.to_dict(), "score": score}, ensure_ascii=False))
+        else:
+            typer.echo(f"{score:8.3f}  {memory.id}  {memory.content[:120]}")
+
+
+@app.command()
 def stats(
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    session: Annotated[str | None, typer.Option(help="Count this session only.")] = None,
+    user: Annotated[str | None, typer.Option(help="Count this end user only.")] = None,
+    scope: Annotated[ScopeOption | None, typer.Option(help="session, user or tenant.")] = None,
 ) -> None:
     """Per channel: records seen, memories stored, duplicates folded; top spam families."""
     with _engine() as engine:
-        data = engine.stats(tenant=tenant)
+        data = engine.stats(
+            tenant=tenant,
+            session=session,
+            user=user,
+            scope=_scope(scope),
+        )
     if as_json:
         typer.echo(json.dumps(data, ensure_ascii=False, indent=2))
         return

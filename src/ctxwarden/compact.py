@@ -145,6 +145,7 @@ class Cluster:
     tokens: int
     target_tokens: int
     time_range: tuple[float, float]
+    user: str | None = None
 
     @property
     def size(self) -> int:
@@ -280,9 +281,10 @@ def plan(
             skipped["accessed"] += 1
         else:
             chosen.append(memory)
-    threads: dict[tuple[str, str, str | None, str | None], list[Memory]] = {}
+    threads: dict[tuple[str, str, str | None, str | None, str | None], list[Memory]] = {}
     for memory in chosen:
-        key = (memory.tenant, memory.session, memory.channel, memory.thread_id)
+        # The end user too: a summary must not mix two users' lines (it is read in their scope).
+        key = (memory.tenant, memory.session, memory.channel, memory.thread_id, memory.user)
         threads.setdefault(key, []).append(memory)
     clusters: list[Cluster] = []
     for key in sorted(threads, key=lambda k: tuple("" if p is None else p for p in k)):
@@ -379,6 +381,7 @@ def _cluster(part: list[Memory], tokens: Mapping[int, int], policy: CompactionPo
         tokens=total,
         target_tokens=policy.target_tokens(total),
         time_range=(min(m.created_at for m in part), max(m.last_seen_at for m in part)),
+        user=first.user,
     )
 
 
@@ -396,6 +399,7 @@ def write_summary(
     reason: str,
     now: float,
     retire: bool = True,
+    user: str | None = None,
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
@@ -427,6 +431,7 @@ def write_summary(
         content_hash=exact_key(author=None, content=content, attachments=()),
         source_ids=tuple(m.id for m in sources),
         time_range=(start, end),
+        user=user,
     )
     view = {"role": "system", "author": None, "content": content, "kind": "summary",
             "created_at": created, "channel": channel}  # fmt: skip
@@ -506,6 +511,7 @@ def apply(
                 tokenizers=counters,
                 reason="compacted",
                 now=when,
+                user=cluster.user,
             )
             outcome = "compacted" if done else "stale"
         if outcome == "compacted":

@@ -59,10 +59,12 @@ __all__ = [
     "DedupeCandidate",
     "DedupeConfig",
     "FoldDecision",
+    "conversation_near_key",
     "exact_key",
     "exact_scopes",
     "may_fold",
     "near_key",
+    "scope_kinds",
     "skeleton",
 ]
 
@@ -310,18 +312,44 @@ class DedupeConfig:
 DEFAULT_CONFIG: Final = DedupeConfig()
 
 
+def scope_kinds(config: DedupeConfig) -> tuple[ScopeKind, ...]:
+    """The layer-A scope kinds ``config`` looks messages up in (channel-less messages are
+    looked up in their session whatever the config: see :func:`exact_scopes`)."""
+    return _SCOPE_KINDS[config.exact_scope]
+
+
 def exact_scopes(
     config: DedupeConfig, *, session: str, channel: str | None
 ) -> tuple[tuple[ScopeKind, str | None], ...]:
     """The (kind, value) scopes a message's layer-A key is looked up and registered in.
 
+    A message without a channel belongs to its session's own conversation: its only scope is
+    its session, whatever ``exact_scope`` says ("no channel" is not one channel shared by every
+    session of the tenant).
+
     >>> exact_scopes(DedupeConfig(), session="s", channel="dev")
     (('channel', 'dev'), ('session', 's'))
     >>> exact_scopes(DedupeConfig(exact_scope="session"), session="s", channel="dev")
     (('session', 's'),)
+    >>> exact_scopes(DedupeConfig(exact_scope="channel"), session="s", channel=None)
+    (('session', 's'),)
     """
+    if channel is None:
+        return (("session", session),)
     kinds = _SCOPE_KINDS[config.exact_scope]
     return tuple((kind, session if kind == "session" else channel) for kind in kinds)
+
+
+def conversation_near_key(key: str, *, session: str, user: str | None) -> str:
+    """The layer-B key of a message that names no channel: its near key within its own
+    conversation (session and end user), so the (channel, near key) index never matches
+    another session's channel-less message (issue 16: "no channel" is not one channel).
+
+    >>> conversation_near_key("ab", session="s1", user=None) != conversation_near_key(
+    ...     "ab", session="s2", user=None)
+    True
+    """
+    return _digest64("conversation", key, session, "" if user is None else "u:" + user)
 
 
 def _within(new: DedupeCandidate, old: DedupeCandidate, seconds: float) -> bool:

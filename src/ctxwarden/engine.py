@@ -47,7 +47,14 @@ from ctxwarden.assemble import (
 )
 from ctxwarden.budget import BudgetPolicy, allocate, chat_policy
 from ctxwarden.counts import COUNT_CACHE_SIZE, CountCache
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, exact_key, exact_scopes
+from ctxwarden.dedupe import (
+    DedupeCandidate,
+    DedupeConfig,
+    conversation_near_key,
+    exact_key,
+    exact_scopes,
+    scope_kinds,
+)
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.errors import (
     ConfigError,
@@ -69,6 +76,8 @@ from ctxwarden.provenance import (
     is_untrusted,
 )
 from ctxwarden.retrieve import RetrievalWeights, retrieve
+from ctxwarden.scope import ReadScope, in_scope
+from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.semantic import (
     MERGE_STATUS,
     SemanticConfig,
@@ -88,6 +97,7 @@ from ctxwarden.store.base import (
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import (
+    SCOPES,
     CandidateReports,
     Context,
     IngestOutcome,
@@ -96,6 +106,8 @@ from ctxwarden.types import (
     Memory,
     Record,
     Report,
+    Scope,
+    check_scope_name,
 )
 
 __all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
@@ -208,12 +220,18 @@ class _Prepared:
 
 def _dedupable(record: Record) -> bool:
     # Untrusted records never fold into (or become) an aggregate a trusted record may join.
+    # An agent's own turns and tool results are a transcript: a repeated "continue" or an
+    # identical tool output is a real turn of it, never a duplicate (issue 16).
     return (
         record.kind == "message"
         and not record.tool_calls
-        and record.role != "tool"
+        and record.role not in _TRANSCRIPT_ROLES
         and not is_untrusted(record.metadata)
     )
+
+
+#: Roles whose records no de-dup layer folds (an agent's transcript).
+_TRANSCRIPT_ROLES = frozenset({"assistant", "tool"})
 
 
 def _with_provenance(record: Record, verifier: Verifier | None) -> Record:
@@ -393,8 +411,17 @@ class Engine:
         *,
         tenant: str | None = None,
         session: str | None = None,
+        user: str | None = None,
+        fold: bool = True,
     ) -> IngestResult:
         """Validate and store records; one outcome per record, in order.
+
+        ``session`` and ``user`` (the end user) fill records that name none. A record without a
+        channel belongs to its own conversation: it folds only into its session's (and end
+        user's) memories; records naming a channel fold across that channel's sessions.
+        Records with role ``assistant`` or ``tool`` are never folded, and ``fold=False`` folds
+        nothing in this batch (a proxy storing a conversation verbatim); a known id is still
+        ``known``.
 
         All or nothing: if any record is invalid, :class:`InputError` names its line and field
         and nothing is written. A record whose id is already known is a no-op (``known``).
@@ -410,7 +437,9 @@ class Engine:
         # during it frees nothing and only walks them again (~5 us per message, see
         # bench/ingest.py): collections wait until the batch is decided and written.
         with _collections_paused():
-            prepared, outcomes = self._ingest_batch(records, tenant=tenant, session=session)
+            prepared, outcomes = self._ingest_batch(
+                records, tenant=tenant, session=session, user=user, fold=fold
+            )
             result = IngestResult(outcomes=tuple(outcomes))
             touched: set[tuple[str, str]] = set()
             if self.config.auto_summarize:
@@ -443,15 +472,21 @@ class Engine:
         *,
         tenant: str | None,
         session: str | None,
+        user: str | None = None,
+        fold: bool = True,
     ) -> tuple[list[_Prepared], list[IngestOutcome]]:
         """Validate, decide and write one batch; its prepared records and their outcomes."""
+        if not isinstance(fold, bool):
+            raise InputError(f"expected true or false, got {fold!r}", field="fold")
         defaults: dict[str, Any] = {}
         if tenant is not None:
             defaults["tenant"] = tenant
         elif self.config.tenant != "default":
             defaults["tenant"] = self.config.tenant
         if session is not None:
-            defaults["session"] = session
+            defaults["session"] = check_scope_name(session, "session")
+        if user is not None:
+            defaults["user"] = check_scope_name(user, "user")
         now = self.clock()
         verifier = self.config.verifier
         # Bound once: this loop runs per record (see bench/ingest.py).
@@ -461,6 +496,10 @@ class Engine:
         for number, raw in enumerate(records, start=1):
             if isinstance(raw, Record):
                 record = dataclasses.replace(raw, **defaults) if defaults else raw
+                # Built directly, the dataclass checked nothing: the names scope every read.
+                if record.user is not None:
+                    check_scope_name(record.user, "user", line=number)
+                check_scope_name(record.session, "session", line=number)
             else:
                 record = from_mapping(raw, line=number, defaults=defaults)
             record = _with_provenance(record, verifier)
@@ -468,7 +507,7 @@ class Engine:
             if created is None:
                 created = now
             record_id = record.id or _derive_id(record, created)
-            if _dedupable(record):
+            if fold and _dedupable(record):
                 candidate: DedupeCandidate | None = build(
                     author=record.author,
                     author_kind=record.author_kind,
@@ -478,6 +517,15 @@ class Engine:
                 )
                 assert candidate is not None
                 content_hash = candidate.exact_key
+                if record.channel is None and candidate.near_key is not None:
+                    # Layer B's index is keyed by (channel, near key): a channel-less record's
+                    # key names its conversation, so it finds only its own session's messages.
+                    candidate = dataclasses.replace(
+                        candidate,
+                        near_key=conversation_near_key(
+                            candidate.near_key, session=record.session, user=record.user
+                        ),
+                    )
             else:
                 candidate = None
                 content_hash = exact_key(
@@ -536,7 +584,7 @@ class Engine:
             by_tenant.setdefault(item.record.tenant, []).append(item)
         config = self.config.dedupe
         index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
-        heads_of: dict[tuple[str, str | None], tuple[str, ...]] = {}
+        heads_of: dict[tuple[str, str | None, str | None], tuple[str, ...]] = {}
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
             for tenant_name, items in by_tenant.items():
@@ -571,6 +619,7 @@ class Engine:
                         tenant=record.tenant,
                         session=record.session,
                         channel=record.channel,
+                        user=record.user,
                     )
                     if found is not None:
                         aggregate, decision, first_values = found
@@ -598,12 +647,12 @@ class Engine:
                             )
                         )
                         continue
-                    scope = (record.session, record.channel)
+                    scope = (record.session, record.channel, record.user)
                     heads = heads_of.get(scope)
                     if heads is None:
                         assert config is not None
                         heads = heads_of[scope] = tuple(
-                            f"{kind}:{value or ''}"
+                            _head(kind, value, record.user)
                             for kind, value in exact_scopes(
                                 config, session=record.session, channel=record.channel
                             )
@@ -639,6 +688,7 @@ class Engine:
                             content=record.content,
                             candidate=candidate,
                             attachments=record.attachments,
+                            user=record.user,
                         )
                     )
                 if not tokenizers:
@@ -705,10 +755,12 @@ class Engine:
         index: FoldIndex,
     ) -> None:
         """Load every stored message the batch's records of ``tenant`` may fold into."""
-        kinds = [kind for kind, _ in exact_scopes(config, session="", channel=None)]
+        # Channel-less records are looked up in their session whatever the config says.
+        kinds = dict.fromkeys([*scope_kinds(config), "session"])
         exact: dict[str, list[tuple[str | None, str]]] = {kind: [] for kind in kinds}
         by_channel = exact.get("channel")
         by_session = exact.get("session")
+        scoped_by_session = "session" in scope_kinds(config)
         near: list[tuple[str | None, str]] = []
         use_near = config.near
         oldest = None
@@ -718,10 +770,15 @@ class Engine:
                 continue
             record = item.record
             key = candidate.exact_key
-            if by_channel is not None:
-                by_channel.append((record.channel, key))
-            if by_session is not None:
+            if record.channel is None:
+                assert by_session is not None
                 by_session.append((record.session, key))
+            else:
+                if by_channel is not None:
+                    by_channel.append((record.channel, key))
+                if scoped_by_session:
+                    assert by_session is not None
+                    by_session.append((record.session, key))
             if use_near and candidate.near_key is not None:
                 near.append((record.channel, candidate.near_key))
             if oldest is None or item.created_at < oldest:
@@ -730,6 +787,8 @@ class Engine:
             return
         # One lookup per scope kind (channel, session); the near keys ride with the first.
         for number, (scope, pairs) in enumerate(exact.items()):
+            if not pairs and not (number == 0 and near):
+                continue
             for target in writer.find_targets(
                 tenant,
                 exact_scope=scope,
@@ -925,32 +984,106 @@ class Engine:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def get(self, id: str, *, tenant: str | None = None) -> Memory:
-        """The memory with caller id ``id``, or the aggregate it was folded into."""
-        self.flush_log()  # its access stats
-        return self.store.get(tenant or self.config.tenant, id)
+    def get(
+        self,
+        id: str,
+        *,
+        tenant: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> Memory:
+        """The memory with caller id ``id``, or the aggregate it was folded into.
 
-    def stats(self, *, tenant: str | None = None) -> dict[str, Any]:
-        """Counts per channel: records seen, memories stored, duplicates folded; top families."""
+        With ``user`` or ``session``: :class:`NotFound` unless the memory is in that scope
+        (the same answer as for an id that does not exist, so ids are not probed across users).
+        """
+        tenant = tenant or self.config.tenant
+        self.flush_log()  # its access stats
+        memory = self.store.get(tenant, id)
+        if user is not None or session is not None:
+            wanted = resolve_scope(session=session, user=user, scope=None)
+            if not in_scope(memory, wanted):
+                raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
+        return memory
+
+    def pinned(
+        self,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        user: str | None = None,
+        scope: Scope | None = None,
+    ) -> list[Memory]:
+        """Pinned memories and facts visible in the narrowest scope named (what the pinned
+        block of :meth:`assemble` draws on), oldest first."""
+        read_scope = resolve_scope(session=session, user=user, scope=scope)
+        self.flush_log()
+        return self.store.pinned(tenant or self.config.tenant, scope=_store_scope(read_scope))
+
+    def stats(
+        self,
+        *,
+        tenant: str | None = None,
+        session: str | None = None,
+        user: str | None = None,
+        scope: Scope | None = None,
+    ) -> dict[str, Any]:
+        """Counts per channel: records seen, memories stored, duplicates folded; top families.
+
+        Of the narrowest scope named (:func:`ctxwarden.scope.resolve`): a session's, an end
+        user's, or the whole tenant's when neither is named.
+        """
+        read_scope = resolve_scope(session=session, user=user, scope=scope)
         self.flush_log()  # the count of contexts
-        return self.store.stats(tenant or self.config.tenant)
+        return self.store.stats(tenant or self.config.tenant, scope=_store_scope(read_scope))
 
     def search(
-        self, query: str, *, tenant: str | None = None, limit: int = 20
+        self,
+        query: str,
+        *,
+        tenant: str | None = None,
+        limit: int = 20,
+        session: str | None = None,
+        user: str | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[Memory, float]]:
-        """Full-text search of the tenant's memories for ``query``'s terms, best first."""
+        """Full-text search for ``query``'s terms, best first, in the narrowest scope named:
+        ``session``'s memories, ``user``'s, or the tenant's when neither is named (a wider
+        scope than named needs ``scope=``: ``"user"`` or ``"tenant"``)."""
         if limit < 1:
             raise InputError(f"{limit} must be at least 1", field="limit")
+        read_scope = resolve_scope(session=session, user=user, scope=scope)
         terms = query_terms(query)
         self.flush_log()  # the access stats of the memories returned
-        return self.store.search(tenant or self.config.tenant, terms, limit=limit)
+        return self.store.search(
+            tenant or self.config.tenant, terms, limit=limit, scope=_store_scope(read_scope)
+        )
 
-    def pin(self, id: str, *, pinned: bool = True, tenant: str | None = None) -> Memory:
-        """Pin (or with ``pinned=False`` unpin) a memory; returns it. :class:`NotFound` if none."""
+    def pin(
+        self,
+        id: str,
+        *,
+        pinned: bool = True,
+        tenant: str | None = None,
+        scope: Scope | None = None,
+    ) -> Memory:
+        """Pin (or with ``pinned=False`` unpin) a memory; returns it. :class:`NotFound` if none.
+
+        ``scope``: where the pin shows (the pinned block of :meth:`assemble`): the memory's own
+        session (the default, ``"session"``), its end user's sessions (``"user"``; the memory
+        must have a user) or every context of the tenant (``"tenant"``, an explicit choice).
+        """
+        if scope is not None and scope not in SCOPES:
+            raise InputError(f"{scope!r} is not one of {', '.join(sorted(SCOPES))}", field="scope")
         tenant = tenant or self.config.tenant
         self.flush_log()  # the access stats of the memory returned
+        if scope == "user" and pinned and self.store.get(tenant, id).user is None:
+            raise InputError(
+                f"memory {id!r} has no end user: pin it for its session or the tenant",
+                field="scope",
+            )
         with self.store.write() as writer:
-            found = writer.set_pinned(tenant, id, pinned)
+            found = writer.set_pinned(tenant, id, pinned, scope=scope)
         if not found:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
         return self.store.get(tenant, id)
@@ -1172,6 +1305,9 @@ class Engine:
             [SummaryItem.of(m) for m in sources], max_tokens=target, tokenizer=tok
         )
         channels = {m.channel for m in sources}
+        # One end user's lines make their summary; a session shared by several makes one of
+        # no user (read in session scope only).
+        users = {m.user for m in sources}
         compaction.write_summary(
             self.store,
             tenant=tenant,
@@ -1185,6 +1321,7 @@ class Engine:
             reason="window",
             now=self.clock(),
             retire=retire,
+            user=users.pop() if len(users) == 1 else None,
         )
         return summary_id
 
@@ -1204,8 +1341,15 @@ class Engine:
         items: Mapping[str, Sequence[str]] | None = None,
         policy: BudgetPolicy | None = None,
         log_inclusions: bool = True,
+        user: str | None = None,
+        scope: Scope | None = None,
     ) -> Context:
-        """Assemble the context for one turn of ``session``.
+        """Assemble the context for one turn of ``session`` (of end user ``user``).
+
+        ``scope`` is what the related block, summaries and pinned memory may draw on:
+        ``"session"`` (the default: this conversation only), ``"user"`` (the end user's
+        sessions; needs ``user``) or ``"tenant"`` (everything of the tenant: a team's shared
+        history). Recent history is always this session's (and this user's, when named).
 
         ``budget`` caps the prompt's tokens (chat template and tools included); without it the
         cap is the model's window minus the response reserve and the safety margin. ``query``
@@ -1216,6 +1360,7 @@ class Engine:
         :meth:`flush_log`).
         """
         tenant = tenant or self.config.tenant
+        read_scope = resolve_scope(session=session, user=user, scope=scope)
         policy = policy or self.config.policy
         model_name = model or self.config.default_model
         spec = self.registry.resolve(model_name)
@@ -1230,7 +1375,7 @@ class Engine:
                 "safety factor"
             )
         query_text = query.strip() if query else None
-        recent_walk = _RecentWalk(self, tenant, session, channel, tok, fmt)
+        recent_walk = _RecentWalk(self, tenant, session, channel, tok, fmt, user)
         newest = recent_walk.peek_newest()
         query_in_history = (
             query_text is not None
@@ -1266,11 +1411,20 @@ class Engine:
             wanted = related_candidates(
                 available, recent_walk.typical_line(), floor=self.config.related_candidates
             )
-            material.related = self._related(tenant, query_text, tok, notes, wanted)
-        pinned = self.store.pinned(tenant)
+            material.related = self._related(
+                tenant, query_text, tok, notes, wanted, _store_scope(read_scope)
+            )
+        pinned = self.store.pinned(tenant, scope=_store_scope(read_scope))
         material.pinned = self._line_candidates(pinned, tok)
+        # Summaries stay within their conversation: the session's, or the user's sessions';
+        # a tenant-wide read still shows this session's (another's are not its history).
+        summary_scope = (
+            ReadScope(kind="session", session=session, user=user)
+            if read_scope.kind == "tenant"
+            else read_scope
+        )
         material.summaries = self._line_candidates(
-            self.store.summaries(tenant, session=session), tok
+            self.store.summaries(tenant, scope=summary_scope), tok
         )
         for block in policy.blocks:
             if block.source == "items":
@@ -1476,7 +1630,13 @@ class Engine:
         return out
 
     def _related(
-        self, tenant: str, query: str, tok: tokens.Tokenizer, notes: list[str], wanted: int
+        self,
+        tenant: str,
+        query: str,
+        tok: tokens.Tokenizer,
+        notes: list[str],
+        wanted: int,
+        scope: ReadScope | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`)."""
@@ -1515,6 +1675,7 @@ class Engine:
             weights=weights,
             keep=lambda m: m.role != "tool" and not m.tool_calls,
             authors=self._authors(tenant) if usable else (),
+            scope=scope,
         )
         candidates = []
         for hit in hits:
@@ -1623,11 +1784,13 @@ class _RecentWalk:
         channel: str | None,
         tok: tokens.Tokenizer,
         fmt: tokens.ChatFormat,
+        user: str | None = None,
     ) -> None:
         self.engine = engine
         self.tenant = tenant
         self.session = session
         self.channel = channel
+        self.user = user
         self.tok = tok
         self.fmt = fmt
         self._first_page: list[Memory] | None = None
@@ -1637,7 +1800,12 @@ class _RecentWalk:
 
     def _page(self, before: tuple[float, int] | None, limit: int) -> list[Memory]:
         return self.engine.store.recent(
-            self.tenant, self.session, channel=self.channel, before=before, limit=limit
+            self.tenant,
+            self.session,
+            channel=self.channel,
+            before=before,
+            limit=limit,
+            user=self.user,
         )
 
     def peek_newest(self) -> Memory | None:
@@ -1731,6 +1899,19 @@ class _RecentWalk:
             self._fresh = []
 
 
+def _store_scope(scope: ReadScope) -> ReadScope | None:
+    """The store's filter for a read scope: None for the whole tenant."""
+    return None if scope.kind == "tenant" else scope
+
+
+def _head(kind: str, value: str | None, user: str | None) -> str:
+    """The layer-A race-guard scope key (``Writer.insert_or_fold``'s ``heads``): a session's
+    names its end user too, as a channel-less record folds only within its conversation."""
+    if kind == "session" and user is not None:
+        return f"session:{len(user)}:{user}:{value or ''}"
+    return f"{kind}:{value or ''}"
+
+
 def _derive_id(record: Record, created: float) -> str:
     digest = xxhash.xxh3_64_hexdigest(
         "\x00".join(
@@ -1764,5 +1945,5 @@ def _memory_values(item: _Prepared) -> tuple[Any, ...]:
         json.dumps(dict(r.metadata)) if r.metadata else None,
         item.content_hash,
         candidate.near_key if candidate is not None else None,
-        created, None, None, None,
+        created, None, None, None, r.user,
     )  # fmt: skip

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxwarden._fastinit import fast_init
-from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, exact_scopes, may_fold
+from ctxwarden.dedupe import DedupeCandidate, DedupeConfig, FoldDecision, may_fold, scope_kinds
 from ctxwarden.store.base import FoldTarget
 
 __all__ = ["NEAR_CANDIDATES", "Aggregate", "Analysed", "FoldIndex"]
@@ -77,6 +77,8 @@ class Aggregate:
     #: Records this batch folded in: the store adds it to ``dup_count`` (an increment, so that
     #: writers in other processes folding into the same aggregate lose no update).
     folded: int = 0
+    #: The end user of its conversation (a channel-less message folds only within it).
+    user: str | None = None
 
     @classmethod
     def of(cls, target: FoldTarget) -> Aggregate:
@@ -97,6 +99,7 @@ class Aggregate:
             dup_count=target.dup_count,
             last_seen_at=target.last_seen_at,
             latest_content=target.latest_content,
+            user=target.user,
         )
 
     @classmethod
@@ -111,6 +114,7 @@ class Aggregate:
         content: str,
         candidate: DedupeCandidate,
         attachments: Sequence[Mapping[str, Any]] = (),
+        user: str | None = None,
     ) -> Aggregate:
         """An aggregate for a record stored in this batch (``candidate.created_at`` set)."""
         created = candidate.created_at if candidate.created_at is not None else 0.0
@@ -133,6 +137,7 @@ class Aggregate:
             analysed=Analysed(
                 id=id, seen_at=created, first_values=candidate.values, latest=candidate
             ),
+            user=user,
         )
 
 
@@ -143,7 +148,7 @@ class FoldIndex:
     def __init__(self, config: DedupeConfig, *, cache: Mapping[int, Analysed]) -> None:
         self.config = config
         self._cache = cache
-        kinds = {kind for kind, _ in exact_scopes(config, session="", channel=None)}
+        kinds = set(scope_kinds(config))
         self._by_channel = "channel" in kinds
         self._by_session = "session" in kinds
         # Layer A by (tenant, key) only: a key's bucket holds a handful of aggregates, and
@@ -180,6 +185,7 @@ class FoldIndex:
         tenant: str,
         session: str,
         channel: str | None,
+        user: str | None = None,
     ) -> tuple[Aggregate, FoldDecision, tuple[str, ...]] | None:
         """The aggregate ``candidate`` folds into (layer A first, then B), the decision, and the
         aggregate's first member's values; None when it is to be stored."""
@@ -189,12 +195,23 @@ class FoldIndex:
         if bucket:
             since = created - config.exact_ttl_seconds
             by_channel, by_session = self._by_channel, self._by_session
-            hits = [
-                a
-                for a in bucket
-                if a.last_seen_at >= since
-                and ((by_channel and a.channel == channel) or (by_session and a.session == session))
-            ]
+            if channel is None:
+                # No channel: its own conversation only (dedupe.exact_scopes).
+                hits = [
+                    a
+                    for a in bucket
+                    if a.last_seen_at >= since and a.session == session and a.user == user
+                ]
+            else:
+                hits = [
+                    a
+                    for a in bucket
+                    if a.last_seen_at >= since
+                    and (
+                        (by_channel and a.channel == channel)
+                        or (by_session and a.session == session and a.user == user)
+                    )
+                ]
             if hits:
                 hit = max(hits, key=lambda a: (a.last_seen_at, a.rowid))
                 # Equal exact keys mean equal (author, canonical text, attachments), and a
@@ -288,7 +305,13 @@ class FoldIndex:
             id=aggregate.id,
             seen_at=aggregate.last_seen_at,
             first_values=first.values,
-            latest=dataclasses.replace(latest, created_at=aggregate.last_seen_at),
+            # The stored near key, not the rebuilt one: a channel-less message's key names its
+            # conversation (dedupe.conversation_near_key), which its text alone cannot give.
+            latest=dataclasses.replace(
+                latest,
+                created_at=aggregate.last_seen_at,
+                near_key=aggregate.near_key if latest.near_key is not None else None,
+            ),
         )
         aggregate.analysed = analysed
         return analysed

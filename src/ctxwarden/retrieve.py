@@ -59,6 +59,7 @@ import numpy.typing as npt
 from ctxwarden.assemble import _STOPWORDS as _STOP
 from ctxwarden.assemble import query_terms
 from ctxwarden.errors import ConfigError
+from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
 from ctxwarden.vectors import _numkong
@@ -215,13 +216,16 @@ def retrieve(
     weights: RetrievalWeights | None = None,
     keep: Callable[[Memory], bool] | None = None,
     authors: Sequence[str] = (),
+    scope: ReadScope | None = None,
 ) -> list[Hit]:
     """Related memories for ``query``, best value per token first (see the module docstring).
 
     ``cost`` gives each memory's token cost as a related-block line (by rowid). ``query_vector``
     and ``model`` (the embedding model's name) enable vector candidates. ``keep`` filters
     candidates (e.g. tool results out). ``authors`` (the tenant's authors): those the query
-    names get their own vector candidates, searched among their messages only. Reads only.
+    names get their own vector candidates, searched among their messages only. ``scope``
+    confines every store read (searches, neighbours) to a session's or an end user's memories,
+    in the store's queries. Reads only.
     """
     w = weights or RetrievalWeights()
     ranks: dict[int, dict[str, float]] = {}
@@ -242,15 +246,18 @@ def retrieve(
 
     terms = query_terms(query)
     if terms and w.lexical > 0:
-        add("bm25", store.search(tenant, terms, limit=w.candidates))
+        add("bm25", store.search(tenant, terms, limit=w.candidates, scope=scope))
     query_words = _words(query)
     if query_vector is not None and model is not None:
         if w.vector > 0:
-            add("vector", store.vector_search(tenant, model, query_vector, k=w.candidates))
+            add(
+                "vector",
+                store.vector_search(tenant, model, query_vector, k=w.candidates, scope=scope),
+            )
         named = [a for a in authors if _named(a, query_words)][:3]
         for name in named if w.author_vector > 0 else []:
             found = store.vector_search(
-                tenant, model, query_vector, k=w.author_candidates, author=name
+                tenant, model, query_vector, k=w.author_candidates, author=name, scope=scope
             )
             add("author_vector", found)
     if not memories:
@@ -272,7 +279,12 @@ def retrieve(
             if extra_terms:
                 # Only if a new word is worth searching: else the hop repeats the main search.
                 found = store.search(
-                    tenant, [*extra_terms, *terms], limit=hop, require=extra_terms, known=memories
+                    tenant,
+                    [*extra_terms, *terms],
+                    limit=hop,
+                    require=extra_terms,
+                    known=memories,
+                    scope=scope,
                 )
                 add("bridge", found)
 
@@ -346,7 +358,11 @@ def retrieve(
     # question/answer pair (see _relations), in one store call (Store.neighbours).
     expanding = w.neighbours + w.answer + w.thread > 0
     anchors = [memories[r] for r in picked[: w.expand]] if expanding else []
-    links = store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies) if anchors else []
+    links = (
+        store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies, scope=scope)
+        if anchors
+        else []
+    )
     grouped: dict[int, dict[str, list[Memory]]] = {}
     for link in links:
         grouped.setdefault(link.anchor, {}).setdefault(link.relation, []).append(link.memory)

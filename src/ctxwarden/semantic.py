@@ -11,7 +11,9 @@ The decision (:func:`semantic_fold`) keeps every rule of layer B that does not d
 wording, and adds the similarity:
 
 1. Same tenant, same channel, same author (the same words from two people are two reports), both
-   dedupable (``kind = "message"``, not a tool call or result, not untrusted, not pinned).
+   dedupable (``kind = "message"``, not a tool call or result, not an assistant turn, not
+   untrusted, not pinned). Without a channel: the same session and end user too (a channel-less
+   message belongs to its own conversation).
 2. X is newer than Y and arrived within ``window_seconds`` of Y's ``last_seen_at``.
 3. Cosine of their embeddings at least ``threshold`` (default 0.985, see below).
 4. The changed-fact guard (:func:`fact_guard`): what differs between the two texts must not be a
@@ -168,7 +170,7 @@ def dedupable(memory: Memory) -> bool:
         memory.kind == "message"
         and not memory.pinned
         and not memory.tool_calls
-        and memory.role != "tool"
+        and memory.role not in ("tool", "assistant")  # an agent's transcript never folds
         and memory.author_kind != "tool"
         and not is_untrusted(memory.metadata)
         and bool(memory.content.strip())
@@ -277,6 +279,9 @@ def semantic_fold(
         return "different-tenant"
     if new.channel != old.channel:
         return "different-channel"
+    if new.channel is None and (new.session != old.session or new.user != old.user):
+        # No channel: each session's (and end user's) own conversation (issue 16).
+        return "different-conversation"
     if (new.author or "") != (old.author or ""):
         return "different-author"
     if new.rowid == old.rowid:

@@ -34,6 +34,8 @@ __all__ = [
     "Memory",
     "Record",
     "Report",
+    "Scope",
+    "check_scope_name",
     "format_time",
     "parse_time",
 ]
@@ -42,6 +44,9 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 AUTHOR_KINDS = frozenset({"human", "bot", "agent", "tool"})
 KINDS = frozenset({"message", "summary", "fact", "pinned"})
 IngestStatus = Literal["stored", "duplicate", "near_duplicate", "known"]
+#: What a read may see: one session's conversation, an end user's sessions, or the whole tenant.
+Scope = Literal["session", "user", "tenant"]
+SCOPES: frozenset[str] = frozenset({"session", "user", "tenant"})
 
 #: Longest content accepted at ingest (characters). Larger payloads belong in a document store;
 #: a prompt could not hold them anyway, and counting them would stall ingest.
@@ -52,6 +57,7 @@ _RECORD_FIELDS = frozenset(
         "id",
         "tenant",
         "session",
+        "user",
         "channel",
         "author",
         "author_kind",
@@ -136,6 +142,41 @@ def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str |
     return value
 
 
+def _plain_name(value: str) -> bool:
+    """Whether a scope name (session, user) holds no NUL and no lone surrogate."""
+    if value.isascii():
+        return "\x00" not in value
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_scope_name(value: str, field_name: str, *, line: int | None = None) -> str:
+    """Validate a session or end-user name: a string of 1-512 characters without NUL or lone
+    surrogates (neither survives a round trip through PostgreSQL or UTF-8 JSON).
+
+    >>> check_scope_name("alice-77", "user")
+    'alice-77'
+    """
+    if not isinstance(value, str):
+        raise InputError(
+            f"expected a string, got {type(value).__name__}", field=field_name, line=line
+        )
+    if not value:
+        raise InputError("is empty", field=field_name, line=line)
+    if len(value) > 512:
+        raise InputError("longer than 512 characters", field=field_name, line=line)
+    if not _plain_name(value):
+        raise InputError(
+            "contains a NUL character or a lone surrogate", field=field_name, line=line
+        )
+    return value
+
+
 def _content_text(value: object, line: int | None) -> str:
     """Content as a string: plain text, or OpenAI content parts of type text."""
     if isinstance(value, str):
@@ -180,6 +221,9 @@ class Record:
     role: str = "user"
     tenant: str = "default"
     session: str = "default"
+    #: The end user the record belongs to (the person an agent serves), or None: with
+    #: ``session`` and ``tenant`` it is the scope that reads are confined to (DESIGN rule 6).
+    user: str | None = None
     channel: str | None = None
     author: str | None = None
     author_kind: str = "human"
@@ -270,6 +314,10 @@ class Record:
             raise InputError("expected true or false", field="pinned", line=line)
         tenant = _optional_str(merged, "tenant", line) or "default"
         session = _optional_str(merged, "session", line) or "default"
+        check_scope_name(session, "session", line=line)
+        user = _optional_str(merged, "user", line) or None
+        if user is not None:
+            check_scope_name(user, "user", line=line)
         record_id = _optional_str(merged, "id", line)
         if record_id is not None and not record_id.strip():
             raise InputError("is blank", field="id", line=line)
@@ -296,6 +344,7 @@ class Record:
             role=role,
             tenant=tenant,
             session=session,
+            user=user,
             channel=_optional_str(merged, "channel", line),
             author=_optional_str(merged, "author", line),
             author_kind=author_kind,
@@ -355,8 +404,14 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
         return None
     if not get("tenant", True):  # null or empty
         fields["tenant"] = "default"
-    if not get("session", True):
+    session = get("session", True)
+    if not session:
         fields["session"] = "default"
+    elif session is not True and not _plain_name(session):
+        return None  # the general path names the problem
+    user = get("user")
+    if user is not None and (not user or not _plain_name(user)):
+        return None
     if get("kind") == "pinned":
         fields["pinned"] = True
     if created is not None:
@@ -435,6 +490,8 @@ class Memory(NamedTuple):
     #: An aggregate's newest member's content when its values differ from ``content`` (a bot
     #: family's latest price or counter); seen at ``last_seen_at``.
     latest_content: str | None = None
+    #: The end user the memory belongs to (:attr:`Record.user`), or None.
+    user: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (times as ISO 8601)."""
@@ -442,6 +499,7 @@ class Memory(NamedTuple):
             "id": self.id,
             "tenant": self.tenant,
             "session": self.session,
+            "user": self.user,
             "channel": self.channel,
             "author": self.author,
             "author_kind": self.author_kind,

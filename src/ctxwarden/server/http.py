@@ -3,19 +3,23 @@
 Endpoints (OpenAPI schema at ``/openapi.json``)::
 
     GET    /health                      liveness
-    POST   /v1/ingest                   {"records": [...], "session"?} -> outcomes
-    POST   /v1/assemble[?report=full]   {"session", "query"?, "model"?, "budget"?, ...} -> context
-    POST   /v1/search                   {"query", "limit"?} -> hits
-    GET    /v1/memories/{id}            one memory
-    POST   /v1/memories/{id}/pin        pin
+    POST   /v1/ingest                   {"records": [...], "session"?, "user"?} -> outcomes
+    POST   /v1/assemble[?report=full]   {"session", "user"?, "scope"?, "query"?, ...} -> context
+    POST   /v1/search                   {"query", "session"?, "user"?, "scope"?, "limit"?} -> hits
+    GET    /v1/memories/{id}[?user=&session=]  one memory (404 outside that user/session)
+    GET    /v1/pins?session=&user=&scope=      pinned memories and facts visible in a scope
+    POST   /v1/memories/{id}/pin[?scope=]      pin (for its session, its user or the tenant)
     POST   /v1/memories/{id}/unpin      unpin
     DELETE /v1/memories/{id}            erase (and summaries built from it; tombstones remain)
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
-    GET    /v1/stats                    counts
+    GET    /v1/stats?session=&user=&scope=  counts
     POST   /v1/compact/plan             {"older_than"?, "access_threshold"?} -> plan (reads only)
     POST   /v1/compact/apply            same body -> summaries written, memories compacted
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
+
+The API key's tenant is the hard boundary; within it, ``user`` (the end user) and ``session``
+name whose memories a read sees, the narrowest named by default (:mod:`ctxwarden.scope`).
 
 Errors from the error tree map to status codes in :data:`STATUS_BY_ERROR` (one table), bodies
 above ``max_body_bytes`` get 413, and when ``max_concurrency`` requests are already running the
@@ -289,12 +293,19 @@ class IngestBody(BaseModel):
 
     records: list[dict[str, Any]]
     session: str | None = None
+    #: The end user of records that name none.
+    user: str | None = None
+
+
+ScopeName = Literal["session", "user", "tenant"]
 
 
 class AssembleBody(BaseModel):
     """Arguments of :meth:`Engine.assemble`."""
 
     session: str
+    user: str | None = None
+    scope: ScopeName | None = None
     query: str | None = None
     model: str | None = None
     budget: int | None = Field(default=None, ge=1)
@@ -309,6 +320,9 @@ class SearchBody(BaseModel):
 
     query: str
     limit: int = Field(default=20, ge=1, le=200)
+    session: str | None = None
+    user: str | None = None
+    scope: ScopeName | None = None
 
 
 class CompactBody(BaseModel):
@@ -658,7 +672,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                         field="tenant",
                         line=number,
                     )
-            result = engine.ingest(body.records, tenant=principal.tenant, session=body.session)
+            result = engine.ingest(
+                body.records, tenant=principal.tenant, session=body.session, user=body.user
+            )
             metrics.observe_ingest(result.counts)
             return _json(
                 {
@@ -694,6 +710,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                 channel=body.channel,
                 items=body.items,
                 tenant=principal.tenant,
+                user=body.user,
+                scope=body.scope,
             )
             metrics.observe_context(context, time.perf_counter() - began)
             return _json(context_body(context, full=report == "full"))
@@ -705,21 +723,59 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         """Full-text search of the caller's memories."""
 
         def work(principal: Principal) -> Response:
-            hits = engine.search(body.query, tenant=principal.tenant, limit=body.limit)
+            hits = engine.search(
+                body.query,
+                tenant=principal.tenant,
+                limit=body.limit,
+                session=body.session,
+                user=body.user,
+                scope=body.scope,
+            )
             return _json({"hits": [{"memory": m.to_dict(), "score": s} for m, s in hits]})
 
         return await caller.run("read", work)
 
     @app.get("/v1/memories/{memory_id}")
-    async def get_memory(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
-        """One memory by id (or the aggregate it was folded into)."""
-        return await caller.run("read", lambda p: engine.get(memory_id, tenant=p.tenant).to_dict())
+    async def get_memory(
+        memory_id: str,
+        caller: CallerCredentials,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """One memory by id (or the aggregate it was folded into); with ``user`` or
+        ``session``, 404 unless it is that end user's or that session's."""
+        return await caller.run(
+            "read",
+            lambda p: engine.get(memory_id, tenant=p.tenant, user=user, session=session).to_dict(),
+        )
+
+    @app.get("/v1/pins")
+    async def pins(
+        caller: CallerCredentials,
+        session: str | None = None,
+        user: str | None = None,
+        scope: ScopeName | None = None,
+    ) -> dict[str, Any]:
+        """Pinned memories and facts visible in a scope (the narrowest named)."""
+        return await caller.run(
+            "read",
+            lambda p: {
+                "pins": [
+                    m.to_dict()
+                    for m in engine.pinned(tenant=p.tenant, session=session, user=user, scope=scope)
+                ]
+            },
+        )
 
     @app.post("/v1/memories/{memory_id}/pin")
-    async def pin(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
-        """Pin a memory: it is then always offered to the pinned block."""
+    async def pin(
+        memory_id: str, caller: CallerCredentials, scope: ScopeName | None = None
+    ) -> dict[str, Any]:
+        """Pin a memory: it is then always offered to the pinned block of contexts in
+        ``scope`` (its own session by default; ``user`` or ``tenant`` when asked)."""
         return await caller.run(
-            "write", lambda p: engine.pin(memory_id, pinned=True, tenant=p.tenant).to_dict()
+            "write",
+            lambda p: engine.pin(memory_id, pinned=True, tenant=p.tenant, scope=scope).to_dict(),
         )
 
     @app.post("/v1/memories/{memory_id}/unpin")
@@ -752,9 +808,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         )
 
     @app.get("/v1/stats")
-    async def stats(caller: CallerCredentials) -> dict[str, Any]:
-        """Counts of the caller's tenant."""
-        return await caller.run("read", lambda p: engine.stats(tenant=p.tenant))
+    async def stats(
+        caller: CallerCredentials,
+        session: str | None = None,
+        user: str | None = None,
+        scope: ScopeName | None = None,
+    ) -> dict[str, Any]:
+        """Counts of the caller's tenant, of the narrowest scope named."""
+        return await caller.run(
+            "read",
+            lambda p: engine.stats(tenant=p.tenant, session=session, user=user, scope=scope),
+        )
 
     @app.post("/v1/compact/plan")
     async def compact_plan(body: CompactBody, caller: CallerCredentials) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` (store a note),
 ``recall`` (search memories, as many as fit ``max_tokens``), ``forget`` (delete one) and
 ``assemble_context`` (a whole context for a session). Every tool works in the server's one
-tenant. Errors reach the client as tool errors carrying the ctxwarden message.
+tenant. ``remember`` takes the end user (``user``) a note belongs to; ``recall`` and
+``assemble_context`` take ``session``, ``user`` and ``scope`` and read the narrowest scope named
+(:mod:`ctxwarden.scope`; ``recall`` naming neither reads the tenant). Errors reach the client as
+tool errors carrying the ctxwarden message.
 
 Over streamable HTTP (:func:`create_mcp_http_app`) every request needs an API key, as on the HTTP
 API: the key's tenant is the tenant the tools read and write, and its scopes gate them
@@ -24,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -36,6 +39,8 @@ from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
 from ctxwarden.render import line_text
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
+from ctxwarden.types import SCOPES
+from ctxwarden.types import Scope as ReadScopeName
 
 __all__ = ["MCPAuthMiddleware", "create_mcp_http_app", "create_mcp_server"]
 
@@ -50,6 +55,13 @@ def _tool_errors() -> Iterator[None]:
         yield
     except CtxwardenError as exc:
         raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _scope_argument(value: str | None) -> ReadScopeName | None:
+    """A tool's ``scope`` argument, checked (the SDK passes any string through)."""
+    if value is None or value in SCOPES:
+        return cast("ReadScopeName | None", value)
+    raise InputError(f"{value!r} is not one of {', '.join(sorted(SCOPES))}", field="scope")
 
 
 def create_mcp_server(
@@ -106,13 +118,22 @@ def create_mcp_server(
         session: str | None = None,
         pinned: bool = False,
         kind: str = "fact",
+        user: str | None = None,
+        scope: str | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """Store a note (``kind`` fact or message); returns its id and what happened to it."""
+        """Store a note (``kind`` fact or message) of end user ``user`` in ``session``; returns
+        its id and what happened to it. A ``pinned`` note shows in every context of its session,
+        or of ``scope``: ``user`` (all the user's sessions) or ``tenant`` (everyone's)."""
         with _tool_errors():
             where = caller(ctx, "write")
             if kind not in ("fact", "message"):
                 raise InputError(f"{kind!r} is not fact or message", field="kind")
+            pin_scope = _scope_argument(scope)
+            if pin_scope is not None and not pinned:
+                raise InputError("applies to pinned notes: pass pinned=true", field="scope")
+            if pin_scope == "user" and user is None:
+                raise InputError("a pin for the user needs the user: pass user", field="user")
             record = {
                 "id": f"mcp-{uuid.uuid4().hex[:16]}",
                 "content": content,
@@ -122,21 +143,40 @@ def create_mcp_server(
                 "pinned": pinned,
                 "created_at": time.time(),
             }
-            result = engine.ingest([record], tenant=where, session=session or notes_session)
+            result = engine.ingest(
+                [record], tenant=where, session=session or notes_session, user=user
+            )
             outcome = result.outcomes[0]
-            return {"id": outcome.duplicate_of or outcome.id, "status": outcome.status}
+            stored = outcome.duplicate_of or outcome.id
+            if pin_scope is not None:
+                engine.pin(stored, tenant=where, scope=pin_scope)
+            return {"id": stored, "status": outcome.status}
 
     @server.tool()
     def recall(
-        query: str, max_tokens: int = 512, limit: int = 50, ctx: Context | None = None
+        query: str,
+        max_tokens: int = 512,
+        limit: int = 50,
+        session: str | None = None,
+        user: str | None = None,
+        scope: str | None = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """Memories matching ``query``, best first, as many as fit in max_tokens."""
+        """Memories matching ``query``, best first, as many as fit in max_tokens; of
+        ``session`` or end user ``user`` when named (``scope``: session, user or tenant)."""
         with _tool_errors():
             where = caller(ctx, "read")
             if max_tokens < 1:
                 raise InputError(f"{max_tokens} must be at least 1", field="max_tokens")
             tok = tokenizer()
-            hits = engine.search(query, tenant=where, limit=limit)
+            hits = engine.search(
+                query,
+                tenant=where,
+                limit=limit,
+                session=session,
+                user=user,
+                scope=_scope_argument(scope),
+            )
             chosen: list[dict[str, Any]] = []
             used = 0
             for memory, score in hits:
@@ -165,9 +205,12 @@ def create_mcp_server(
         model: str | None = None,
         budget: int | None = None,
         system: str | None = None,
+        user: str | None = None,
+        scope: str | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """The messages to send a model for this session's next turn, within its window."""
+        """The messages to send a model for this session's next turn, within its window;
+        related memory from this session (``scope``: session, user or tenant)."""
         with _tool_errors():
             where = caller(ctx, "read")
             context = engine.assemble(
@@ -177,6 +220,8 @@ def create_mcp_server(
                 budget=budget,
                 system=system,
                 tenant=where,
+                user=user,
+                scope=_scope_argument(scope),
             )
             return {
                 "messages": list(context.messages),

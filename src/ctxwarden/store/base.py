@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ctxwarden._fastinit import fast_init
+from ctxwarden.scope import ReadScope
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -80,6 +81,7 @@ class NewMemory:
     near_key: str | None = None
     source_ids: Sequence[str] = ()
     time_range: tuple[float, float] | None = None
+    user: str | None = None
 
 
 @fast_init
@@ -106,6 +108,7 @@ class FoldTarget:
     near_key: str | None
     dup_count: int
     last_seen_at: float
+    user: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,8 +281,12 @@ class Writer(Protocol):
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
 
-    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
-        """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``."""
+    def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
+        """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``.
+
+        ``scope``: where the pin is visible (:meth:`Store.pinned`): None or ``"session"`` its
+        own session, ``"user"`` its end user's sessions, ``"tenant"`` every read of the tenant.
+        """
 
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
         """Delete the memory ``id`` lives in (row, aliases, FTS entry, token counts, vectors) and
@@ -375,14 +382,21 @@ class Store(Protocol):
         channel: str | None = None,
         before: tuple[float, int] | None = None,
         limit: int = 64,
+        user: str | None = None,
     ) -> list[Memory]:
-        """The session's messages newest first, strictly before ``(created_at, rowid)``."""
+        """The session's messages (of end user ``user`` when given) newest first, strictly
+        before ``(created_at, rowid)``."""
 
-    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Pinned memories and facts, oldest first."""
+    def pinned(
+        self, tenant: str, *, session: str | None = None, scope: ReadScope | None = None
+    ) -> list[Memory]:
+        """Pinned memories and facts visible in ``scope`` (all of the tenant's when None),
+        oldest first: a fact where its memory is, a pin where it was pinned for."""
 
-    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Summary memories, oldest first."""
+    def summaries(
+        self, tenant: str, *, session: str | None = None, scope: ReadScope | None = None
+    ) -> list[Memory]:
+        """Summary memories in ``scope`` (or of ``session``), oldest first."""
 
     def search(
         self,
@@ -392,8 +406,12 @@ class Store(Protocol):
         limit: int = 100,
         require: Collection[str] = (),
         known: Mapping[int, Memory] | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
         """Full-text candidates for ``terms`` (any of them), best first, with a positive score.
+
+        Only memories in ``scope`` (the whole tenant when None), filtered in the query: the
+        ``limit`` best of the scope, never fewer because other scopes matched better.
 
         With ``require`` (some of ``terms``), nothing is searched (``[]``) unless one of them is
         among the terms worth searching (too common ones are left out): a bridge hop on a
@@ -418,9 +436,10 @@ class Store(Protocol):
     def inclusions(self, context_id: str) -> list[dict[str, Any]]:
         """The inclusion log of one context: ``[{memory_id, block, tokens}]`` in order."""
 
-    def stats(self, tenant: str) -> dict[str, Any]:
+    def stats(self, tenant: str, *, scope: ReadScope | None = None) -> dict[str, Any]:
         """Counts for ``ctxwarden stats``: per channel ``seen``, ``memories``, ``folded``,
-        ``exact`` and ``near`` (folds by layer); totals; ``top_families``."""
+        ``exact`` and ``near`` (folds by layer); totals; ``top_families``. Only memories in
+        ``scope`` count (the whole tenant when None)."""
 
     def compaction_candidates(
         self, tenant: str, *, created_before: float
@@ -477,23 +496,32 @@ class Store(Protocol):
         k: int = 100,
         session: str | None = None,
         author: str | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
-        """The ``k`` memories of ``tenant`` (and ``session``, and ``author``) whose ``model``
-        vectors are nearest ``vector``: ``(memory, cosine)``, best first, ties by rowid. Only
-        ``model``'s vectors are searched, never another model's. Tenant-filtered in the query
-        (rule 6)."""
+        """The ``k`` memories of ``tenant`` (and ``session``, and ``author``, and ``scope``)
+        whose ``model`` vectors are nearest ``vector``: ``(memory, cosine)``, best first, ties
+        by rowid. Only ``model``'s vectors are searched, never another model's. Tenant- and
+        scope-filtered in the query (rule 6); ``k`` are returned whenever the scope holds ``k``
+        vectors (a backend whose index cannot filter searches the scope's rows exactly)."""
 
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""
 
     def neighbours(
-        self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
+        self,
+        tenant: str,
+        anchors: Sequence[Memory],
+        *,
+        turns: int = 3,
+        replies: int = 4,
+        scope: ReadScope | None = None,
     ) -> list[Link]:
         """The conversation around each anchor, in indexed statements: up to ``turns``
         ``message`` memories before and after it in its place (its thread when it replies in
         one, else its session and channel), its parent (through an alias if the parent was
         folded) and thread root, and the first ``replies`` replies to it and to its parent
-        (siblings). An anchor is never its own neighbour; a memory may come in several links."""
+        (siblings). An anchor is never its own neighbour; a memory may come in several links.
+        Only memories in ``scope`` (the tenant's when None), filtered before each limit."""
 
     # -- semantic de-dup (ctxwarden.semantic) ------------------------------------------------
 

@@ -66,6 +66,9 @@ Migration 10 (``dedupe_buckets``) rebuilds ``memories_exact``, ``memories_exact_
 newest bucket of their channel or session (writes stay local, as with migration 6), and a
 lookup of a few keys probes each bucket of the window for each key (a dozen index seeks for a
 1-hour window) instead of reading every index entry of the window.
+Migration 11 (``end_user``) adds ``memories.end_user`` (the record's ``user``: the end user a
+memory belongs to, NULL for none) and ``memories_user`` on (tenant, end_user, kind, created_at,
+rowid) for reads scoped to an end user, and recreates ``memory_rows``.
 """
 
 from __future__ import annotations
@@ -418,6 +421,34 @@ MIGRATIONS: tuple[Migration, ...] = (
             """CREATE INDEX memories_near
                ON memories (tenant, channel, CAST(last_seen_at / 300 AS INTEGER), near_key)
                WHERE near_key IS NOT NULL""",
+        ),
+    ),
+    Migration(
+        version=11,
+        name="end_user",
+        statements=(
+            # NULL for every memory stored before: they belong to no end user, so a read
+            # scoped to a user never sees them, and session and tenant reads do as before.
+            "ALTER TABLE memories ADD COLUMN end_user TEXT",
+            # Where a pinned memory is visible: NULL its own session, 'user' its end user's
+            # sessions, 'tenant' everywhere. Pins made before were visible tenant-wide.
+            "ALTER TABLE memories ADD COLUMN pin_scope TEXT",
+            "UPDATE memories SET pin_scope = 'tenant' WHERE pinned = 1",
+            # scope="user" reads (history, pinned, summaries, stats) seek by end user.
+            """CREATE INDEX memories_user
+               ON memories (tenant, end_user, kind, created_at, rowid)
+               WHERE end_user IS NOT NULL""",
+            # Recreated so that the view's m.* surely lists the new column.
+            "DROP VIEW memory_rows",
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
         ),
     ),
 )

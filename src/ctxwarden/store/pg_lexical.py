@@ -44,6 +44,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from ctxwarden.scope import ReadScope
 from ctxwarden.store import sqlite as _sqlite
 from ctxwarden.store.reads import MEMORY_COLUMNS
 from ctxwarden.store.sqlite import choose_terms
@@ -121,6 +122,7 @@ class Lexical:
         limit: int,
         *,
         require: Collection[str] = (),
+        scope: ReadScope | None = None,
     ) -> tuple[str, dict[str, Any]] | None:
         """The ranking statement and its parameters; None when no term can match, or when no
         ``require`` term is worth searching (see ``Store.search``)."""
@@ -169,11 +171,20 @@ class Lexical:
             bounded = " ORDER BY rowid DESC LIMIT %(budget)s"
             params["budget"] = budget
         cols = ", ".join(_STORED)
+        # The read scope filters before the budget and the limit (never a post-filter).
+        where_scope = ""
+        if scope is not None and scope.session is not None:
+            where_scope += " AND session = %(scope_session)s"
+            params["scope_session"] = scope.session
+        if scope is not None and scope.user is not None:
+            where_scope += " AND end_user = %(scope_user)s"
+            params["scope_user"] = scope.user
         sql = (
             f"SELECT {_PAGE}, r.score FROM ("
             f"SELECT {cols}, ({' + '.join(score_terms)}) AS score FROM ("
             f"SELECT {cols}, length(content_tsv)::float8 AS dl, {', '.join(tf_columns)} "
-            f"FROM memories WHERE tenant = %(tenant)s AND content_tsv @@ ({match}){bounded}) c "
+            f"FROM memories WHERE tenant = %(tenant)s{where_scope} AND content_tsv @@ ({match})"
+            f"{bounded}) c "
             "ORDER BY score DESC, rowid LIMIT %(limit)s) r "
             "LEFT JOIN memory_access a ON a.memory_rowid = r.rowid ORDER BY r.score DESC, r.rowid"
         )

@@ -27,6 +27,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   go through the view ``memory_rows``, as SQLite's migration 8 (the old columns dropped: in
   PostgreSQL a catalogue change, no rewrite).
 - Migration 9 (``inclusions_unindexed``) drops ``inclusions_memory``, as SQLite's migration 9.
+- Migration 10 (``end_user``) adds ``memories.end_user`` and ``memories_user``, as SQLite's
+  migration 11, and recreates ``memory_rows`` (its ``m.*`` was expanded at creation).
 """
 
 from __future__ import annotations
@@ -294,6 +296,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=(
             # See SQLite migration 9: no query reads inclusions by memory id.
             "DROP INDEX IF EXISTS inclusions_memory",
+        ),
+    ),
+    Migration(
+        version=10,
+        name="end_user",
+        statements=(
+            # See SQLite migration 11. ``user`` is a reserved word here, hence ``end_user``.
+            "ALTER TABLE memories ADD COLUMN end_user TEXT",
+            # Where a pinned memory is visible: NULL its own session, 'user' its end user's
+            # sessions, 'tenant' everywhere. Pins made before were visible tenant-wide.
+            "ALTER TABLE memories ADD COLUMN pin_scope TEXT",
+            "UPDATE memories SET pin_scope = 'tenant' WHERE pinned",
+            """CREATE INDEX memories_user
+               ON memories (tenant, end_user, kind, created_at, rowid)
+               WHERE end_user IS NOT NULL""",
+            # The view expanded m.* when it was created, and the new column would have to come
+            # before its access columns: CREATE OR REPLACE cannot do that.
+            "DROP VIEW memory_rows",
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
         ),
     ),
 )

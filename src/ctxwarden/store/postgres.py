@@ -30,6 +30,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from ctxwarden.errors import ConflictError, InputError, StoreError
+from ctxwarden.scope import ReadScope
 from ctxwarden.store import pg_migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -48,6 +49,7 @@ from ctxwarden.store.reads import (
     context_row,
     memory_of,
     memory_row,
+    scope_sql,
 )
 from ctxwarden.store.sqlite import _TARGET_COLUMNS, _keep_wanted
 from ctxwarden.store.writes import ACCESS_UPSERT, MemoryWrites, access_bump
@@ -62,9 +64,10 @@ _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, "
     "attachments, metadata, content_hash, near_key, last_seen_at, source_ids, time_start, "
-    "time_end) VALUES (coalesce(%s, nextval(pg_get_serial_sequence('memories', 'rowid'))), "
+    "time_end, end_user) "
+    "VALUES (coalesce(%s, nextval(pg_get_serial_sequence('memories', 'rowid'))), "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s, %s)"
+    "%s, %s, %s)"
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -501,13 +504,17 @@ class PostgresStore(MemoryReads):
         limit: int = 100,
         require: Collection[str] = (),
         known: Mapping[int, Memory] | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
         """tsvector/GIN search, any term (a phrase each), ranked by BM25 as FTS5 ranks it
         (per-tenant IDF, saturated term frequency, length normalisation; common terms dropped
         as on SQLite): see :mod:`ctxwarden.store.pg_lexical`. Positive scores, higher is better.
         ``known`` is accepted and not used: one statement ranks and reads the rows here.
+        ``scope`` filters in that statement's WHERE, before its limits.
         """
-        plan = self._lexical.statement(self._query, tenant, terms, limit, require=require)
+        plan = self._lexical.statement(
+            self._query, tenant, terms, limit, require=require, scope=scope
+        )
         if plan is None:
             return []
         rows = self._query(*plan)
@@ -661,8 +668,14 @@ class PostgresStore(MemoryReads):
         k: int = 100,
         session: str | None = None,
         author: str | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
-        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (session, author)."""
+        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (session, author).
+
+        A read scope narrower than the tenant (a session's, an end user's rows) is searched
+        exactly over its rows (a materialised set of rowids first): the HNSW iterative scan
+        stops after ``hnsw.max_scan_tuples`` and could return fewer than ``k`` of them.
+        """
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         if k < 1:
             return []
@@ -682,6 +695,21 @@ class PostgresStore(MemoryReads):
             params.append(author)
         params.extend([literal, k])
         cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+        read_filter, read_params = scope_sql(scope)
+        if read_filter:
+            extra += read_filter.replace("?", "%s")
+            narrowed = extra.replace("m.", "")
+            rows = self._query(
+                f"WITH s AS MATERIALIZED (SELECT rowid FROM memories WHERE tenant = %s"
+                f"{narrowed}) SELECT {cols}, 1 - (v.embedding <=> %s::vector) AS score "
+                "FROM s JOIN memory_vectors v ON v.memory_rowid = s.rowid AND v.model = %s "
+                "JOIN memory_rows m ON m.rowid = s.rowid "
+                "ORDER BY v.embedding <=> %s::vector, m.rowid LIMIT %s",
+                [tenant, *params[3:-2], *read_params, literal, model, literal, k],
+            )
+            found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
+            found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+            return found
         self._check_open()
         try:
             with self._pool.connection() as conn, conn.transaction():

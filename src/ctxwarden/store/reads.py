@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ctxwarden.errors import NotFound
+from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone
 from ctxwarden.types import Memory
 
@@ -23,6 +24,7 @@ __all__ = [
     "api_key_of",
     "memory_of",
     "memory_row",
+    "scope_sql",
 ]
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -31,11 +33,31 @@ MEMORY_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, role, content, created_at, "
     "thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count, "
     "last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total, "
-    "source_ids, time_start, time_end, attachments, metadata, latest_content"
+    "source_ids, time_start, time_end, attachments, metadata, latest_content, end_user"
 )
 
 
 API_KEY_COLUMNS = "key_id, tenant, scopes, secret_hash, name, created_at, revoked_at"
+
+
+def scope_sql(scope: ReadScope | None, alias: str = "") -> tuple[str, list[Any]]:
+    """The ``AND ...`` filter of a read scope (``?`` placeholders) and its parameters; empty for
+    the whole tenant. ``alias`` prefixes the columns (``"m."``).
+
+    >>> scope_sql(ReadScope(kind="session", session="s1", user="u"))
+    (' AND session = ? AND end_user = ?', ['s1', 'u'])
+    """
+    if scope is None:
+        return "", []
+    sql = ""
+    params: list[Any] = []
+    if scope.session is not None:
+        sql += f" AND {alias}session = ?"
+        params.append(scope.session)
+    if scope.user is not None:
+        sql += f" AND {alias}end_user = ?"
+        params.append(scope.user)
+    return sql, params
 
 
 def memory_of(row: Sequence[Any]) -> Memory:
@@ -45,7 +67,7 @@ def memory_of(row: Sequence[Any]) -> Memory:
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
         thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, content_hash, dup_count,
         last_seen_at, access_count, last_accessed_at, access_score, included_tokens_total,
-        source_ids, time_start, time_end, attachments, metadata, latest_content,
+        source_ids, time_start, time_end, attachments, metadata, latest_content, end_user,
     ) = row  # fmt: skip
     return Memory(
         rowid, id_, tenant, session, channel, author, author_kind, role, content, created_at,
@@ -56,7 +78,7 @@ def memory_of(row: Sequence[Any]) -> Memory:
         tuple(json.loads(source_ids)) if source_ids else (),
         (time_start, time_end) if time_start is not None else None,
         tuple(json.loads(attachments)) if attachments else (),
-        json.loads(metadata) if metadata else _EMPTY, latest_content,
+        json.loads(metadata) if metadata else _EMPTY, latest_content, end_user,
     )  # fmt: skip
 
 
@@ -108,6 +130,7 @@ def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
         json.dumps(list(memory.source_ids)) if memory.source_ids else None,
         memory.time_range[0] if memory.time_range else None,
         memory.time_range[1] if memory.time_range else None,
+        memory.user,
     )
 
 
@@ -167,13 +190,18 @@ class MemoryReads:
         channel: str | None = None,
         before: tuple[float, int] | None = None,
         limit: int = 64,
+        user: str | None = None,
     ) -> list[Memory]:
-        """The session's messages, newest first, a page at a time (index range scan)."""
+        """The session's messages (of end user ``user`` when given), newest first, a page at a
+        time (index range scan)."""
         where = ["tenant = ?", "session = ?", "kind = 'message'"]
         params: list[Any] = [tenant, session]
         if channel is not None:
             where.append("channel = ?")
             params.append(channel)
+        if user is not None:
+            where.append("end_user = ?")
+            params.append(user)
         if before is not None:
             where.append("(created_at, rowid) < (?, ?)")
             params.extend(before)
@@ -185,33 +213,47 @@ class MemoryReads:
         )
         return [memory_of(r) for r in rows]
 
-    def pinned(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Pinned memories and facts of the tenant (and of ``session`` when given)."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = ?"
-            params.append(session)
+    def pinned(
+        self, tenant: str, *, session: str | None = None, scope: ReadScope | None = None
+    ) -> list[Memory]:
+        """Pinned memories and facts of the tenant visible in ``scope`` (every one when None),
+        oldest first; ``session`` (older callers) is ``scope=ReadScope("session", session)``.
+
+        A fact is visible where its memory is (its session, its end user). A pinned memory is
+        visible where it was pinned for (``pin_scope``): its own session by default (NULL),
+        its end user's sessions (``"user"``) or the whole tenant (``"tenant"``).
+        """
+        if scope is None and session is not None:
+            scope = ReadScope(kind="session", session=session)
+        extra, extra_params = scope_sql(scope)
+        pin_extra, pin_params = "", list(extra_params)
+        if extra:
+            # Three indexed arms in effect: its scope, the user it was pinned for, the tenant.
+            pin_extra = f" AND ((1 = 1{extra}) OR pin_scope = 'tenant'"
+            if scope is not None and scope.user is not None:
+                pin_extra += " OR (pin_scope = 'user' AND end_user = ?)"
+                pin_params.append(scope.user)
+            pin_extra += ")"
         # Two indexed branches rather than one OR, which would scan the tenant's memories.
         rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {self._PINNED}{extra} "
-            f"UNION SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND kind = 'fact'"
-            f"{extra} ORDER BY 10, 1",
-            params + params,
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {self._PINNED}"
+            f"{pin_extra} UNION SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? "
+            f"AND kind = 'fact'{extra} ORDER BY 10, 1",
+            [tenant, *pin_params, tenant, *extra_params],
         )
         return [memory_of(r) for r in rows]
 
-    def summaries(self, tenant: str, *, session: str | None = None) -> list[Memory]:
-        """Summary memories, oldest first."""
-        params: list[Any] = [tenant]
-        extra = ""
-        if session is not None:
-            extra = " AND session = ?"
-            params.append(session)
+    def summaries(
+        self, tenant: str, *, session: str | None = None, scope: ReadScope | None = None
+    ) -> list[Memory]:
+        """Summary memories in ``scope`` (of ``session`` when given instead), oldest first."""
+        if scope is None and session is not None:
+            scope = ReadScope(kind="session", session=session)
+        extra, params = scope_sql(scope)
         rows = self._read(
             f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND kind = 'summary'"
             f"{extra} ORDER BY created_at, rowid",
-            params,
+            [tenant, *params],
         )
         return [memory_of(r) for r in rows]
 
@@ -224,14 +266,17 @@ class MemoryReads:
         )
         return [{"memory_id": r[0], "block": r[1], "tokens": r[2]} for r in rows]
 
-    def stats(self, tenant: str) -> dict[str, Any]:
+    def stats(self, tenant: str, *, scope: ReadScope | None = None) -> dict[str, Any]:
         """Per-channel counts: records seen, memories stored, duplicates folded (exact, near
-        and semantic layers apart); the top families by count."""
+        and semantic layers apart); the top families by count. Only memories in ``scope``
+        (the whole tenant when None) are counted, and contexts of its sessions."""
+        extra, extra_params = scope_sql(scope)
+        m_extra, _ = scope_sql(scope, "m.")
         channels: dict[str, dict[str, int]] = {}
         for channel, memories, seen in self._read(
             "SELECT coalesce(channel, ''), count(*), sum(dup_count) FROM memories "
-            "WHERE tenant = ? GROUP BY 1",
-            (tenant,),
+            f"WHERE tenant = ?{extra} GROUP BY 1",
+            [tenant, *extra_params],
         ):
             channels[channel] = {
                 "memories": int(memories),
@@ -243,8 +288,9 @@ class MemoryReads:
             }
         for channel, status, count in self._read(
             "SELECT coalesce(m.channel, ''), a.status, count(*) FROM aliases a "
-            "JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ? GROUP BY 1, 2",
-            (tenant,),
+            f"JOIN memories m ON m.rowid = a.memory_rowid WHERE a.tenant = ?{m_extra} "
+            "GROUP BY 1, 2",
+            [tenant, *extra_params],
         ):
             layer = {
                 "duplicate": "exact",
@@ -265,11 +311,25 @@ class MemoryReads:
             for r in self._read(
                 "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
                 "substr(latest_content, 1, 120) FROM memories "
-                "WHERE tenant = ? AND dup_count > 1 ORDER BY dup_count DESC, rowid LIMIT 10",
-                (tenant,),
+                f"WHERE tenant = ?{extra} AND dup_count > 1 ORDER BY dup_count DESC, rowid "
+                "LIMIT 10",
+                [tenant, *extra_params],
             )
         ]
-        contexts = self._read("SELECT count(*) FROM contexts WHERE tenant = ?", (tenant,))[0][0]
+        if scope is not None and scope.session is not None:
+            contexts = self._read(
+                "SELECT count(*) FROM contexts WHERE tenant = ? AND session = ?",
+                (tenant, scope.session),
+            )[0][0]
+        elif scope is not None and scope.user is not None:
+            # The inclusion log has no end user: the contexts of the user's sessions.
+            contexts = self._read(
+                "SELECT count(*) FROM contexts WHERE tenant = ? AND session IN "
+                "(SELECT session FROM memories WHERE tenant = ? AND end_user = ?)",
+                (tenant, tenant, scope.user),
+            )[0][0]
+        else:
+            contexts = self._read("SELECT count(*) FROM contexts WHERE tenant = ?", (tenant,))[0][0]
         channels = dict(sorted(channels.items()))  # code-point order on every backend
         memories = sum(c["memories"] for c in channels.values())
         seen = sum(c["seen"] for c in channels.values())
@@ -305,7 +365,13 @@ class MemoryReads:
     _NEIGHBOURS_PER_ANCHOR = False
 
     def neighbours(
-        self, tenant: str, anchors: Sequence[Memory], *, turns: int = 3, replies: int = 4
+        self,
+        tenant: str,
+        anchors: Sequence[Memory],
+        *,
+        turns: int = 3,
+        replies: int = 4,
+        scope: ReadScope | None = None,
     ) -> list[Link]:
         """The conversation around each anchor (see :meth:`Store.neighbours`): a ``UNION ALL``
         of small index range scans (``memories_channel_recent``, ``memories_thread``,
@@ -320,7 +386,7 @@ class MemoryReads:
         links: list[Link] = []
         for start in range(0, len(anchors), size):
             group = range(start, min(start + size, len(anchors)))
-            sql, params = _neighbour_statement(tenant, [per_anchor[i] for i in group])
+            sql, params = _neighbour_statement(tenant, [per_anchor[i] for i in group], scope=scope)
             if not sql:
                 continue
             for row in self._read(sql, params):
@@ -412,22 +478,27 @@ _FORWARD, _BACKWARD = "created_at, rowid", "created_at DESC, rowid DESC"
 
 
 def _neighbour_statement(
-    tenant: str, anchors: Sequence[list[tuple[str, str, list[Any], str, int]]]
+    tenant: str,
+    anchors: Sequence[list[tuple[str, str, list[Any], str, int]]],
+    *,
+    scope: ReadScope | None = None,
 ) -> tuple[str, list[Any]]:
     """One ``UNION ALL`` of these anchors' branches (:func:`_neighbour_branches`), each row led
-    by its anchor's position in ``anchors`` and its relation; ("", []) without branches."""
+    by its anchor's position in ``anchors`` and its relation; ("", []) without branches. Each
+    branch is filtered by ``scope`` before its limit (a thread shared with other sessions)."""
     branches: list[str] = []
     params: list[Any] = []
+    scope_filter, scope_params = scope_sql(scope)
     for number, branch_list in enumerate(anchors):
         for relation, where, args, order, limit in branch_list:
             # Literal position and relation (ints and fixed words, never user text).
             alias = f"b{len(branches)}"
             branches.append(
                 f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
-                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where} "
-                f"ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
+                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where}"
+                f"{scope_filter} ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
             )
-            params.extend((tenant, *args))
+            params.extend((tenant, *args, *scope_params))
     return " UNION ALL ".join(branches), params
 
 

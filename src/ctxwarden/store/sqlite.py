@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ctxwarden.errors import ConflictError, InputError, StoreError
+from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.store import migrations
 from ctxwarden.store.base import (
     AggregateUpdate,
@@ -50,6 +51,7 @@ from ctxwarden.store.reads import (
     context_row,
     memory_of,
     memory_row,
+    scope_sql,
 )
 from ctxwarden.store.sqlite_vectors import VectorCache, decode, encode
 from ctxwarden.store.writes import (
@@ -115,7 +117,7 @@ VERY_COMMON_WINDOW = int(COMMON_TERM_ROWS / VERY_COMMON_SHARE)
 
 _TARGET_COLUMNS = (
     "rowid, id, tenant, session, channel, author, author_kind, content, latest_content, "
-    "attachments, created_at, content_hash, near_key, dup_count, last_seen_at"
+    "attachments, created_at, content_hash, near_key, dup_count, last_seen_at, end_user"
 )
 
 
@@ -224,7 +226,7 @@ def bucket_of(at: float) -> int:
 def _target(row: tuple[Any, ...]) -> FoldTarget:
     (
         rowid, id_, tenant, session, channel, author, author_kind, content, latest, attachments,
-        created_at, content_hash, near_key, dup_count, seen,
+        created_at, content_hash, near_key, dup_count, seen, end_user,
     ) = row  # fmt: skip
     return FoldTarget(
         rowid=rowid,
@@ -242,6 +244,7 @@ def _target(row: tuple[Any, ...]) -> FoldTarget:
         near_key=near_key,
         dup_count=dup_count,
         last_seen_at=seen,
+        user=end_user,
     )
 
 
@@ -269,8 +272,8 @@ _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
     "tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at, "
-    "source_ids, time_start, time_end) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "source_ids, time_start, time_end, end_user) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -279,13 +282,13 @@ _INSERT_MEMORY = (
 #: costs SQLite ~3 us less per row (measured on bench/ingest.py's rows).
 _INSERT_PLAIN = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
-    "content, created_at, kind, pinned, content_hash, near_key, last_seen_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "content, created_at, kind, pinned, content_hash, near_key, last_seen_at, end_user) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _NONE_2 = (None, None)
 _NONE_3 = (None, None, None)
 _NONE_5 = (None, None, None, None, None)
-_PLAIN_WIDTH = 15
+_PLAIN_WIDTH = 16
 
 
 def _newest_per_key(sql: str, params: list[Any], limit: int) -> tuple[str, list[Any]]:
@@ -591,9 +594,11 @@ class _SQLiteWriter(MemoryWrites):
         # values: memory_row(None, memory)[1:] (id, tenant, session, channel, author,
         # author_kind, role, content, created_at, thread_id, reply_to, kind, pinned, name,
         # tool_calls, tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at,
-        # source_ids, time_start, time_end).
-        if values[9:11] == _NONE_2 and values[13:18] == _NONE_5 and values[21:] == _NONE_3:
-            self._queued.append((rowid, *values[:9], values[11], values[12], *values[18:21]))
+        # source_ids, time_start, time_end, end_user).
+        if values[9:11] == _NONE_2 and values[13:18] == _NONE_5 and values[21:24] == _NONE_3:
+            self._queued.append(
+                (rowid, *values[:9], values[11], values[12], *values[18:21], values[24])
+            )
         else:
             self._queued.append((rowid, *values))
         self._unindexed.append(rowid)
@@ -861,8 +866,12 @@ class SQLiteStore(MemoryReads):
         limit: int = 100,
         require: Collection[str] = (),
         known: Mapping[int, Memory] | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
         """FTS5 BM25 over content; any term may match. Scores are positive, higher is better.
+        Only memories in ``scope`` (the tenant's when None) are returned: a page whose rows are
+        mostly other scopes' falls back to one joined query filtered by the scope, over every
+        match when the scope is narrower than the tenant (never the newest budget only).
         Rows in ``known`` (this tenant's memories by rowid, read earlier in the same retrieval)
         are not read again: a bridge hop's hits were ~60 % of them (~4 us a row read).
 
@@ -903,6 +912,10 @@ class SQLiteStore(MemoryReads):
         # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
         # whose own sorter keeps every matching row (~1.5x the time).
         page = limit * 2
+        scope_filter, scope_params = scope_sql(scope)
+        # "+": the rowid look-up stays the plan (not a scan of a session or user index).
+        plus_scope = re.sub(r"AND (session|end_user) =", r"AND +\1 =", scope_filter)
+        m_scope, _ = scope_sql(scope, "m.")
         ranked_rows = self._query(
             "SELECT rowid, bm25(memories_fts) AS score FROM memories_fts "
             "WHERE memories_fts MATCH ? AND rowid >= ? ORDER BY score, rowid LIMIT ?",
@@ -924,7 +937,7 @@ class SQLiteStore(MemoryReads):
                 unread = []
                 for rowid in chunk:
                     memory = known.get(rowid)
-                    if memory is not None and memory.tenant == tenant:
+                    if memory is not None and memory.tenant == tenant and in_scope(memory, scope):
                         found.append((memory, -rank[rowid]))
                     else:
                         unread.append(rowid)
@@ -934,17 +947,20 @@ class SQLiteStore(MemoryReads):
             marks = ",".join("?" * len(chunk))
             for row in self._query(
                 f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
-                "AND +tenant = ?",
-                [*chunk, tenant],
+                f"AND +tenant = ?{plus_scope}",
+                [*chunk, tenant, *scope_params],
             ):
                 found.append((memory_of(row), -rank[int(row[0])]))
-        if len(found) < limit and len(ranked_rows) == page:
+        if len(found) < limit and (len(ranked_rows) == page or (scope_filter and floor)):
+            # A narrower scope is ranked over all its matches: the newest budget of the
+            # tenant's may hold none of its rows.
             rows = self._query(
                 f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "
                 "bm25(memories_fts) AS rank FROM memories_fts JOIN memory_rows m "
                 "ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? "
-                "AND memories_fts.rowid >= ? AND m.tenant = ? ORDER BY rank, m.rowid LIMIT ?",
-                (match, floor, tenant, limit),
+                f"AND memories_fts.rowid >= ? AND m.tenant = ?{m_scope} "
+                "ORDER BY rank, m.rowid LIMIT ?",
+                (match, 0 if scope_filter else floor, tenant, *scope_params, limit),
             )
             return [(memory_of(r[:-1]), -float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
@@ -1180,10 +1196,14 @@ class SQLiteStore(MemoryReads):
         k: int = 100,
         session: str | None = None,
         author: str | None = None,
+        scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
-        """The ``k`` memories of ``tenant`` (and ``session``, ``author``) nearest ``vector``.
+        """The ``k`` memories of ``tenant`` (and ``session``, ``author``, ``scope``) nearest
+        ``vector``.
 
-        An ``author`` scope is searched exactly over that author's rows.
+        An ``author`` scope is searched exactly over that author's rows, and so is a read
+        scope narrower than the tenant (a session's or an end user's rows): an index search
+        filtered afterwards could return fewer than ``k`` of them.
 
         The index holds every tenant's vectors; the tenant filter runs in the query that reads
         the rows, widening the search until ``k`` are found or the index is exhausted.
@@ -1193,11 +1213,20 @@ class SQLiteStore(MemoryReads):
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         want = k
         where = "tenant = ?" + (" AND session = ?" if session is not None else "")
-        scope: list[Any] = [tenant] + ([session] if session is not None else [])
+        params: list[Any] = [tenant] + ([session] if session is not None else [])
+        read_filter, read_params = scope_sql(scope)
+        where += read_filter
+        params += read_params
         allowed: set[int] | npt.NDArray[np.int64] | None = None
         named: tuple[str, str, str] | None = None
+        if read_filter and author is None:
+            allowed = {
+                int(r[0]) for r in self._query(f"SELECT rowid FROM memories WHERE {where}", params)
+            }
+            if not allowed:
+                return []
         if author is not None:
-            if session is None:
+            if session is None and not read_filter:
                 allowed = self._author_rows(tenant, author)
                 # Named: the index keeps the author's int8 rows in one block (no gather).
                 named = ("author", tenant, author)
@@ -1206,16 +1235,16 @@ class SQLiteStore(MemoryReads):
                     int(r[0])
                     for r in self._query(
                         f"SELECT rowid FROM memories WHERE {where} AND author = ?",
-                        [*scope, author],
+                        [*params, author],
                     )
                 }
             if not len(allowed):
                 return []
             # Re-checked as the rows are read (a rowid freed and reused by another author).
             where += " AND author = ?"
-            scope.append(author)
+            params.append(author)
         # "+" keeps the planner on the rowid look-ups (not a scan of a tenant index).
-        plus = re.sub(r"\b(tenant|session|author) =", r"+\1 =", where)
+        plus = re.sub(r"\b(tenant|session|end_user|author) =", r"+\1 =", where)
         while True:
             hits = self._vectors.search(model, query, want, allowed=allowed, scope=named)
             if not hits:
@@ -1228,7 +1257,7 @@ class SQLiteStore(MemoryReads):
                 marks = ",".join("?" * len(chunk))
                 for row in self._query(
                     f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) AND {plus}",
-                    [*chunk, *scope],
+                    [*chunk, *params],
                 ):
                     found.append((memory_of(row), score[int(row[0])]))
             if len(found) >= k or len(hits) < want or want >= 100_000:

@@ -188,14 +188,16 @@ class MemoryWrites:
         )
         return int(rows[0][0]) if rows else None
 
-    def set_pinned(self, tenant: str, id: str, pinned: bool) -> bool:
-        """Pin or unpin the memory holding ``id``; False if there is none."""
+    def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
+        """Pin or unpin the memory holding ``id``, visible in ``scope`` (``"user"``,
+        ``"tenant"``; None or ``"session"``: its own session); False if there is none."""
         rowid = self._rowid(tenant, id)
         if rowid is None:
             return False
+        pin_scope = scope if pinned and scope in ("user", "tenant") else None
         self._run(
-            "UPDATE memories SET pinned = ? WHERE rowid = ? AND tenant = ?",
-            (bool(pinned), rowid, tenant),
+            "UPDATE memories SET pinned = ?, pin_scope = ? WHERE rowid = ? AND tenant = ?",
+            (bool(pinned), pin_scope, rowid, tenant),
         )
         return True
 
