@@ -24,6 +24,11 @@ __all__ = ["EXTRAS", "extra_for", "require"]
 EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client", "orjson"),
     "postgres": ("psycopg", "psycopg_pool", "pgvector"),
+    # the framework adapters (ctxwarden.adapters): one extra per framework
+    "langchain": ("langchain_core",),
+    "langgraph": ("langgraph", "langchain_core"),
+    "llamaindex": ("llama_index",),
+    "agents": ("agents",),
 }
 
 
