@@ -209,21 +209,9 @@ class Conversation:
         known, and only the messages after it are added as new turns. A framework may so send
         the whole conversation every call, or only its latest part.
         """
-        system_parts = [system] if system and system.strip() else []
-        records: list[dict[str, Any]] = []
-        last: Mapping[str, Any] | None = None
-        for index, message in enumerate(messages):
-            if not isinstance(message, Mapping):
-                raise InputError("expected a message object", field=f"messages[{index}]")
-            if message.get("role") in ("system", "developer"):
-                text = message_text(message.get("content"))
-                if text.strip():
-                    system_parts.append(text)
-                continue
-            record = self._record(message, index, f"cw-{uuid.uuid4().hex}")
-            if record is not None:
-                records.append(record)
-            last = message
+        system_parts, records, last = self._split(messages)
+        if system and system.strip():
+            system_parts.insert(0, system)
         records = records[self._known_prefix(records) :] if remember and records else []
         self._fitted.extend(_key(r) for r in records)
         # The question drives retrieval and is sent last. Only a turn that ends with the user's
@@ -247,6 +235,35 @@ class Conversation:
             system="\n\n".join(system_parts) or None,
             tools=tools,
         )
+
+    def remember(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Store what is new in ``messages`` (the whole conversation as the framework holds
+        it, or its latest part) as :meth:`fit` does, without assembling; the new ids."""
+        _, records, _ = self._split(messages)
+        records = records[self._known_prefix(records) :] if records else []
+        self._ingest(records)
+        return [str(r["id"]) for r in records]
+
+    def _split(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[str], list[dict[str, Any]], Mapping[str, Any] | None]:
+        # system texts, records of the other messages, and the last non-system message
+        system_parts: list[str] = []
+        records: list[dict[str, Any]] = []
+        last: Mapping[str, Any] | None = None
+        for index, message in enumerate(messages):
+            if not isinstance(message, Mapping):
+                raise InputError("expected a message object", field=f"messages[{index}]")
+            if message.get("role") in ("system", "developer"):
+                text = message_text(message.get("content"))
+                if text.strip():
+                    system_parts.append(text)
+                continue
+            record = self._record(message, index, f"cw-{uuid.uuid4().hex}")
+            if record is not None:
+                records.append(record)
+            last = message
+        return system_parts, records, last
 
     def _known_prefix(self, records: list[dict[str, Any]]) -> int:
         """How many leading ``records`` are the stored conversation's tail, in order."""
