@@ -184,3 +184,37 @@ def test_progress_bars_show_total_rate_and_eta() -> None:
     assert "3000/3000" in final
     assert "records/s" in final
     assert "eta" in final
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serve_says_when_it_warms_up_and_when_it_is_ready(tmp_path: Path) -> None:
+    import httpx
+
+    port = _free_port()
+    argv = ["--db", str(tmp_path / "x.db"), "serve", "--no-auth", "--port", str(port)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ctxwarden", *argv],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert first.startswith("ctxwarden serve: warming up")
+        second = process.stderr.readline()
+        assert second.startswith(f"ctxwarden serve: ready on http://127.0.0.1:{port}")
+        # ready means ready: the port answers at once
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()

@@ -24,6 +24,7 @@ from ctxwarden.extras import extra_for
 from ctxwarden.terminal import (
     check_records,
     echo_json,
+    parse_duration,
     progress_bar,
     read_lines,
     read_text,
@@ -31,7 +32,7 @@ from ctxwarden.terminal import (
 )
 from ctxwarden.types import Scope
 
-__all__ = ["app", "main", "show_context"]
+__all__ = ["app", "main", "parse_duration", "show_context"]
 
 app = typer.Typer(
     add_completion=False,
@@ -398,27 +399,6 @@ def stats(
         console.print(top)
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in ``"14d"``, ``"36h"``, ``"90m"``, ``"30s"`` or a bare number of seconds.
-
-    >>> parse_duration("14d")
-    1209600.0
-    """
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-    raw = text.strip().lower()
-    scale = units.get(raw[-1:])
-    number = raw[:-1] if scale is not None else raw
-    try:
-        value = float(number) * (scale or 1.0)
-    except ValueError:
-        raise InputError(
-            f"{text!r} is not a duration: write e.g. 14d, 36h or 90m", field="older_than"
-        ) from None
-    if value < 0:
-        raise InputError(f"{text!r} is negative", field="older_than")
-    return value
-
-
 @app.command()
 def compact(
     plan_only: Annotated[
@@ -575,6 +555,31 @@ def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> A
     return ServerConfig(authenticate=KeyAuth(engine.store), **limits)
 
 
+def _run_server(app_: Any, engine: Engine, *, name: str, host: str, port: int) -> None:
+    """Warm up (:func:`ctxwarden.server.runtime.prepare`), then serve with uvicorn: one line
+    on stderr when warming up starts, one when the port is open."""
+    import time
+
+    import uvicorn
+
+    from ctxwarden.server.runtime import prepare
+
+    began = time.perf_counter()
+    typer.echo(f"ctxwarden {name}: warming up (tokenizer, retrieval)", err=True)
+    prepare(engine)
+    took = time.perf_counter() - began
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # false when the port could not be bound
+                where = f"http://{host}:{port}"
+                typer.echo(f"ctxwarden {name}: ready on {where} (warm-up {took:.1f} s)", err=True)
+
+    config = uvicorn.Config(app_, host=host, port=port, log_level="warning", access_log=False)
+    _Server(config).run()
+
+
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
 ]
@@ -598,10 +603,7 @@ def serve(
     inclusion_log: InclusionLog = None,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
-    import uvicorn
-
     from ctxwarden.server.http import create_app
-    from ctxwarden.server.runtime import prepare
 
     with _engine(server=True, inclusion_log=inclusion_log) as engine:
         config = _server_config(
@@ -612,10 +614,7 @@ def serve(
             max_concurrency=max_concurrency,
             threads=threads,
         )
-        prepare(engine)
-        uvicorn.run(
-            create_app(engine, config), host=host, port=port, log_level="warning", access_log=False
-        )
+        _run_server(create_app(engine, config), engine, name="serve", host=host, port=port)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the servers.")
@@ -700,11 +699,8 @@ def proxy(
     inclusion_log: InclusionLog = None,
 ) -> None:
     """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
-    import uvicorn
-
     from ctxwarden.llm import LLMClient
     from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
-    from ctxwarden.server.runtime import prepare
 
     settings = _settings()
     url = upstream or settings.upstream
@@ -717,8 +713,7 @@ def proxy(
     ):
         server = _server_config(engine, host, no_auth)
         app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
-        prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+        _run_server(app_, engine, name="proxy", host=host, port=port)
 
 
 @app.command()
@@ -742,17 +737,13 @@ def mcp(
         if transport == "stdio":
             create_mcp_server(engine).run("stdio")
             return
-        import uvicorn
-
         from ctxwarden.server.http import SCOPES, Principal
-        from ctxwarden.server.runtime import prepare
 
         config = _server_config(engine, host, no_auth)
         local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
         authenticate = config.authenticate or (lambda _token: local)
         app_ = create_mcp_http_app(engine, authenticate, host=host)
-        prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+        _run_server(app_, engine, name="mcp", host=host, port=port)
 
 
 def _usage_line(exc: typer.TyperException) -> str:

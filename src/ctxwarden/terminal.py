@@ -38,6 +38,7 @@ __all__ = [
     "SourceLine",
     "check_records",
     "echo_json",
+    "parse_duration",
     "progress_bar",
     "read_lines",
     "read_text",
@@ -198,3 +199,24 @@ def show_context(console: Console, context: Context) -> None:
         console.print(Panel(str(content), title=message["role"], title_align="left", expand=False))
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"14d"``, ``"36h"``, ``"90m"``, ``"30s"`` or a bare number of seconds.
+
+    >>> parse_duration("14d")
+    1209600.0
+    """
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:])
+    number = raw[:-1] if scale is not None else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise InputError(
+            f"{text!r} is not a duration: write e.g. 14d, 36h or 90m", field="older_than"
+        ) from None
+    if value < 0:
+        raise InputError(f"{text!r} is negative", field="older_than")
+    return value
