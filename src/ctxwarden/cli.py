@@ -53,7 +53,10 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _options(
     db: Annotated[
-        str | None, typer.Option("--db", help="Database path (default: ~/.local/share/ctxwarden).")
+        str | None,
+        typer.Option(
+            "--db", help="Database path (default: ~/.local/share/ctxwarden/ctxwarden.db)."
+        ),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
     model: Annotated[str | None, typer.Option("--default-model", help="Default model.")] = None,
