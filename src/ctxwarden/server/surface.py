@@ -8,6 +8,9 @@ models of ``/openapi.json``, and ``/docs`` served from assets inside an installe
   their shape: :func:`openapi` adds the response models below to the generated schema.
 - ``/docs`` (Swagger UI) and ``/redoc`` load their scripts from the ``fastapi-offline``
   package's copies (``/docs/assets/...``): nothing comes from a CDN.
+- ``/ui`` is the dashboard (``ctxwarden/data/ui``: HTML, CSS and plain JavaScript over this
+  API): a context's composition against its budget with every candidate and why it is in or
+  out, the store's counts per channel and top folded families, search, and a memory's record.
 """
 
 from __future__ import annotations
@@ -424,6 +427,9 @@ def install(app: FastAPI) -> None:
     app.add_middleware(StrictQueryMiddleware, routes=app.router.routes)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     app.mount(_ASSETS, StaticFiles(directory=_assets()), name="docs-assets")
+    # The dashboard: static pages in the package that call this API from the browser.
+    ui = str(resources.files("ctxwarden") / "data" / "ui")
+    app.mount("/ui", StaticFiles(directory=ui, html=True), name="ui")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
