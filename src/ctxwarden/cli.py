@@ -116,7 +116,7 @@ def ingest(
         typer.Option("--skip-bad-lines", help="Skip invalid lines (listed) and ingest the rest."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
-    batch: Annotated[int, typer.Option(help="Records written per transaction.")] = 1000,
+    batch: Annotated[int, typer.Option(help="Records written per transaction.")] = 10_000,
 ) -> None:
     """Ingest records. Every line is checked before anything is written: a bad line stops the
     file naming its line and field, or with --skip-bad-lines is skipped and reported."""
