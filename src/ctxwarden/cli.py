@@ -220,7 +220,7 @@ def embed(
     with _engine(settings) as engine:
         model = engine.embedder.name
         total = _pending(engine, model)
-        with progress_bar(f"embedding with {model}", "memories") as progress:
+        with progress_bar("embedding", "memories") as progress:
             task = progress.add_task("embed", total=total)
             done = engine.embed_pending(
                 batch_size, reembed=reembed, progress=lambda n: progress.update(task, completed=n)
@@ -228,7 +228,7 @@ def embed(
     if as_json:
         echo_json({"embedded": done, "model": model})
     else:
-        typer.echo(f"{done} memories embedded")
+        typer.echo(f"{done} memories embedded with {model}")
 
 
 @app.command()

@@ -56,16 +56,16 @@ class RateColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         """The task's current speed (``?`` before rich has measured one)."""
         speed = task.finished_speed or task.speed
-        if speed is None:
-            return Text(f"? {self.unit}/s", style="progress.data.speed")
-        return Text(f"{speed:,.0f} {self.unit}/s", style="progress.data.speed")
+        shown = "?" if speed is None else f"{speed:,.0f}"
+        # no_wrap: a narrow terminal must not push the unit onto a second line
+        return Text(f"{shown} {self.unit}/s", style="progress.data.speed", no_wrap=True)
 
 
 def progress_bar(label: str, unit: str, *, console: Console | None = None) -> Progress:
     """A bar on stderr: label, bar, done/total, rate, elapsed, time remaining."""
     return Progress(
         TextColumn(label),
-        BarColumn(),
+        BarColumn(bar_width=24),  # room for the rate and ETA in an 80-column terminal
         MofNCompleteColumn(),
         RateColumn(unit),
         TimeElapsedColumn(),
