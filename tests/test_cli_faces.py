@@ -194,13 +194,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_serve_says_when_it_warms_up_and_when_it_is_ready(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_json", [False, True])
+def test_serve_says_when_it_warms_up_and_when_it_is_ready(tmp_path: Path, as_json: bool) -> None:
     import httpx
 
     port = _free_port()
     argv = ["--db", str(tmp_path / "x.db"), "serve", "--no-auth", "--port", str(port)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "ctxwarden", *argv],
+        [sys.executable, "-m", "ctxwarden", *argv, *(["--json"] if as_json else [])],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -208,9 +209,16 @@ def test_serve_says_when_it_warms_up_and_when_it_is_ready(tmp_path: Path) -> Non
     try:
         assert process.stderr is not None
         first = process.stderr.readline()
-        assert first.startswith("ctxwarden serve: warming up")
         second = process.stderr.readline()
-        assert second.startswith(f"ctxwarden serve: ready on http://127.0.0.1:{port}")
+        if as_json:
+            assert json.loads(first) == {"server": "serve", "event": "warming_up"}
+            ready = json.loads(second)
+            assert ready["event"] == "ready"
+            assert ready["url"] == f"http://127.0.0.1:{port}"
+            assert ready["warm_up_seconds"] >= 0
+        else:
+            assert first.startswith("ctxwarden serve: warming up")
+            assert second.startswith(f"ctxwarden serve: ready on http://127.0.0.1:{port}")
         # ready means ready: the port answers at once
         assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok"}
     finally:

@@ -23,6 +23,7 @@ from ctxwarden.errors import ConfigError, CtxwardenError, InputError, MissingExt
 from ctxwarden.extras import extra_for
 from ctxwarden.terminal import (
     check_records,
+    count_pending,
     echo_json,
     parse_duration,
     progress_bar,
@@ -191,16 +192,6 @@ def assemble(
         show_context(Console(), context)
 
 
-def _pending(engine: Engine, model: str) -> int:
-    """How many memories have no ``model`` vector (the embed bar's total): one pass of the
-    store's own pending query, paged by rowid."""
-    count, after = 0, 0
-    while page := engine.store.pending_embeddings(model, after=after, limit=10_000):
-        count += len(page)
-        after = page[-1][0]
-    return count
-
-
 @app.command()
 def embed(
     reembed: Annotated[
@@ -219,7 +210,7 @@ def embed(
         settings = settings.model_copy(update={"embedder": embedder})
     with _engine(settings) as engine:
         model = engine.embedder.name
-        total = _pending(engine, model)
+        total = count_pending(engine.store, model)
         with progress_bar("embedding", "memories") as progress:
             task = progress.add_task("embed", total=total)
             done = engine.embed_pending(
@@ -558,9 +549,11 @@ def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> A
     return ServerConfig(authenticate=KeyAuth(engine.store), **limits)
 
 
-def _run_server(app_: Any, engine: Engine, *, name: str, host: str, port: int) -> None:
+def _run_server(
+    app_: Any, engine: Engine, *, name: str, host: str, port: int, as_json: bool = False
+) -> None:
     """Warm up (:func:`ctxwarden.server.runtime.prepare`), then serve with uvicorn: one line
-    on stderr when warming up starts, one when the port is open."""
+    on stderr when warming up starts, one when the port is open (JSON with ``as_json``)."""
     import time
 
     import uvicorn
@@ -568,7 +561,12 @@ def _run_server(app_: Any, engine: Engine, *, name: str, host: str, port: int) -
     from ctxwarden.server.runtime import prepare
 
     began = time.perf_counter()
-    typer.echo(f"ctxwarden {name}: warming up (tokenizer, retrieval)", err=True)
+
+    def say(event: str, text: str, **fields: Any) -> None:
+        line = json.dumps({"server": name, "event": event, **fields}) if as_json else text
+        typer.echo(line, err=True)
+
+    say("warming_up", f"ctxwarden {name}: warming up (tokenizer, retrieval)")
     prepare(engine)
     took = time.perf_counter() - began
 
@@ -576,8 +574,9 @@ def _run_server(app_: Any, engine: Engine, *, name: str, host: str, port: int) -
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # false when the port could not be bound
-                where = f"http://{host}:{port}"
-                typer.echo(f"ctxwarden {name}: ready on {where} (warm-up {took:.1f} s)", err=True)
+                url = f"http://{host}:{port}"
+                text = f"ctxwarden {name}: ready on {url} (warm-up {took:.1f} s)"
+                say("ready", text, url=url, warm_up_seconds=round(took, 2))
 
     config = uvicorn.Config(app_, host=host, port=port, log_level="warning", access_log=False)
     _Server(config).run()
@@ -585,6 +584,9 @@ def _run_server(app_: Any, engine: Engine, *, name: str, host: str, port: int) -
 
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
+]
+ServerJson = Annotated[
+    bool, typer.Option("--json", help="Write the start-up lines (stderr) as JSON.")
 ]
 InclusionLog = Annotated[
     str | None,
@@ -604,6 +606,7 @@ def serve(
     threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
     from ctxwarden.server.http import create_app
@@ -617,7 +620,8 @@ def serve(
             max_concurrency=max_concurrency,
             threads=threads,
         )
-        _run_server(create_app(engine, config), engine, name="serve", host=host, port=port)
+        app_ = create_app(engine, config)
+        _run_server(app_, engine, name="serve", host=host, port=port, as_json=as_json)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the servers.")
@@ -700,6 +704,7 @@ def proxy(
     ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the OpenAI-compatible proxy (key from CTXWARDEN_UPSTREAM_API_KEY or the config)."""
     from ctxwarden.llm import LLMClient
@@ -716,7 +721,7 @@ def proxy(
     ):
         server = _server_config(engine, host, no_auth)
         app_ = create_proxy_app(engine, client, ProxyConfig(destructive=patterns, server=server))
-        _run_server(app_, engine, name="proxy", host=host, port=port)
+        _run_server(app_, engine, name="proxy", host=host, port=port, as_json=as_json)
 
 
 @app.command()
@@ -726,6 +731,7 @@ def mcp(
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context).
 
@@ -746,7 +752,7 @@ def mcp(
         local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
         authenticate = config.authenticate or (lambda _token: local)
         app_ = create_mcp_http_app(engine, authenticate, host=host)
-        _run_server(app_, engine, name="mcp", host=host, port=port)
+        _run_server(app_, engine, name="mcp", host=host, port=port, as_json=as_json)
 
 
 def _usage_line(exc: typer.TyperException) -> str:

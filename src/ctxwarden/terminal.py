@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ctxwarden.errors import InputError
+from ctxwarden.store.base import Store
 from ctxwarden.types import Context, Record
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "RateColumn",
     "SourceLine",
     "check_records",
+    "count_pending",
     "echo_json",
     "parse_duration",
     "progress_bar",
@@ -220,3 +222,13 @@ def parse_duration(text: str) -> float:
     if value < 0:
         raise InputError(f"{text!r} is negative", field="older_than")
     return value
+
+
+def count_pending(store: Store, model: str) -> int:
+    """How many memories have no ``model`` vector (the embed bar's total): one pass of the
+    store's own pending query, paged by rowid."""
+    count, after = 0, 0
+    while page := store.pending_embeddings(model, after=after, limit=10_000):
+        count += len(page)
+        after = page[-1][0]
+    return count
