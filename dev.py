@@ -3,7 +3,8 @@
 
     python3 dev.py demo    # create .venv from uv.lock if needed, then run `ctxwarden demo`
     python3 dev.py test    # the same set-up, then ruff, ruff format --check, mypy --strict,
-                           # lint-imports (the layering contracts in pyproject.toml), pytest
+                           # lint-imports (the layering contracts in pyproject.toml),
+                           # mkdocs build --strict (the docs site), pytest
     python3 dev.py bench   # the benchmarks under bench/ (long)
 
 The environment is exactly the lock file's (`uv sync --frozen --all-extras`: the library with its
@@ -98,6 +99,10 @@ def main(argv: list[str]) -> None:
         run(BIN / "ruff", "format", "--check", ".", env=env)
         run(BIN / "mypy", env=env)
         run(BIN / "lint-imports", env=env)
+        # the documentation site: reference pages generated from the code, every link checked
+        site = ROOT / ".site"
+        quiet = {**env, "NO_MKDOCS_2_WARNING": "1"}  # Material's end-of-life banner
+        run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site, env=quiet)
         run(BIN / "python", "-m", "pytest", *rest, env=env)
     elif task == "bench":
         for script in sorted((ROOT / "bench").glob("*.py")):

@@ -63,7 +63,8 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path) -> None:
     result = ctxwarden("--db", str(tmp_path / "x.db"), "ingest", str(bad), check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: line 2, field 'role': 'wizard' is not one of assistant, system, tool, user"
+        "error: line 2, field 'role': 'wizard' is not one of assistant, system, tool, user "
+        "(pass --skip-bad-lines to ingest the rest)"
     ]
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"content": "ok"}\n{not json\n')

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client")
+SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client", "fastapi_offline")
 
 
 def _uv() -> str:
@@ -82,6 +82,15 @@ def test_the_wheel_without_extras(tmp_path: Path) -> None:
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
         "ctxwarden.errors.MissingExtraError: this needs the 'server' extra "
-        "(fastapi, starlette, uvicorn, mcp, prometheus_client are missing): "
+        "(fastapi, starlette, uvicorn, mcp, prometheus_client, fastapi_offline are missing): "
         "pip install 'ctxwarden[server]'"
     )
+    # Each framework adapter names its extra, and the adapters' core needs none.
+    adapters = {"langchain": "langchain", "langgraph": "langgraph", "llamaindex": "llamaindex"}
+    adapters["openai_agents"] = "agents"
+    for module, extra in adapters.items():
+        refused = _run(python, "-c", f"import ctxwarden.adapters.{module}", cwd=tmp_path)
+        assert refused.returncode == 1
+        last = refused.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ctxwarden.errors.MissingExtraError: this needs the '{extra}'")
+    _ok(_run(python, "-c", "from ctxwarden.adapters import Conversation", cwd=tmp_path))

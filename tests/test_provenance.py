@@ -168,6 +168,8 @@ def test_retrieved_content_is_quoted_data_outside_the_system_message(
         ],
         tenant="acme",
     )  # fmt: skip
+    # scope="tenant": the old message is another session's, which a session-scoped read (the
+    # default since read scopes) would not retrieve at all
     context = signed_engine.assemble(
         session="s1", query="what is the vault code?", system="You help.", tenant="acme",
         model="gpt-4o", scope="tenant",  # another session's message: the tenant's history

@@ -9,23 +9,31 @@ import enum
 import json
 import sys
 import tempfile
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.panel import Panel
 from rich.table import Table
 
 from ctxwarden.config import Settings, load_settings
 from ctxwarden.engine import Engine
 from ctxwarden.errors import ConfigError, CtxwardenError, InputError, MissingExtraError
 from ctxwarden.extras import extra_for
-from ctxwarden.types import Context, Scope
+from ctxwarden.terminal import (
+    check_records,
+    count_pending,
+    echo_json,
+    parse_duration,
+    progress_bar,
+    read_lines,
+    read_text,
+    show_context,
+)
+from ctxwarden.types import Scope
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "parse_duration", "show_context"]
 
 app = typer.Typer(
     add_completion=False,
@@ -35,14 +43,31 @@ app = typer.Typer(
 _state: dict[str, Any] = {}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from ctxwarden import __version__
+
+        typer.echo(f"ctxwarden {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     db: Annotated[
-        str | None, typer.Option("--db", help="Database path (default: ~/.local/share/ctxwarden).")
+        str | None,
+        typer.Option(
+            "--db", help="Database path (default: ~/.local/share/ctxwarden/ctxwarden.db)."
+        ),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML config file.")] = None,
     model: Annotated[str | None, typer.Option("--default-model", help="Default model.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     _state["flags"] = {"db": db, "default_model": model}
     _state["config"] = config
@@ -66,39 +91,6 @@ def _engine(
     return Engine.open(settings.db, config=settings.engine_config(inclusion_log=default))
 
 
-def _read_records(path: str) -> Iterator[dict[str, Any]]:
-    """JSON Lines (one record a line) or a JSON array (e.g. an OpenAI message list)."""
-    text = sys.stdin.read() if path == "-" else _read_text(path)
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON: {exc.msg}", line=exc.lineno) from None
-        if not isinstance(data, list):
-            raise InputError("expected a JSON array of records")
-        yield from data
-        return
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"not valid JSON: {exc.msg} (column {exc.colno})", line=number
-            ) from None
-
-
-def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
 class ScopeOption(enum.StrEnum):
     """The read scopes (:mod:`ctxwarden.scope`), as a CLI choice."""
 
@@ -120,20 +112,51 @@ def ingest(
         Path | None, typer.Option("--report", help="Write one outcome per record (JSONL).")
     ] = None,
     user: Annotated[str | None, typer.Option(help="End user of records without one.")] = None,
+    skip_bad_lines: Annotated[
+        bool,
+        typer.Option("--skip-bad-lines", help="Skip invalid lines (listed) and ingest the rest."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+    batch: Annotated[int, typer.Option(help="Records written per transaction.")] = 10_000,
 ) -> None:
-    """Ingest records; a bad record aborts the whole batch and names its line and field."""
-    records = list(_read_records(file))
-    with _engine() as engine:
-        result = engine.ingest(records, session=session, tenant=tenant, user=user)
+    """Ingest records. Every line is checked before anything is written: a bad line stops the
+    file naming its line and field, or with --skip-bad-lines is skipped and reported."""
+    if batch < 1:
+        raise InputError(f"{batch} must be at least 1", field="batch")
+    defaults = {k: v for k, v in (("session", session), ("tenant", tenant), ("user", user)) if v}
+    good, bad = check_records(read_lines(read_text(file)), defaults, skip_bad=skip_bad_lines)
+    counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+    outcomes: list[dict[str, Any]] = []
+    with _engine() as engine, progress_bar("ingesting", "records") as progress:
+        task = progress.add_task("ingest", total=len(good))
+        for start in range(0, len(good), batch):
+            chunk = good[start : start + batch]
+            result = engine.ingest(
+                [item.data for item in chunk], session=session, tenant=tenant, user=user
+            )
+            for key, value in result.counts.items():
+                counts[key] = counts.get(key, 0) + value
+            if report is not None:
+                outcomes.extend(o.to_dict() for o in result.outcomes)
+            progress.advance(task, len(chunk))
     if report is not None:
         with report.open("w", encoding="utf-8") as out:
-            for outcome in result.outcomes:
-                out.write(json.dumps(outcome.to_dict()) + "\n")
-    counts = result.counts
+            for outcome in outcomes:
+                out.write(json.dumps(outcome) + "\n")
+    skipped = [b.to_dict() for b in bad]
+    if as_json:
+        echo_json({"records": len(good), **counts, "skipped": skipped})
+        return
     typer.echo(
-        f"{len(result)} records: {counts['stored']} stored, {counts['duplicate']} duplicates, "
+        f"{len(good)} records: {counts['stored']} stored, {counts['duplicate']} duplicates, "
         f"{counts['near_duplicate']} near-duplicates, {counts['known']} already known"
+        + (f"; {len(bad)} bad lines skipped" if bad else "")
     )
+    for line in bad[:20]:
+        where = f"line {line.line}" + (f", field '{line.field}'" if line.field else "")
+        typer.echo(f"  skipped {where}: {line.error}", err=True)
+    if len(bad) > 20:
+        typer.echo(f"  ... and {len(bad) - 20} more (--json lists them all)", err=True)
 
 
 @app.command()
@@ -190,28 +213,24 @@ def embed(
     embedder: Annotated[
         str | None, typer.Option(help="Embedder (minilm, minilm-static, openai:<model>).")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the count as JSON.")] = False,
 ) -> None:
     """Embed the store's memories that have no vector yet (resumable), with a progress bar."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     settings = _settings()
     if embedder is not None:
         settings = settings.model_copy(update={"embedder": embedder})
-    with (
-        _engine(settings) as engine,
-        Progress(
-            SpinnerColumn(),
-            TextColumn("embedding with {task.fields[model]}"),
-            TextColumn("{task.completed} memories"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        ) as progress,
-    ):
-        task = progress.add_task("embed", total=None, model=engine.embedder.name)
-        done = engine.embed_pending(
-            batch_size, reembed=reembed, progress=lambda n: progress.update(task, completed=n)
-        )
-    typer.echo(f"{done} memories embedded")
+    with _engine(settings) as engine:
+        model = engine.embedder.name
+        total = count_pending(engine.store, model)
+        with progress_bar("embedding", "memories") as progress:
+            task = progress.add_task("embed", total=total)
+            done = engine.embed_pending(
+                batch_size, reembed=reembed, progress=lambda n: progress.update(task, completed=n)
+            )
+    if as_json:
+        echo_json({"embedded": done, "model": model})
+    else:
+        typer.echo(f"{done} memories embedded with {model}")
 
 
 @app.command()
@@ -231,6 +250,7 @@ def dedupe(
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     show: Annotated[int, typer.Option(help="Top folded families to print.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run a de-dup layer over an existing store (embed it first: `ctxwarden embed`)."""
     import dataclasses
@@ -264,6 +284,21 @@ def dedupe(
                 dry_run=dry_run,
                 progress=lambda n: progress.update(task, completed=n),
             )
+    if as_json:
+        echo_json(
+            {
+                "examined": report.examined,
+                "folds": len(report.folds),
+                "refused": report.refused,
+                "dry_run": dry_run,
+                "threshold": config.threshold,
+                "families": [
+                    {"folded": count, "into": id_, "content": content}
+                    for id_, count, content in families(report.folds, show)
+                ],
+            }
+        )
+        return
     verb = "would fold" if dry_run else "folded"
     typer.echo(
         f"{report.examined} memories looked at, {verb} {len(report.folds)}, "
@@ -369,27 +404,6 @@ def stats(
         console.print(top)
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in ``"14d"``, ``"36h"``, ``"90m"``, ``"30s"`` or a bare number of seconds.
-
-    >>> parse_duration("14d")
-    1209600.0
-    """
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-    raw = text.strip().lower()
-    scale = units.get(raw[-1:])
-    number = raw[:-1] if scale is not None else raw
-    try:
-        value = float(number) * (scale or 1.0)
-    except ValueError:
-        raise InputError(
-            f"{text!r} is not a duration: write e.g. 14d, 36h or 90m", field="older_than"
-        ) from None
-    if value < 0:
-        raise InputError(f"{text!r} is negative", field="older_than")
-    return value
-
-
 @app.command()
 def compact(
     plan_only: Annotated[
@@ -413,8 +427,6 @@ def compact(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan/result as JSON.")] = False,
 ) -> None:
     """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from ctxwarden.compact import CompactionPolicy
     from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 
@@ -470,9 +482,7 @@ def compact(
             skipped = ", ".join(f"{k} {v}" for k, v in plan.skipped.items() if v)
             console.print(f"considered {plan.considered}; left alone: {skipped or 'none'}")
             return
-        with Progress(
-            TextColumn("compacting"), BarColumn(), MofNCompleteColumn(), console=console
-        ) as progress:
+        with progress_bar("compacting", "clusters", console=Console(stderr=True)) as progress:
             task = progress.add_task("clusters", total=len(plan.clusters))
             result = engine.compact(
                 plan, summarizer=chosen, progress=lambda _c, _o: progress.advance(task)
@@ -501,6 +511,9 @@ def demo(
         int, typer.Option(help="Token budget (the default leaves the related block room).")
     ] = 450,
     model: Annotated[str, typer.Option(help="Model.")] = "gpt-4o",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print counts and context as JSON.")
+    ] = False,
 ) -> None:
     """Ingest a small bundled sample into a temporary store and show an assembled context."""
     sample = resources.files("ctxwarden").joinpath("data/demo.jsonl").read_text(encoding="utf-8")
@@ -511,11 +524,6 @@ def demo(
         Engine.open(Path(folder) / "demo.db") as engine,
     ):
         result = engine.ingest(records)
-        counts = result.counts
-        console.print(
-            f"[bold]ingested[/] {len(result)} records: {counts['stored']} stored, "
-            f"{counts['duplicate']} verbatim duplicates folded"
-        )
         context = engine.assemble(
             session="team",
             query=query,
@@ -523,6 +531,14 @@ def demo(
             budget=budget,
             system="You are the team's assistant. Answer from the conversation.",
         )
+    counts = result.counts
+    if as_json:
+        echo_json({"ingested": len(result), **counts, "context": context.to_dict()})
+        return
+    console.print(
+        f"[bold]ingested[/] {len(result)} records: {counts['stored']} stored, "
+        f"{counts['duplicate']} verbatim duplicates folded"
+    )
     show_context(console, context)
 
 
@@ -544,8 +560,44 @@ def _server_config(engine: Engine, host: str, no_auth: bool, **limits: Any) -> A
     return ServerConfig(authenticate=KeyAuth(engine.store), **limits)
 
 
+def _run_server(
+    app_: Any, engine: Engine, *, name: str, host: str, port: int, as_json: bool = False
+) -> None:
+    """Warm up (:func:`ctxwarden.server.runtime.prepare`), then serve with uvicorn: one line
+    on stderr when warming up starts, one when the port is open (JSON with ``as_json``)."""
+    import time
+
+    import uvicorn
+
+    from ctxwarden.server.runtime import prepare
+
+    began = time.perf_counter()
+
+    def say(event: str, text: str, **fields: Any) -> None:
+        line = json.dumps({"server": name, "event": event, **fields}) if as_json else text
+        typer.echo(line, err=True)
+
+    say("warming_up", f"ctxwarden {name}: warming up (tokenizer, retrieval)")
+    prepare(engine)
+    took = time.perf_counter() - began
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # false when the port could not be bound
+                url = f"http://{host}:{port}"
+                text = f"ctxwarden {name}: ready on {url} (warm-up {took:.1f} s)"
+                say("ready", text, url=url, warm_up_seconds=round(took, 2))
+
+    config = uvicorn.Config(app_, host=host, port=port, log_level="warning", access_log=False)
+    _Server(config).run()
+
+
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
+]
+ServerJson = Annotated[
+    bool, typer.Option("--json", help="Write the start-up lines (stderr) as JSON.")
 ]
 InclusionLog = Annotated[
     str | None,
@@ -565,12 +617,10 @@ def serve(
     threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
-    import uvicorn
-
     from ctxwarden.server.http import create_app
-    from ctxwarden.server.runtime import prepare
 
     with _engine(server=True, inclusion_log=inclusion_log) as engine:
         config = _server_config(
@@ -581,10 +631,8 @@ def serve(
             max_concurrency=max_concurrency,
             threads=threads,
         )
-        prepare(engine)
-        uvicorn.run(
-            create_app(engine, config), host=host, port=port, log_level="warning", access_log=False
-        )
+        app_ = create_app(engine, config)
+        _run_server(app_, engine, name="serve", host=host, port=port, as_json=as_json)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys of the servers.")
@@ -596,6 +644,7 @@ def keys_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key works in.")],
     scope: Annotated[list[str], typer.Option(help="read, write, delete or admin (repeat).")],
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the key as JSON.")] = False,
 ) -> None:
     """Issue a key and print it once (only its hash is stored)."""
     from ctxwarden.server.auth import issue_key
@@ -604,11 +653,18 @@ def keys_create(
     with _engine() as engine:
         if not isinstance(engine.store, KeyStore):
             raise ConfigError("this store keeps no API keys")
-        typer.echo(issue_key(engine.store, tenant=tenant, scopes=scope, name=name))
+        key = issue_key(engine.store, tenant=tenant, scopes=scope, name=name)
+    if as_json:
+        echo_json({"key": key, "tenant": tenant, "scopes": sorted(scope), "name": name})
+    else:
+        typer.echo(key)
 
 
 @keys_app.command("list")
-def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None) -> None:
+def keys_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
     """List keys (ids, tenants, scopes; never secrets)."""
     from ctxwarden.store.base import KeyStore
 
@@ -618,12 +674,17 @@ def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant.
         for key in engine.store.api_keys(tenant):
             state = "revoked" if key.revoked_at is not None else "active"
             scopes = ",".join(sorted(key.scopes))
+            if as_json:
+                data = {"key_id": key.key_id, "tenant": key.tenant, "scopes": sorted(key.scopes)}
+                echo_json({**data, "state": state, "name": key.name}, indent=None)
+                continue
             typer.echo(f"{key.key_id}\t{key.tenant}\t{scopes}\t{state}\t{key.name or ''}")
 
 
 @keys_app.command("revoke")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key id (from keys list).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Revoke a key."""
     import time
@@ -636,7 +697,10 @@ def keys_revoke(
             raise ConfigError("this store keeps no API keys")
         if not engine.store.revoke_api_key(key_id, time.time()):
             raise NotFound(f"no API key {key_id!r}: see ctxwarden keys list")
-    typer.echo(f"revoked {key_id}")
+    if as_json:
+        echo_json({"revoked": key_id})
+    else:
+        typer.echo(f"revoked {key_id}")
 
 
 @app.command()
@@ -667,6 +731,7 @@ def proxy(
     ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the proxy: chat completions and Responses to --upstream (key from
     CTXWARDEN_UPSTREAM_API_KEY or the config), Anthropic Messages to --anthropic-upstream.
@@ -674,12 +739,9 @@ def proxy(
     Requests that name neither an end user (``user`` / X-Ctxwarden-User) nor a session
     (X-Ctxwarden-Session) are only fitted to the window: nothing is stored or retrieved.
     """
-    import uvicorn
-
     from ctxwarden.llm import LLMClient
     from ctxwarden.llm_anthropic import AnthropicClient
     from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
-    from ctxwarden.server.runtime import prepare
 
     settings = _settings()
     url = upstream or settings.upstream
@@ -703,9 +765,8 @@ def proxy(
         server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
         config = ProxyConfig(destructive=patterns, server=server, memory=memory)
         app_ = create_proxy_app(engine, client, config, anthropic=claude)
-        prepare(engine)
         try:
-            uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+            _run_server(app_, engine, name="proxy", host=host, port=port, as_json=as_json)
         finally:
             if claude is not None:
                 claude.close()
@@ -718,6 +779,7 @@ def mcp(
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    as_json: ServerJson = False,
 ) -> None:
     """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context).
 
@@ -732,50 +794,30 @@ def mcp(
         if transport == "stdio":
             create_mcp_server(engine).run("stdio")
             return
-        import uvicorn
-
         from ctxwarden.server.http import SCOPES, Principal
-        from ctxwarden.server.runtime import prepare
 
         config = _server_config(engine, host, no_auth)
         local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
         authenticate = config.authenticate or (lambda _token: local)
         app_ = create_mcp_http_app(engine, authenticate, host=host)
-        prepare(engine)
-        uvicorn.run(app_, host=host, port=port, log_level="warning", access_log=False)
+        _run_server(app_, engine, name="mcp", host=host, port=port, as_json=as_json)
 
 
-def show_context(console: Console, context: Context) -> None:
-    """Print a context's blocks and messages with rich."""
-    report = context.report
-    table = Table(
-        title=(
-            f"{report.model} ({report.tokenizer}{'' if report.exact else ', approximate'}): "
-            f"{context.tokens} of {report.cap} tokens (window {report.window}, reserve "
-            f"{report.reserve}, margin {report.margin})"
-        )
-    )
-    for column in ("block", "budget", "used", "items"):
-        table.add_column(column, justify="right" if column in {"budget", "used"} else "left")
-    for name, cost in report.fixed.items():
-        if cost:
-            table.add_row(f"({name})", "fixed", str(cost), "")
-    for block in report.blocks:
-        items = ", ".join(block.items[:6]) + (" ..." if len(block.items) > 6 else "")
-        table.add_row(block.name, str(block.budget), str(block.used), items)
-    console.print(table)
-    for message in context.messages:
-        content = message.get("content") or json.dumps(message.get("tool_calls"))
-        console.print(Panel(str(content), title=message["role"], title_align="left", expand=False))
-    for note in report.notes:
-        console.print(f"[yellow]note:[/] {note}")
+def _usage_line(exc: typer.TyperException) -> str:
+    """A usage error in one line: what is wrong and where to look."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    message = " ".join(message.split())
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "ctxwarden"
+    return f"error: {message} (see '{command} --help')"
 
 
 def main() -> None:
-    """Entry point: run the app, turning ctxwarden errors into one line and exit code 1 (2 for a
-    missing extra)."""
+    """Entry point: run the app. A usage error (typer's own vendored click exceptions: a
+    mistyped flag, a bad value, a missing option) prints one line and exits 2; a ctxwarden error
+    one line and exit code 1 (2 for a missing extra); tracebacks only with --debug."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except ImportError as exc:
         # A server face without its extra: ctxwarden.server raises MissingExtraError, and a
         # command's own `import uvicorn` a plain ModuleNotFoundError that extra_for maps.
@@ -792,15 +834,18 @@ def main() -> None:
             raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
         sys.exit(130)
-    except Exception as exc:  # click's usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except typer.TyperException as exc:
+        # typer 0.29 raises its vendored copies of click's exceptions (typer._click), which
+        # `click.ClickException` does not catch; they carry click's exit codes (2 for usage).
+        if _state.get("debug"):
+            raise
+        typer.echo(_usage_line(exc), err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)  # a typer.Exit(code) inside a command
 
 
 if __name__ == "__main__":

@@ -81,18 +81,29 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="CTXWARDEN_", extra="forbid")
 
+    #: The store: a SQLite file path (default ``$XDG_DATA_HOME/ctxwarden/ctxwarden.db``, i.e.
+    #: ``~/.local/share/ctxwarden/ctxwarden.db``), ``:memory:``, or a ``postgresql://`` URL.
     db: str = Field(default_factory=lambda: str(default_db_path()))
+    #: The model assemble fits for when a call names none (its window and tokenizer).
     default_model: str = "gpt-4o"
+    #: Tokenizers whose counts are cached at ingest (default: the default model's).
     tokenizers: list[str] = Field(default_factory=list)
+    #: How far back layer A (exact de-dup) looks for the same message, in seconds.
     exact_ttl_seconds: float = DEFAULT_DEDUPE.exact_ttl_seconds
+    #: How far back layer B (near de-dup) looks, in seconds.
     near_window_seconds: float = DEFAULT_DEDUPE.near_window_seconds
+    #: Where layer A looks for an earlier copy: the record's channel, else its session.
     exact_scope: Literal["channel_or_session", "channel", "session"] = DEFAULT_DEDUPE.exact_scope
+    #: The tenant of the CLI's commands and of requests without an API key (``--no-auth``).
     tenant: str = "default"
+    #: The budget policy: ``{preset = "chat", reserve_share = 5, blocks = [...]}`` (see budgets).
     budget: dict[str, Any] = Field(default_factory=dict)
+    #: Extra models: ``[{name, tokenizer, window, chat_format, max_output}]``.
     models: list[dict[str, Any]] = Field(default_factory=list)
     #: The proxy's upstream (an OpenAI-compatible API root, e.g. http://127.0.0.1:8080/v1) and
     #: its key; requests can never change either.
     upstream: str | None = None
+    #: The upstream's API key (``CTXWARDEN_UPSTREAM_API_KEY``); never sent anywhere else.
     upstream_api_key: str | None = Field(default=None, repr=False)
     #: The proxy's Anthropic Messages upstream (``/v1/messages``; e.g.
     #: https://api.anthropic.com/v1) and its key, sent as ``x-api-key``; whether to ask its
@@ -107,12 +118,15 @@ class Settings(BaseSettings):
     tool_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     #: How old a tool-result signature may be (seconds).
     tool_signature_max_age: float = 300.0
-    #: When memories are embedded (``off``, ``sync``, ``background``) and with which embedder.
+    #: When memories are embedded: ``off``, ``sync`` or ``background``.
     embed: str = "off"
+    #: The embedder: ``minilm``, ``minilm-static`` or ``openai:<model>``.
     embedder: str = "minilm"
     #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
     semantic_dedupe: bool = _SEMANTIC.enabled
+    #: The least cosine similarity at which layer C folds two memories.
     semantic_threshold: float = _SEMANTIC.threshold
+    #: How long after an aggregate was last seen layer C may still fold into it, in seconds.
     semantic_window_seconds: float = _SEMANTIC.window_seconds
     #: How assemble writes the inclusion log (``sync`` or ``deferred``, see
     #: :attr:`EngineConfig.inclusion_log`); unset: ``deferred`` in the servers, ``sync`` in

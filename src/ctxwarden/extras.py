@@ -22,8 +22,13 @@ __all__ = ["EXTRAS", "extra_for", "require"]
 #: The top-level modules each extra installs (pyproject.toml's optional dependencies; uvicorn
 #: uses httptools and uvloop when present, so they are not required).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client"),
+    "server": ("fastapi", "starlette", "uvicorn", "mcp", "prometheus_client", "fastapi_offline"),
     "postgres": ("psycopg", "psycopg_pool", "pgvector"),
+    # the framework adapters (ctxwarden.adapters): one extra per framework
+    "langchain": ("langchain_core",),
+    "langgraph": ("langgraph", "langchain_core"),
+    "llamaindex": ("llama_index",),
+    "agents": ("agents",),
 }
 
 

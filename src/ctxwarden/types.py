@@ -216,26 +216,47 @@ class Record:
     'user'
     """
 
+    #: The caller's id, kept; without one a stable id is derived from the record.
     id: str | None = None
+    #: The text (an OpenAI list of parts is joined; stored stripped). May be null only for an
+    #: assistant message that calls tools.
     content: str
+    #: ``user``, ``assistant``, ``system`` or ``tool``.
     role: str = "user"
+    #: The hard boundary: over HTTP and MCP it is the API key's tenant.
     tenant: str = "default"
+    #: The conversation (1-512 characters).
     session: str = "default"
     #: The end user the record belongs to (the person an agent serves), or None: with
     #: ``session`` and ``tenant`` it is the scope that reads are confined to (DESIGN rule 6).
     user: str | None = None
+    #: Where it was said (``#general``): a channel's repeats fold across sessions.
     channel: str | None = None
+    #: Who said it (shown as ``author: content`` in multi-party chats).
     author: str | None = None
+    #: ``human``, ``bot``, ``agent`` or ``tool``: bots' near repeats (only volatile values
+    #: differ) fold.
     author_kind: str = "human"
+    #: When: Unix seconds or ISO 8601 (default: the time of ingest).
     created_at: float | None = None
+    #: The thread it belongs to (retrieval brings a hit's thread neighbours along).
     thread_id: str | None = None
+    #: The id of the message it answers.
     reply_to: str | None = None
+    #: ``message``, ``fact`` (offered to the pinned block of its scope), ``pinned`` or
+    #: ``summary`` (written by compaction).
     kind: str = "message"
+    #: Always offered to the pinned block of its session's contexts.
     pinned: bool = False
+    #: The OpenAI ``name`` of the message (a tool's or a participant's).
     name: str | None = None
+    #: An assistant message's OpenAI tool calls (``[{id, type, function: {name, arguments}}]``).
     tool_calls: tuple[Mapping[str, Any], ...] = ()
+    #: A tool result's call id (kept with its call in every context).
     tool_call_id: str | None = None
+    #: Captions, file names and link titles (``[{type, name, caption, url}]``), searchable.
     attachments: tuple[Mapping[str, Any], ...] = ()
+    #: Anything else the caller keeps with the record (JSON), returned as given.
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod

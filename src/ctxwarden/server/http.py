@@ -52,7 +52,7 @@ from fastapi import Depends, FastAPI, Query, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -76,6 +76,7 @@ from ctxwarden.errors import (
 )
 from ctxwarden.models import remote_tokenizer
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+from ctxwarden.server.surface import StrictBody, install, validation_error_body
 from ctxwarden.types import Context
 
 __all__ = ["STATUS_BY_ERROR", "ServerConfig", "context_body", "create_app", "status_for"]
@@ -289,7 +290,7 @@ def _too_large(limit: int) -> dict[str, Any]:
 # -- request and response bodies ---------------------------------------------------------------
 
 
-class IngestBody(BaseModel):
+class IngestBody(StrictBody):
     """Records to ingest (the fields of :class:`~ctxwarden.types.Record`)."""
 
     records: list[dict[str, Any]]
@@ -301,7 +302,7 @@ class IngestBody(BaseModel):
 ScopeName = Literal["session", "user", "tenant"]
 
 
-class AssembleBody(BaseModel):
+class AssembleBody(StrictBody):
     """Arguments of :meth:`Engine.assemble`."""
 
     session: str
@@ -320,7 +321,7 @@ class AssembleBody(BaseModel):
     window: int | None = None
 
 
-class SearchBody(BaseModel):
+class SearchBody(StrictBody):
     """A full-text query."""
 
     query: str
@@ -330,7 +331,7 @@ class SearchBody(BaseModel):
     scope: ScopeName | None = None
 
 
-class CompactBody(BaseModel):
+class CompactBody(StrictBody):
     """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
     with a decayed access score below ``access_threshold``."""
 
@@ -612,6 +613,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(
         lifespan=lifespan,
+        # /docs and /redoc are served by surface.install from packaged assets (no CDN)
+        docs_url=None,
+        redoc_url=None,
         title="ctxwarden",
         version="0.1.0",
         description="Context and memory engine for long-lived LLM agents.",
@@ -644,18 +648,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return JSONResponse(
-            {
-                "error": {
-                    "type": "InputError",
-                    "message": f"{where}: {first['msg']}",
-                    "field": where,
-                }
-            },
-            status_code=422,
-        )
+        return JSONResponse(validation_error_body(exc), status_code=422)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -867,5 +860,6 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         """Prometheus metrics (no tenant data: counts and latencies only)."""
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    install(app)  # 404/405 in our error shape, strict query strings, response models, /docs
     app.add_middleware(LimitsMiddleware, config=config, metrics=metrics)
     return app
