@@ -40,6 +40,7 @@ hold no evidence; they compete with it for every method.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -55,6 +56,7 @@ from typing import Any
 
 from ctxwarden import render, tokens
 from ctxwarden.assemble import query_terms
+from ctxwarden.budget import BudgetPolicy, chat_policy
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import NotFound
 from ctxwarden.retrieve import RetrievalWeights
@@ -263,6 +265,7 @@ def run(
     embed: str | None = None,
     timings: list[float] | None = None,
     retrieval: RetrievalWeights | None = None,
+    policy: BudgetPolicy | None = None,
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
     """Recall per method, budget and category (a list of per-question recalls).
 
@@ -329,6 +332,7 @@ def run(
                         model=model,
                         budget=budget,
                         log_inclusions=False,
+                        policy=policy,
                         # A team whose whole history is shared: every session's evidence.
                         scope="tenant",
                     )
@@ -385,6 +389,17 @@ def show(
             print(f"| {budget} | {method} | " + " | ".join(cells) + " |")
 
 
+def _policy(recent_share: int | None) -> BudgetPolicy | None:
+    if recent_share is None:
+        return None
+    base = chat_policy()
+    shares = {"recent": recent_share, "related": 75 - recent_share}
+    blocks = tuple(
+        dataclasses.replace(b, share=shares[b.name]) if b.name in shares else b for b in base.blocks
+    )
+    return chat_policy(blocks=blocks)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", type=Path, nargs="*", default=list(DEFAULT_DATA))
@@ -397,6 +412,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
     parser.add_argument("--db", default=":memory:", help="keep the store (and vectors) here")
     parser.add_argument("--filler", type=int, default=0, help="distractors per conversation")
+    parser.add_argument(
+        "--recent-share",
+        type=int,
+        default=None,
+        help="what-if: the chat policy with this share (%%) for recent, the rest of the two "
+        "blocks' 75 to related (default: the policy as it is)",
+    )
     parser.add_argument(
         "--weights", default="", help="RetrievalWeights fields to change: name=value,..."
     )
@@ -422,8 +444,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             db=args.db,
             timings=timings,
             retrieval=retrieval,
+            policy=_policy(args.recent_share),
         )
         vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
+        vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
         vectors += f" ({args.embedder})" if embed != "off" else ""
         print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
               + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
