@@ -200,7 +200,7 @@ def load_harmony() -> Tokenizer:
 
 
 class HFTokenizer:
-    """Exact counts with a Hugging Face ``tokenizers`` tokenizer (runs cut as in tokens.py).
+    """Exact counts with a Hugging Face ``tokenizers`` tokenizer (runs cut as in tokenizers.py).
 
     Thread-safe: the backend's ``encode`` is. ``name`` is the registry name it answers to.
     """
@@ -229,7 +229,7 @@ class HFTokenizer:
         return _cut(text)
 
     def count(self, text: str) -> int:
-        """Exact token count; one extra token per cut of a very long run (as tokens.py)."""
+        """Exact token count; one extra token per cut of a very long run (as tokenizers.py)."""
         if not text:
             return 0
         pieces = self._pieces(text)
