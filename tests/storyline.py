@@ -39,8 +39,9 @@ class Clock:
         return self.now
 
 
-def tell(path: Path) -> tuple[Engine, Clock]:
-    """An engine over ``path`` that has lived through the story (the caller closes it)."""
+def tell(path: Path | str) -> tuple[Engine, Clock]:
+    """An engine over ``path`` (a SQLite file or a PostgreSQL DSN) that has lived through the
+    story (the caller closes it)."""
     records = demo_records()
     first = min(parse_time(r["created_at"]) for r in records)
     clock = Clock(first)

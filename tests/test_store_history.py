@@ -146,3 +146,29 @@ def test_scopes_and_bad_input(told: Engine) -> None:
         history.memory_history(told.store, told.config.tenant, "no-such-id")
     with pytest.raises(NotFound):
         history.memory_history(told.store, "another-tenant", "d000")
+
+
+@pytest.mark.postgres
+def test_postgres_tells_the_same_history(told: Engine, pg_schema_dsn: str) -> None:
+    engine, _clock = storyline.tell(pg_schema_dsn)
+    with engine:
+        tenant = engine.config.tenant
+        assert type(engine.store).__name__ == "PostgresStore"
+        for session in (None, "team"):
+            on_pg = history.health(engine.store, tenant, session=session)
+            on_sqlite = history.health(told.store, tenant, session=session)
+            for memory in on_pg["hottest"] + on_sqlite["hottest"]:
+                memory["access_score"] = round(memory["access_score"], 6)
+            assert on_pg == on_sqlite
+        for id_ in ("d000", "d001", on_pg["compactions"][0]["summary_id"], "d017-2"):
+            pg_record = history.memory_history(engine.store, tenant, id_)
+            sqlite_record = history.memory_history(told.store, tenant, id_)
+            for record in (pg_record, sqlite_record):  # context ids are random
+                record["inclusions"] = [{**i, "context_id": ""} for i in record["inclusions"]]
+                record["events"] = [
+                    {**e, "id": ""} if e["event"].startswith("included") else e
+                    for e in record["events"]
+                ]
+                record["access"]["access_score"] = round(record["access"]["access_score"], 6)
+                record["memory"]["access_score"] = round(record["memory"]["access_score"], 6)
+            assert pg_record == sqlite_record
