@@ -49,30 +49,19 @@ from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
 __all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
 
 
+@dataclasses.dataclass(eq=False)
 class Assembly:
     """Assembles contexts from a store (see :mod:`ctxwarden.assembly`)."""
 
-    def __init__(
-        self,
-        store: Store,
-        config: EngineConfig,
-        *,
-        clock: Callable[[], float],
-        registry: ModelRegistry,
-        counter: TokenCounter,
-        embeddings: Embeddings,
-        authors: dict[str, tuple[float, list[str]]],
-        log_writer: LogWriter | None,
-    ) -> None:
-        self.store = store
-        self.config = config
-        self.clock = clock
-        self.registry = registry
-        self.counter = counter
-        self.embeddings = embeddings
-        # Each tenant's authors for retrieval (read at most once a minute; ingest adds new ones).
-        self._author_cache = authors
-        self._log_writer = log_writer
+    store: Store
+    config: EngineConfig
+    clock: Callable[[], float]
+    registry: ModelRegistry
+    counter: TokenCounter
+    embeddings: Embeddings
+    #: Each tenant's authors for retrieval (read at most once a minute; ingest adds new ones).
+    authors: dict[str, tuple[float, list[str]]]
+    log_writer: LogWriter | None
 
     @property
     def embedder(self) -> Embedder:
@@ -289,8 +278,8 @@ class Assembly:
                 blocks={b.name: {"budget": b.budget, "used": b.used} for b in report.blocks},
                 inclusions=[i for i in inclusions if i.rowid >= 0],
             )
-            if self._log_writer is not None:
-                self._log_writer.submit(entry)
+            if self.log_writer is not None:
+                self.log_writer.submit(entry)
             else:
                 self.store.log_context(entry)
         return Context(
@@ -411,10 +400,10 @@ class Assembly:
 
     def _authors(self, tenant: str) -> list[str]:
         """The tenant's authors, read from the store at most once a minute."""
-        cached = self._author_cache.get(tenant)
+        cached = self.authors.get(tenant)
         if cached is None or time.monotonic() - cached[0] > 60.0:
             cached = (time.monotonic(), self.store.authors(tenant))
-            self._author_cache[tenant] = cached
+            self.authors[tenant] = cached
         return cached[1]
 
 

@@ -11,6 +11,7 @@ store's files of the erased text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import NotFound
@@ -20,30 +21,22 @@ from ctxwarden.types import Memory
 __all__ = ["Erasure"]
 
 
+@dataclass(eq=False)
 class Erasure:
-    """Deletes memories, sessions and tenants from the ``store`` (see :mod:`ctxwarden.erasure`)."""
+    """Deletes memories, sessions and tenants from the ``store``, leaving tombstones: what
+    :meth:`Engine.delete` and its siblings delegate to (see :mod:`ctxwarden.erasure`)."""
 
-    def __init__(
-        self,
-        store: Store,
-        config: EngineConfig,
-        *,
-        clock: Callable[[], float],
-        flush_log: Callable[[], None],
-        get: Callable[..., Memory],
-        caches: Sequence[Callable[[], None]],
-    ) -> None:
-        self.store = store
-        self.config = config
-        self.clock = clock
-        self.flush_log = flush_log
-        # The scoped read (Engine.get): NotFound for a memory outside the scope named.
-        self.get = get
-        # Each empties one of the engine's caches of stored rows (analysed aggregates, counts).
-        self._caches = caches
+    store: Store
+    config: EngineConfig
+    clock: Callable[[], float]
+    flush_log: Callable[[], None]
+    #: The scoped read (``Engine.get``): :class:`NotFound` for a memory outside the scope named.
+    get: Callable[..., Memory]
+    #: Each empties one of the engine's caches of stored rows (analysed aggregates, counts).
+    caches: Sequence[Callable[[], None]]
 
     def _forget(self) -> None:
-        for clear in self._caches:
+        for clear in self.caches:
             clear()
 
     def delete(
