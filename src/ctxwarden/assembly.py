@@ -3,7 +3,7 @@
 
 :class:`Assembly` is the service behind :meth:`ctxwarden.engine.Engine.assemble`: it reads the
 store (history pages, pinned memories, summaries, retrieval), gets token counts from the engine's
-:class:`~ctxwarden.counting.TokenCounter`, and hands the candidates to the pure planner
+:class:`~ctxwarden.counting.MemoryCounts`, and hands the candidates to the pure planner
 (:func:`ctxwarden.assemble.fill`); the rendering and counting of the final messages are here.
 :class:`_RecentWalk` pages a session's history newest first.
 """
@@ -32,7 +32,7 @@ from ctxwarden.assemble import (
     text_segments,
 )
 from ctxwarden.budget import BudgetPolicy
-from ctxwarden.counting import TokenCounter
+from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import EngineConfig
@@ -57,7 +57,7 @@ class Assembly:
     config: EngineConfig
     clock: Callable[[], float]
     registry: ModelRegistry
-    counter: TokenCounter
+    counter: MemoryCounts
     embeddings: Embeddings
     #: Each tenant's authors for retrieval (read at most once a minute; ingest adds new ones).
     authors: dict[str, tuple[float, list[str]]]
@@ -498,7 +498,7 @@ class _RecentWalk:
     def __init__(
         self,
         store: Store,
-        counter: TokenCounter,
+        counter: MemoryCounts,
         page: int,
         tenant: str,
         session: str,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ctxwarden import compact as compaction
 from ctxwarden import tokens
 from ctxwarden.budget import allocate
-from ctxwarden.counting import TokenCounter
+from ctxwarden.counting import MemoryCounts
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.models import ModelRegistry
 from ctxwarden.store.base import Store
@@ -35,7 +35,7 @@ class Compaction:
     config: EngineConfig
     clock: Callable[[], float]
     registry: ModelRegistry
-    counter: TokenCounter
+    counter: MemoryCounts
     flush_log: Callable[[], None]
 
     def compact_plan(

@@ -1,7 +1,7 @@
 """The token counts of stored memories as the engine's flows ask for them: from the
 in-process :class:`~ctxwarden.counts.CountCache`, else the store, else counted now (and stored).
 
-One :class:`TokenCounter` per engine, shared by assembly (pinned, summaries, related lines and
+One :class:`MemoryCounts` per engine, shared by assembly (pinned, summaries, related lines and
 the walk over recent history) and by compaction and window summaries, so a count made by one is
 served to the others. Ingest counts only the tokenizers ``EngineConfig.tokenizers`` names; every
 other count is made here on first use.
@@ -16,10 +16,10 @@ from ctxwarden.counts import CountCache
 from ctxwarden.store.base import Store, TokenCount
 from ctxwarden.types import Memory
 
-__all__ = ["TokenCounter"]
+__all__ = ["MemoryCounts"]
 
 
-class TokenCounter:
+class MemoryCounts:
     """Counts of memories for a tokenizer, cached (``cache``) in front of the ``store``."""
 
     def __init__(self, store: Store, size: int) -> None:

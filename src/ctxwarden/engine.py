@@ -27,7 +27,7 @@ from ctxwarden.assembly import related_candidates as related_candidates
 from ctxwarden.backend import open_store
 from ctxwarden.budget import BudgetPolicy
 from ctxwarden.compaction import Compaction
-from ctxwarden.counting import TokenCounter
+from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import DEFAULT_DEDUPE, EngineConfig
@@ -73,7 +73,7 @@ class Engine(ScopedReads):
         # The tenants' authors: retrieval reads them, ingest keeps them current.
         authors: dict[str, tuple[float, list[str]]] = {}
         flush = self.flush_log
-        self._counter = counter = TokenCounter(store, config.count_cache_size)
+        self._counter = counter = MemoryCounts(store, config.count_cache_size)
         self._ingestion = ingestion = Ingestion(store, config, clock=clock, authors=authors)
         self._embeddings = Embeddings(
             store, config, clock=clock, embedder=embedder, flush_log=flush, forget=ingestion.forget
