@@ -6,8 +6,8 @@ Usage::
 
 ``DATA`` defaults to ../shared/data/chatbench-dev and ../shared/data/locomo-dev/locomo-dev.json
 (the first ``shared/data`` beside the repository or beside one of its parents), read by
-``bench/evidence_recall.py``'s loaders. Each conversation is ingested into an in-memory store
-with the default :class:`~ctxwarden.engine.EngineConfig` (no embeddings: the default
+``bench/evidence_recall.py``'s loaders. Each conversation is ingested into its own in-memory
+store with the default :class:`~ctxwarden.engine.EngineConfig` (no embeddings: the default
 ``embed="off"``, so retrieval is lexical), as its own tenant, the clock at 0 as in the recall
 bench. Then, with the clock at each question's time, the engine assembles the
 context for the question at each budget (``log_inclusions=False``, so no question's access bumps
@@ -49,8 +49,12 @@ def context_hashes(
     """sha256 per budget over every question's assembled (messages, included ids), in order."""
     digests = {budget: hashlib.sha256() for budget in budgets}
     clock_now = [0.0]
-    with Engine.open(":memory:", config=EngineConfig(), clock=lambda: clock_now[0]) as engine:
-        for conversation in conversations:
+    for conversation in conversations:
+        # One store per conversation: the store's term-count caches expire by wall time (600 s),
+        # so a store shared by a whole dataset would make the hashes depend on how long the run
+        # takes.
+        engine = Engine.open(":memory:", config=EngineConfig(), clock=lambda: clock_now[0])
+        with engine:
             clock_now[0] = 0.0
             engine.ingest(conversation.records, tenant=conversation.name)
             questions = conversation.questions[:limit] if limit else conversation.questions

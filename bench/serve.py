@@ -271,7 +271,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
     from collections import defaultdict
     from collections.abc import Callable
 
-    import ctxwarden.engine as engine_module
+    import ctxwarden.assembly as assembly_module
     from ctxwarden import Engine
     from ctxwarden.store.sqlite import SQLiteStore
 
@@ -291,14 +291,14 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
     phases = [
-        (engine_module._RecentWalk, "take", "recent (history walk, counts)"),
-        (engine_module.Engine, "_related", "related (retrieval + line costs)"),
-        (engine_module, "retrieve", "  retrieve"),
+        (assembly_module._RecentWalk, "take", "recent (history walk, counts)"),
+        (assembly_module.Assembly, "_related", "related (retrieval + line costs)"),
+        (assembly_module, "retrieve", "  retrieve"),
         (SQLiteStore, "search", "    store.search (FTS5)"),
         (SQLiteStore, "neighbours", "    store.neighbours"),
-        (engine_module.Engine, "_line_candidates", "pinned + summaries"),
-        (engine_module, "fill", "fill (blocks, report)"),
-        (engine_module.Engine, "_block_message_cost", "message costs (render, count)"),
+        (assembly_module.Assembly, "_line_candidates", "pinned + summaries"),
+        (assembly_module, "fill", "fill (blocks, report)"),
+        (assembly_module.Assembly, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
         (SQLiteStore, "token_counts", "store.token_counts (all callers)"),
     ]

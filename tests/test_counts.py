@@ -81,7 +81,7 @@ def test_cached_counts_equal_fresh_counts_and_spare_the_store(
     assert second.tokens == first.tokens
     memories = _all(counting.inner)
     tok = tokens.get_tokenizer(TOKENIZER)
-    counts = engine._counts(memories, tok)
+    counts = engine._counter.counts(memories, tok)
     assert {m.rowid: (counts[m.rowid].message, counts[m.rowid].line) for m in memories} == {
         m.rowid: _fresh(m) for m in memories
     }
@@ -97,9 +97,9 @@ def test_only_uncached_rowids_are_read(counting: CountingStore, clock: Clock) ->
     engine.ingest(_history(20))
     tok = tokens.get_tokenizer(TOKENIZER)
     memories = _all(counting.inner)
-    engine._counts(memories[:12], tok)
+    engine._counter.counts(memories[:12], tok)
     counting.asked.clear()
-    engine._counts(memories, tok)
+    engine._counter.counts(memories, tok)
     assert sorted(counting.asked) == sorted(m.rowid for m in memories[12:])
 
 
@@ -116,7 +116,7 @@ def test_another_writer_reusing_a_rowid_never_meets_a_stale_count(
     )
     a.assemble(session="s", query="deploy", budget=1500, log_inclusions=False)
     old = next(m for m in _all(store) if m.id == "last")
-    assert len(a._token_counts) >= 11
+    assert len(a._counter.cache) >= 11
     b.delete("last")
     b.ingest(
         [{"id": "new", "session": "s", "created_at": 1_700_001_000,
@@ -129,7 +129,7 @@ def test_another_writer_reusing_a_rowid_never_meets_a_stale_count(
     context = a.assemble(session="s", query="deploy", budget=1500, log_inclusions=False)
     assert new.rowid in counting.asked  # the cached entry for that rowid did not match
     tok = tokens.get_tokenizer(TOKENIZER)
-    got = a._counts([new], tok)[new.rowid]
+    got = a._counter.counts([new], tok)[new.rowid]
     assert (got.message, got.line) == _fresh(new) != _fresh(old)
     # the same turn assembled by an engine with an empty cache costs the same
     fresh = Engine(store, clock=clock).assemble(
@@ -220,7 +220,7 @@ def test_a_small_bound_changes_no_context(store: Store, clock: Clock) -> None:
     small.ingest(_history(120))
     for query in ("deploy w1", "w7 w9", "message 3", "deploy w1"):
         got = small.assemble(session="s", query=query, budget=2500, log_inclusions=False)
-        assert len(small._token_counts) <= 16
+        assert len(small._counter.cache) <= 16
         want = Engine(store, clock=clock).assemble(
             session="s", query=query, budget=2500, log_inclusions=False
         )
@@ -231,13 +231,13 @@ def test_a_small_bound_changes_no_context(store: Store, clock: Clock) -> None:
 def test_the_cache_holds_no_text_and_erasure_empties_it(engine: Engine) -> None:
     engine.ingest(_history(30))
     engine.assemble(session="s", query="the deploy", budget=1500)
-    assert len(engine._token_counts) >= 30
-    for key, count in engine._token_counts._entries.items():
+    assert len(engine._counter.cache) >= 30
+    for key, count in engine._counter.cache._entries.items():
         assert isinstance(key, int)
         assert isinstance(count, TokenCount)
         assert count.tokenizer == TOKENIZER  # the only string an entry holds
     engine.delete("h3")
-    assert len(engine._token_counts) == 0
+    assert len(engine._counter.cache) == 0
 
 
 def test_threads_never_get_a_count_made_for_other_text() -> None:

@@ -248,7 +248,7 @@ def test_ingest_pauses_the_garbage_collector_only_while_it_runs(engine: Engine) 
 def test_insert_values_are_the_new_memory_row(extra: dict[str, Any]) -> None:
     # Ingest builds the insert values directly; they must be what the NewMemory's row would be.
     from ctxwarden.dedupe import DedupeCandidate
-    from ctxwarden.engine import _memory_values, _Prepared
+    from ctxwarden.ingestion import _memory_values, _Prepared
     from ctxwarden.store.base import NewMemory
     from ctxwarden.store.reads import memory_row
 

@@ -335,7 +335,7 @@ def test_scope_block_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> No
     # ids without a vector yet, a growing scope, a shrinking one, and eviction under the rows
     # limit. Chunks of 1,000 rows here, so patches and appends cross chunk boundaries.
     dim = 48
-    monkeypatch.setattr("ctxwarden.vectors._BLOCK_CHUNK_BYTES", 1000 * dim)
+    monkeypatch.setattr("ctxwarden.vector_copy._BLOCK_CHUNK_BYTES", 1000 * dim)
     data = _clustered(14_000, seed=21, dim=dim)
     index = VectorIndex(dim, exact_scope=40_000)
     index.add(range(12_000), data[:12_000])

@@ -16,7 +16,7 @@ from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.types import SCOPES, Memory, Scope
 
 if TYPE_CHECKING:
-    from ctxwarden.engine import EngineConfig
+    from ctxwarden.engine_config import EngineConfig
     from ctxwarden.store.base import Store
 
 __all__ = ["ScopedReads", "store_scope"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ctxwarden.store import sqlite as sqlite_module
+from ctxwarden.store import sqlite_lexical as sqlite_module
 from ctxwarden.store.base import NewMemory, Store
 from ctxwarden.store.pg_lexical import choose_terms, idf
 

@@ -201,7 +201,7 @@ def test_very_common_terms_of_a_large_store_are_judged_on_its_newest_rows(
 ) -> None:
     # Small thresholds stand for the real ones: a store of more than VERY_COMMON_WINDOW rows
     # judges a word "very common" by its share of the newest VERY_COMMON_WINDOW rows.
-    from ctxwarden.store import sqlite as sqlite_module
+    from ctxwarden.store import sqlite_lexical as sqlite_module
 
     monkeypatch.setattr(sqlite_module, "COMMON_TERM_ROWS", 4)
     monkeypatch.setattr(sqlite_module, "VERY_COMMON_WINDOW", 20)
@@ -281,7 +281,7 @@ def test_a_one_record_lookup_does_not_read_the_whole_window() -> None:
 def test_the_lookup_bucket_is_the_indexed_expression() -> None:
     """``find_targets`` names the de-dup indexes' bucket expression in its SQL: if the two ever
     differ, SQLite cannot use the index for it (and ``INDEXED BY`` fails)."""
-    from ctxwarden.store.sqlite import _BUCKET, _BUCKET_SECONDS, bucket_of
+    from ctxwarden.store.sqlite_writer import _BUCKET, _BUCKET_SECONDS, bucket_of
 
     store = SQLiteStore(":memory:")
     definitions = store._query(

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict
 
+from ctxwarden.server.access import credentials_of
 from ctxwarden.store import history
 
 __all__ = ["MemoryHistoryResponse", "StatsHistoryResponse", "router"]
@@ -98,10 +99,6 @@ class MemoryHistoryResponse(_Open):
 
 
 async def _read(request: Request, work: Any) -> Any:
-    # The HTTP API's credentials dependency, looked up at request time: server.http imports
-    # this package's surface, which includes this router.
-    from ctxwarden.server.http import credentials_of
-
     caller = await credentials_of(request)
     engine = request.app.state.engine
     return await caller.run("read", lambda principal: work(engine.store, principal.tenant))

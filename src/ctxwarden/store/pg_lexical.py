@@ -25,8 +25,8 @@ drops them: with more than two terms, the rarest are searched while the rows the
 to at most ``row_budget(limit)`` (``SEARCH_ROW_BUDGET``, less for a short page), and none found in
 ``COMMON_TERM_ROWS`` rows or more (the two rarest are always kept); a term in
 ``VERY_COMMON_SHARE`` of the tenant's rows is dropped when a rarer one matches
-(:func:`~ctxwarden.store.sqlite.choose_terms`; counted exactly, where SQLite judges a store of
-more than ``VERY_COMMON_WINDOW`` rows by its newest rows). When the kept terms still
+(:func:`~ctxwarden.store.sqlite_lexical.choose_terms`; counted exactly, where SQLite judges a
+store of more than ``VERY_COMMON_WINDOW`` rows by its newest rows). When the kept terms still
 match more than the budget (two common words and nothing else), the newest budget's worth of
 matching rows is ranked, so a common-word query costs a bounded amount at any size.
 
@@ -45,9 +45,9 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ctxwarden.scope import ReadScope
-from ctxwarden.store import sqlite as _sqlite
+from ctxwarden.store import sqlite_lexical as _sqlite
 from ctxwarden.store.reads import MEMORY_COLUMNS
-from ctxwarden.store.sqlite import choose_terms
+from ctxwarden.store.sqlite_lexical import choose_terms
 
 __all__ = ["K1", "B", "Lexical", "choose_terms", "idf"]
 

@@ -1,0 +1,622 @@
+"""The assembly flow: limits -> blocks (pinned, summaries, related, recent, items) -> retrieve
+-> fill -> render -> exact count -> inclusion log. The context of one turn.
+
+:class:`Assembly` is the service behind :meth:`ctxwarden.engine.Engine.assemble`: it reads the
+store (history pages, pinned memories, summaries, retrieval), gets token counts from the engine's
+:class:`~ctxwarden.counting.MemoryCounts`, and hands the candidates to the pure planner
+(:func:`ctxwarden.assemble.fill`); the rendering and counting of the final messages are here.
+:class:`_RecentWalk` pages a session's history newest first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ctxwarden import render, tokens
+from ctxwarden.assemble import (
+    DATA_SOURCES,
+    Candidate,
+    Material,
+    Plan,
+    block_reports,
+    data_message_text,
+    fill,
+    memory_message,
+    recent_messages,
+    system_message_text,
+    text_segments,
+)
+from ctxwarden.budget import BudgetPolicy
+from ctxwarden.counting import MemoryCounts
+from ctxwarden.embed import Embedder
+from ctxwarden.embedding import Embeddings
+from ctxwarden.engine_config import EngineConfig
+from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.logwriter import LogWriter
+from ctxwarden.models import ModelRegistry
+from ctxwarden.retrieve import retrieve
+from ctxwarden.scope import ReadScope
+from ctxwarden.scope import resolve as resolve_scope
+from ctxwarden.scoped_reads import store_scope
+from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
+from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
+
+__all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
+
+
+@dataclasses.dataclass(eq=False)
+class Assembly:
+    """Assembles contexts from a store (see :mod:`ctxwarden.assembly`)."""
+
+    store: Store
+    config: EngineConfig
+    clock: Callable[[], float]
+    registry: ModelRegistry
+    counter: MemoryCounts
+    embeddings: Embeddings
+    #: Each tenant's authors for retrieval (read at most once a minute; ingest adds new ones).
+    authors: dict[str, tuple[float, list[str]]]
+    log_writer: LogWriter | None
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedding flow's embedder (built on first use: only when vectors are usable)."""
+        return self.embeddings.embedder
+
+    def assemble(
+        self,
+        *,
+        session: str,
+        query: str | None,
+        model: str | None,
+        budget: int | None,
+        system: str | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        tenant: str | None,
+        channel: str | None,
+        items: Mapping[str, Sequence[str]] | None,
+        policy: BudgetPolicy | None,
+        log_inclusions: bool,
+        tokenizer: str | None,
+        window: int | None,
+        user: str | None,
+        scope: Scope | None,
+    ) -> Context:
+        """The context for one turn of ``session`` (see :meth:`Engine.assemble`)."""
+        tenant = tenant or self.config.tenant
+        read_scope = resolve_scope(session=session, user=user, scope=scope)
+        policy = policy or self.config.policy
+        model_name = model or self.config.default_model
+        spec = self.registry.resolve(model_name, tokenizer=tokenizer, window=window)
+        tok = tokens.get_tokenizer(spec.tokenizer)
+        fmt = tokens.get_chat_format(spec.chat_format, tok)
+        limits = policy.limits(window=spec.window, budget=budget, max_output=spec.max_output)
+        tool_list = [dict(t) for t in tools or ()]
+        notes: list[str] = []
+        if spec.notes and self.registry.lookup(model_name) is None:
+            notes.append(spec.notes)  # what was assumed for a model the registry does not know
+        if not tok.exact:
+            notes.append(
+                f"tokenizer {tok.name} is an approximation for {spec.name}: counts include its "
+                "safety factor"
+            )
+        query_text = query.strip() if query else None
+        recent_walk = _RecentWalk(
+            self.store,
+            self.counter,
+            self.config.recent_page,
+            tenant,
+            session,
+            channel,
+            tok,
+            fmt,
+            user,
+        )
+        newest = recent_walk.peek_newest()
+        query_in_history = (
+            query_text is not None
+            and newest is not None
+            and newest.role == "user"
+            and newest.content == query_text
+        )
+
+        # Counted once per call: the fixed cost and the final total both use it.
+        system_prefix_tokens = tok.count(render.system_prefix(system)) if system else 0
+        fixed_parts = {
+            "template": max(
+                fmt.request_overhead(has_system=True), fmt.request_overhead(has_system=False)
+            ),
+            "system": fmt.message_overhead("system") + system_prefix_tokens,
+            "tools": fmt.tools_tokens(tok, tool_list) if tool_list else 0,
+            "query": (
+                tok.count(query_text) + fmt.message_overhead("user")
+                if query_text and not query_in_history
+                else 0
+            ),
+        }
+        fixed = sum(fixed_parts.values())
+        available = max(0, limits.cap - fixed)
+
+        data_intro_tokens = tok.count(render.data_intro())  # counted once, used twice
+        material = Material(
+            count=tok.count,
+            frame=fmt.message_overhead(render.DATA_ROLE) + data_intro_tokens,
+        )
+        material.recent = recent_walk.take(available)
+        if query_text and self.config.related_candidates:
+            wanted = related_candidates(
+                available, recent_walk.typical_line(), floor=self.config.related_candidates
+            )
+            material.related = self._related(
+                tenant, query_text, tok, notes, wanted, store_scope(read_scope)
+            )
+        pinned = self.store.pinned(tenant, scope=store_scope(read_scope))
+        material.pinned = self._line_candidates(pinned, tok)
+        # Summaries stay within their conversation: the session's, or the user's sessions';
+        # a tenant-wide read still shows this session's (another's are not its history).
+        summary_scope = (
+            ReadScope(kind="session", session=session, user=user)
+            if read_scope.kind == "tenant"
+            else read_scope
+        )
+        material.summaries = self._line_candidates(
+            self.store.summaries(tenant, scope=summary_scope), tok
+        )
+        for block in policy.blocks:
+            if block.source == "items":
+                texts = list((items or {}).get(block.name, ()))
+                material.items[block.name] = [
+                    _item_candidate(block.name, i, t, tok) for i, t in enumerate(texts)
+                ]
+        unknown = set(items or {}) - {b.name for b in policy.blocks if b.source == "items"}
+        if unknown:
+            raise InputError(
+                f"no items block called {sorted(unknown)[0]!r} in policy {policy.name!r}",
+                field="items",
+            )
+
+        plan = fill(policy, limits, fixed=fixed, material=material)
+        _write_lines(policy, plan)
+        notes.extend(plan.notes)
+
+        messages: list[dict[str, Any]] = []
+        included: list[str] = []
+        logged: list[tuple[str, Memory]] = []  # (block, memory) of each Inclusion, made once below
+        total = 0
+        recent_cost = sum(c.tokens for _, c in recent_messages(plan, policy))
+        others = fixed - fixed_parts["system"] - fixed_parts["template"]
+        while True:
+            system_text, held = system_message_text(policy, plan, system)
+            system_cost = self._block_message_cost(
+                policy, plan, system_text, held, "system", system_prefix_tokens, tok, fmt
+            )
+            data_text, data_held = data_message_text(policy, plan)
+            data_cost = self._block_message_cost(
+                policy, plan, data_text, data_held, render.DATA_ROLE, data_intro_tokens, tok, fmt
+            )
+            over = (
+                fmt.request_overhead(has_system=system_text is not None)
+                + system_cost
+                + data_cost
+                + recent_cost
+                + others
+                > limits.cap
+            )
+            blocks = [b for b in policy.blocks if b.source != "recent" and plan.chosen[b.name]]
+            if not over or not blocks:
+                break
+            # Only a template that trims message text can push it past the plan (a message's
+            # last line loses the newline it was counted with): give up that block's last line.
+            plan.chosen[blocks[-1].name].pop()
+            notes.append(
+                f"{blocks[-1].name}: last line dropped, the template's trim made it longer"
+            )
+        has_system = system_text is not None
+        if has_system:
+            assert system_text is not None
+            messages.append({"role": "system", "content": system_text})
+            total += system_cost
+        if data_text is not None:
+            messages.append({"role": render.DATA_ROLE, "content": data_text})
+            total += data_cost
+        for name, memory in [*held, *data_held]:
+            if memory.rowid >= 0:
+                included.append(memory.id)
+                logged.append((name, memory))
+        for name, cand in recent_messages(plan, policy):
+            total += cand.tokens
+            for memory, text in zip(cand.memories, cand.text.split("\x00"), strict=True):
+                messages.append(memory_message(memory, text))
+                included.append(memory.id)
+                logged.append((name, memory))
+        if query_text and not query_in_history:
+            messages.append({"role": "user", "content": query_text})
+            total += fixed_parts["query"]
+        total += fmt.request_overhead(has_system=has_system) + fixed_parts["tools"]
+        if total > limits.cap:
+            raise CtxwardenError(
+                f"internal error: assembled {total} tokens over the cap of {limits.cap}; "
+                "please report this with the inputs"
+            )
+        costs = _costs(plan)
+        inclusions = [
+            Inclusion(rowid=m.rowid, id=m.id, block=name, tokens=costs.get(m.rowid, 0))
+            for name, m in logged
+        ]
+        report = Report(
+            model=spec.name,
+            tokenizer=tok.name,
+            exact=tok.exact,
+            window=limits.window,
+            reserve=limits.reserve,
+            margin=limits.margin,
+            cap=limits.cap,
+            tokens=total,
+            fixed=fixed_parts,
+            blocks=block_reports(policy, plan),
+            candidates=CandidateReports(plan.candidates),
+            notes=tuple(notes),
+        )
+        context_id = uuid.uuid4().hex
+        recent_walk.flush_counts()
+        if log_inclusions:
+            entry = ContextLog(
+                id=context_id,
+                tenant=tenant,
+                session=session,
+                created_at=self.clock(),
+                model=spec.name,
+                tokenizer=tok.name,
+                exact=tok.exact,
+                cap=limits.cap,
+                tokens=total,
+                blocks={b.name: {"budget": b.budget, "used": b.used} for b in report.blocks},
+                inclusions=[i for i in inclusions if i.rowid >= 0],
+            )
+            if self.log_writer is not None:
+                self.log_writer.submit(entry)
+            else:
+                self.store.log_context(entry)
+        return Context(
+            id=context_id,
+            messages=tuple(messages),
+            included=tuple(included),
+            tokens=total,
+            report=report,
+        )
+
+    @staticmethod
+    def _block_message_cost(
+        policy: BudgetPolicy,
+        plan: Plan,
+        text: str | None,
+        held: Sequence[tuple[str, Memory]],
+        role: str,
+        prefix_tokens: int,
+        tok: tokens.Tokenizer,
+        fmt: tokens.ChatFormat,
+    ) -> int:
+        """The exact cost of the system message (``role`` "system") or of the memory-data
+        message (``render.DATA_ROLE``) whose ``text`` :mod:`ctxwarden.assemble` rendered.
+
+        Block segments end in a newline before a non-space character, where BPE always splits,
+        so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
+        the last segment's newline, so that segment (which may span lines) alone is counted
+        again without it.
+        """
+        if text is None:
+            return 0
+        if not held:  # the caller's system prompt alone
+            return fmt.message_tokens(role, text)
+        data = role != "system"
+        cost = fmt.message_overhead(role) + prefix_tokens
+        for block in policy.blocks:
+            chosen = plan.chosen[block.name]
+            if block.source == "recent" or not chosen or (block.source in DATA_SOURCES) != data:
+                continue
+            cost += tok.count(render.block_header(block.title or block.name))
+            cost += sum(c.tokens for c in chosen)
+        # the last segment, whole: a line may hold inner newlines ("0\n 0" is one memory)
+        last = text_segments(policy, plan, data=data)[0][-1]
+        trimmed = fmt.content_text(role, last)
+        if trimmed != last:
+            cost += tok.count(trimmed) - tok.count(last)
+        return cost
+
+    def _line_candidates(
+        self, memories: Sequence[Memory], tok: tokens.Tokenizer
+    ) -> list[Candidate]:
+        counts = self.counter.counts(memories, tok)
+        out = []
+        for memory in memories:
+            text, cost = _line(memory, counts[memory.rowid].line, tok)
+            out.append(
+                Candidate(memories=(memory,), tokens=cost, text=text or render.line_text(memory))
+            )
+        return out
+
+    def _related(
+        self,
+        tenant: str,
+        query: str,
+        tok: tokens.Tokenizer,
+        notes: list[str],
+        wanted: int,
+        scope: ReadScope | None = None,
+    ) -> list[Candidate]:
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
+        from each search (:func:`related_candidates`)."""
+        weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        usable, others = self.embeddings.vectors_usable()
+        if others and not usable:
+            notes.append(
+                f"vectors of {', '.join(others)} ignored (this engine embeds with "
+                f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
+            )
+        query_vector = None
+        if usable:
+            try:
+                query_vector = self.embedder.embed([query])[0]
+            except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
+                notes.append(f"query not embedded ({exc}); related memory found by words only")
+                usable = False
+        lines: dict[int, tuple[str, int]] = {}
+
+        def cost(memories: Sequence[Memory]) -> dict[int, int]:
+            # Only an aggregate's line is made here (its volume note is counted with it): the
+            # others are written for the few candidates fill takes (_write_lines).
+            counts = self.counter.counts(memories, tok)
+            for memory in memories:
+                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok)
+            return {rowid: line[1] for rowid, line in lines.items()}
+
+        hits = retrieve(
+            self.store,
+            tenant=tenant,
+            query=query,
+            now=self.clock(),
+            cost=cost,
+            query_vector=query_vector,
+            model=self.embedder.name if usable else None,
+            weights=weights,
+            keep=lambda m: m.role != "tool" and not m.tool_calls,
+            authors=self._authors(tenant) if usable else (),
+            scope=scope,
+        )
+        candidates = []
+        for hit in hits:
+            text, line_tokens = lines[hit.memory.rowid]
+            # Positional (memories, tokens, score, components, text): ~150 a turn, and keyword
+            # arguments cost ~2.5x on CPython 3.11.
+            candidates.append(
+                Candidate((hit.memory,), line_tokens, hit.score, hit.components, text)
+            )
+        return candidates
+
+    def _authors(self, tenant: str) -> list[str]:
+        """The tenant's authors, read from the store at most once a minute."""
+        cached = self.authors.get(tenant)
+        if cached is None or time.monotonic() - cached[0] > 60.0:
+            cached = (time.monotonic(), self.store.authors(tenant))
+            self.authors[tenant] = cached
+        return cached[1]
+
+
+#: The related-block line cost assumed before a session has history to measure: a chat line of
+#: about 20 words with its ``[time] author:`` prefix.
+TYPICAL_LINE_TOKENS = 32
+#: At most this many candidates per search, whatever the budget: retrieval's time grows with
+#: the count, and 1,000 lines (~32k tokens) is more related memory than a turn needs.
+MAX_RELATED_CANDIDATES = 1000
+
+
+def related_candidates(available: int, line_tokens: float, *, floor: int) -> int:
+    """How many candidates to ask each retrieval search for: as many lines as the whole of
+    ``available`` could hold at ``line_tokens`` a line, at least ``floor`` (the engine's
+    ``related_candidates``) and at most :data:`MAX_RELATED_CANDIDATES`.
+
+    The related block never holds more lines than that (it gets a share of ``available``, or
+    all of it in the top-up), and each search (lexical, vector) asks for that many, so the
+    union, bridge hits and neighbours leave spare candidates for lines skipped because they
+    are already in recent history or repeat one. A larger budget or shorter lines ask for
+    more, so a big related block is filled with the next-best hits rather than left empty;
+    asking for more than can fit only costs retrieval time (scoring, MMR and line costs of
+    candidates never shown). With ``floor`` 0 retrieval is off (0).
+
+    >>> related_candidates(3900, 45.0, floor=100)  # budget 4,000: 87 lines fit
+    100
+    >>> related_candidates(15900, 30.0, floor=100)
+    530
+    >>> related_candidates(900_000, 30.0, floor=100)
+    1000
+    """
+    if floor <= 0:
+        return 0
+    lines = math.ceil(available / max(1.0, line_tokens))
+    return max(floor, min(MAX_RELATED_CANDIDATES, lines))
+
+
+def _costs(plan: Plan) -> dict[int, int]:
+    costs: dict[int, int] = {}
+    for cands in plan.chosen.values():
+        for cand in cands:
+            share = cand.tokens // max(1, len(cand.memories))
+            for memory in cand.memories:
+                costs[memory.rowid] = share
+    return costs
+
+
+def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]:
+    """A memory's related-block line and its cost; the line is "" (made later, when the
+    candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
+    be counted with it."""
+    if memory.dup_count > 1:
+        text = render.line_text(memory)
+        text = (
+            text[:-1]
+            + render.volume_note(
+                memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+            )
+            + "\n"
+        )
+        return text, tok.count(text)
+    return "", cached
+
+
+def _write_lines(policy: BudgetPolicy, plan: Plan) -> None:
+    """Give the related candidates fill took their line text (:func:`_line` leaves it out: most
+    candidates are never taken, and writing every line was ~2 % of an assembly)."""
+    for block in policy.blocks:
+        if block.source == "retrieval":
+            for cand in plan.chosen[block.name]:
+                if not cand.text:
+                    cand.text = render.line_text(cand.memories[0])
+
+
+def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) -> Candidate:
+    if not isinstance(text, str):
+        raise InputError(f"item {index} of block {block!r} is not a string", field="items")
+    line = text.strip() + "\n"
+    pseudo = Memory(
+        rowid=-(index + 1), id=f"{block}:{index}", tenant="", session="", channel=None,
+        author=None, author_kind="agent", role="user", content=text, created_at=0.0,
+        thread_id=None, reply_to=None, kind="message", pinned=False, name=None, tool_calls=(),
+        tool_call_id=None, content_hash=f"item:{block}:{index}", dup_count=1, last_seen_at=0.0,
+        access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
+    )  # fmt: skip
+    return Candidate(memories=(pseudo,), tokens=tok.count(line), text=line)
+
+
+class _RecentWalk:
+    """Newest-first pages of a session's history, joined into units (tool call + results)."""
+
+    def __init__(
+        self,
+        store: Store,
+        counter: MemoryCounts,
+        page: int,
+        tenant: str,
+        session: str,
+        channel: str | None,
+        tok: tokens.Tokenizer,
+        fmt: tokens.ChatFormat,
+        user: str | None = None,
+    ) -> None:
+        self.store = store
+        self.counter = counter
+        self.page = page
+        self.tenant = tenant
+        self.session = session
+        self.channel = channel
+        self.user = user
+        self.tok = tok
+        self.fmt = fmt
+        self._first_page: list[Memory] | None = None
+        self._fresh: list[tuple[Memory, TokenCount]] = []
+        self._line_tokens = 0  # line costs of the messages walked (for typical_line)
+        self._lines = 0
+
+    def _page(self, before: tuple[float, int] | None, limit: int) -> list[Memory]:
+        return self.store.recent(
+            self.tenant,
+            self.session,
+            channel=self.channel,
+            before=before,
+            limit=limit,
+            user=self.user,
+        )
+
+    def peek_newest(self) -> Memory | None:
+        if self._first_page is None:
+            self._first_page = self._page(None, self.page)
+        return self._first_page[0] if self._first_page else None
+
+    def take(self, available: int) -> list[Candidate]:
+        """Units newest first until their cost passes ``available`` (or history ends).
+
+        Pages are sized from the average cost seen so far, so a large budget costs a few
+        queries, and a store's size never matters: each page is an index range scan.
+        """
+        units: list[Candidate] = []
+        total = 0
+        pending: list[Memory] = []  # tool results waiting for the call that made them
+        self.peek_newest()
+        page = self._first_page or []
+        limit = self.page
+        while page:
+            counts = self._page_counts(page)
+            for memory in page:
+                if memory.role == "tool":
+                    pending.insert(0, memory)
+                    continue
+                group = (memory, *pending) if memory.tool_calls and pending else (memory,)
+                pending = []
+                unit = self._unit(group, counts)
+                units.append(unit)
+                total += unit.tokens
+                if total >= available:
+                    return units
+            if len(page) < limit:
+                break
+            average = max(1.0, total / max(1, len(units)))
+            limit = max(16, min(2000, int((available - total) / average * 1.2) + 8))
+            last = page[-1]
+            page = self._page((last.created_at, last.rowid), limit)
+        return units
+
+    def _page_counts(self, page: Sequence[Memory]) -> dict[int, TokenCount]:
+        """The counts of a page the engine's cache or the store holds (the rest are counted by
+        :meth:`_unit`, stored by :meth:`flush_counts`)."""
+        return self.counter.stored(page, self.tok.name)
+
+    def _unit(self, group: Sequence[Memory], counts: Mapping[int, TokenCount]) -> Candidate:
+        texts = []
+        cost = 0
+        for memory in group:
+            text = render.message_text(memory)
+            if memory.dup_count > 1:
+                text += render.volume_note(
+                    memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+                )
+            texts.append(text)
+            cached = counts.get(memory.rowid)
+            if cached is None:  # not counted yet (counts are made on first use): count, cache
+                cached = TokenCount(
+                    rowid=memory.rowid,
+                    tokenizer=self.tok.name,
+                    message=self.tok.count(render.message_text(memory)),
+                    line=self.tok.count(render.line_text(memory)),
+                )
+                self._fresh.append((memory, cached))
+            if memory.role != "tool" and not memory.tool_calls:  # never a related line
+                self._line_tokens += cached.line
+                self._lines += 1
+            if memory.tool_calls or memory.role == "tool" or memory.dup_count > 1:
+                message = memory_message(memory, text)
+                cost += tokens.count_messages(
+                    self.tok, self.fmt, [message]
+                ) - self.fmt.request_overhead(has_system=False)
+            else:
+                cost += cached.message + self.fmt.message_overhead(memory.role, name=memory.name)
+        return Candidate(memories=tuple(group), tokens=cost, text="\x00".join(texts))
+
+    def typical_line(self) -> float:
+        """The mean related-block line cost of the messages :meth:`take` walked (this
+        session's recent history, as far as the budget reaches; tool calls and results left
+        out, as retrieval leaves them out), else :data:`TYPICAL_LINE_TOKENS`."""
+        if not self._lines:
+            return float(TYPICAL_LINE_TOKENS)
+        return self._line_tokens / self._lines
+
+    def flush_counts(self) -> None:
+        """Store the counts made during the walk, then cache them (after the store has them,
+        so a count the cache serves is one the store holds too)."""
+        if self._fresh:
+            self.store.put_token_counts([count for _, count in self._fresh])
+            self.counter.cache.fill(self._fresh)
+            self._fresh = []

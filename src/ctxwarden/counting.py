@@ -1,0 +1,63 @@
+"""The token counts of stored memories as the engine's flows ask for them: from the
+in-process :class:`~ctxwarden.counts.CountCache`, else the store, else counted now (and stored).
+
+One :class:`MemoryCounts` per engine, shared by assembly (pinned, summaries, related lines and
+the walk over recent history) and by compaction and window summaries, so a count made by one is
+served to the others. Ingest counts only the tokenizers ``EngineConfig.tokenizers`` names; every
+other count is made here on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ctxwarden import render, tokens
+from ctxwarden.counts import CountCache
+from ctxwarden.store.base import Store, TokenCount
+from ctxwarden.types import Memory
+
+__all__ = ["MemoryCounts"]
+
+
+class MemoryCounts:
+    """Counts of memories for a tokenizer, cached (``cache``) in front of the ``store``."""
+
+    def __init__(self, store: Store, size: int) -> None:
+        self.store = store
+        # Token counts read or made here, checked against each memory's rendering inputs
+        # (:mod:`ctxwarden.counts`): assembly asks the store only for the ones it lacks.
+        self.cache = CountCache(size)
+
+    def clear(self) -> None:
+        """Forget every cached count (after an erasure: its rows' counts must not outlive it)."""
+        self.cache.clear()
+
+    def counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
+        """Counts for these memories by rowid: from the engine's count cache, else the store,
+        else counted now (and stored); what came from the store or the tokenizer is cached."""
+        counts = self.stored(memories, tok.name)
+        missing = [m for m in memories if m.rowid not in counts]
+        if missing:
+            fresh = [
+                TokenCount(
+                    rowid=m.rowid,
+                    tokenizer=tok.name,
+                    message=tok.count(render.message_text(m)),
+                    line=tok.count(render.line_text(m)),
+                )
+                for m in missing
+            ]
+            self.store.put_token_counts(fresh)
+            counts.update((c.rowid, c) for c in fresh)
+            self.cache.fill(zip(missing, fresh, strict=True))
+        return counts
+
+    def stored(self, memories: Sequence[Memory], tokenizer: str) -> dict[int, TokenCount]:
+        """The counts of these memories that the engine's count cache or the store holds, by
+        rowid (what the store held is cached); memories neither holds are left out."""
+        counts, unknown = self.cache.lookup(memories, tokenizer)
+        if unknown:
+            read = self.store.token_counts([m.rowid for m in unknown], tokenizer)
+            counts.update(read)
+            self.cache.fill((m, read[m.rowid]) for m in unknown if m.rowid in read)
+        return counts

@@ -1,0 +1,113 @@
+"""How an engine behaves: :class:`EngineConfig` and its validation, and the de-dup default.
+
+Re-exported by :mod:`ctxwarden.engine` (``from ctxwarden.engine import EngineConfig`` keeps
+working); the engine's flow services (ingestion, assembly, embedding, compaction) each read the
+fields they need.
+
+>>> EngineConfig(embed="sync").embed
+'sync'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ctxwarden.budget import BudgetPolicy, chat_policy
+from ctxwarden.counts import COUNT_CACHE_SIZE
+from ctxwarden.dedupe import DedupeConfig
+from ctxwarden.errors import ConfigError
+from ctxwarden.logwriter import DEFAULT_CAPACITY
+from ctxwarden.models import ModelSpec
+from ctxwarden.provenance import Verifier
+from ctxwarden.retrieve import RetrievalWeights
+from ctxwarden.semantic import SemanticConfig
+
+__all__ = ["DEFAULT_DEDUPE", "EngineConfig"]
+
+#: The engine's de-dup default: layer A per channel and per session (the same message posted
+#: into one channel from several sessions, or by one author into several channels of a session,
+#: is one aggregate), both layers within an hour. See README.
+DEFAULT_DEDUPE: DedupeConfig = DedupeConfig()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineConfig:
+    """How an engine behaves. Every field has a sensible default.
+
+    ``tokenizers`` are counted at ingest; by default none are: a memory's counts for a tokenizer
+    are computed the first time assembly, compaction or summarising needs them, and cached (so
+    ingest spends no time in a tokenizer, and assembly counts only what it looks at, once).
+    ``dedupe`` sets the de-dup layers at ingest (TTL and scope of exact repeats, window of near
+    repeats); see :class:`~ctxwarden.dedupe.DedupeConfig`
+    and :data:`DEFAULT_DEDUPE`; ``None`` stores every record (no de-dup). ``verifier`` checks
+    the signatures of tool results (:mod:`ctxwarden.provenance`); without one every record that
+    claims to be a tool result is stored as untrusted.
+    """
+
+    default_model: str = "gpt-4o"
+    tokenizers: tuple[str, ...] = ()
+    policy: BudgetPolicy = field(default_factory=chat_policy)
+    dedupe: DedupeConfig | None = DEFAULT_DEDUPE
+    tenant: str = "default"
+    models: tuple[ModelSpec, ...] = ()
+    related_candidates: int = 70
+    recent_page: int = 32
+    verifier: Verifier | None = field(default=None, repr=False, compare=False)
+    auto_summarize: bool = False
+    window_threshold: float = 0.9
+    max_window_summaries: int = 8
+    #: When memories are embedded: ``"off"`` (only by :meth:`Engine.embed_pending` or
+    #: ``ctxwarden embed``), ``"sync"`` (right after each ingest commits), ``"background"`` (a
+    #: thread embeds batches after ingest; ingest never waits). Retrieval uses whatever vectors
+    #: of ``embedder`` the store holds, whichever way they were made.
+    embed: str = "off"
+    #: The embedder's name for :func:`ctxwarden.embed.get_embedder` (``"minilm"``, offline).
+    embedder: str = "minilm"
+    embed_batch: int = 32
+    retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
+    #: Layer C of de-dup (:mod:`ctxwarden.semantic`): with ``semantic.enabled`` each embedding
+    #: batch is followed by a pass that folds near-identical embeddings (off by default).
+    semantic: SemanticConfig = field(default_factory=SemanticConfig)
+    #: Bound of the in-process cache of token counts (:mod:`ctxwarden.counts`; ~300 bytes an
+    #: entry, so ~20 MB at the default): assembly asks the store only for counts it lacks.
+    count_cache_size: int = COUNT_CACHE_SIZE
+    #: How :meth:`Engine.assemble` writes its inclusion-log entry and access bumps: ``"sync"``
+    #: (before it returns) or ``"deferred"`` (queued for a background thread, written in
+    #: batches; every engine method that reads or erases the log or the access stats waits for
+    #: what was queued before it; see :mod:`ctxwarden.logwriter`). The servers default to
+    #: ``"deferred"``, the library to ``"sync"`` (no thread an in-process user did not ask for).
+    inclusion_log: str = "sync"
+    #: With ``"deferred"``: entries that may wait; when full, ``assemble`` writes its own.
+    inclusion_log_queue: int = DEFAULT_CAPACITY
+
+    def __post_init__(self) -> None:
+        if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
+            raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
+        if self.embed not in ("off", "sync", "background"):
+            raise ConfigError(f"embed: {self.embed!r} must be 'off', 'sync' or 'background'")
+        if self.inclusion_log not in ("sync", "deferred"):
+            raise ConfigError(f"inclusion_log: {self.inclusion_log!r} must be 'sync' or 'deferred'")
+        if self.inclusion_log_queue < 1:
+            raise ConfigError(f"inclusion_log_queue: {self.inclusion_log_queue} must be at least 1")
+        if self.embed_batch < 1:
+            raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
+        if not isinstance(self.semantic, SemanticConfig):
+            raise ConfigError(
+                f"semantic: expected a SemanticConfig, got {type(self.semantic).__name__}"
+            )
+        if self.related_candidates < 0:
+            raise ConfigError(f"related_candidates: {self.related_candidates} is negative")
+        if self.count_cache_size < 0:
+            raise ConfigError(
+                f"count_cache_size: {self.count_cache_size} is negative; 0 turns the cache off"
+            )
+        if self.recent_page < 1:
+            raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
+        if not 0 < self.window_threshold <= 1:
+            raise ConfigError(
+                f"window_threshold: {self.window_threshold} must be in (0, 1], e.g. 0.9"
+            )
+        if self.max_window_summaries < 2:
+            raise ConfigError(
+                f"max_window_summaries: {self.max_window_summaries} must be at least 2"
+            )

@@ -1,0 +1,81 @@
+"""The erasure flow: deleting a memory, a session or a tenant, leaving content-free tombstones.
+
+:class:`Erasure` is the service behind :meth:`ctxwarden.engine.Engine.delete`,
+:meth:`~ctxwarden.engine.Engine.delete_session` and
+:meth:`~ctxwarden.engine.Engine.delete_tenant`. Each waits for the inclusion-log entries queued
+before it (none may be written after the erasure), deletes in one transaction, empties the
+engine's in-process caches of what was erased (analysed aggregates, token counts) and scrubs the
+store's files of the erased text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ctxwarden.engine_config import EngineConfig
+from ctxwarden.errors import NotFound
+from ctxwarden.store.base import Store
+from ctxwarden.types import Memory
+
+__all__ = ["Erasure"]
+
+
+@dataclass(eq=False)
+class Erasure:
+    """Deletes memories, sessions and tenants from the ``store``, leaving tombstones: what
+    :meth:`Engine.delete` and its siblings delegate to (see :mod:`ctxwarden.erasure`)."""
+
+    store: Store
+    config: EngineConfig
+    clock: Callable[[], float]
+    flush_log: Callable[[], None]
+    #: The scoped read (``Engine.get``): :class:`NotFound` for a memory outside the scope named.
+    get: Callable[..., Memory]
+    #: Each empties one of the engine's caches of stored rows (analysed aggregates, counts).
+    caches: Sequence[Callable[[], None]]
+
+    def _forget(self) -> None:
+        for clear in self.caches:
+            clear()
+
+    def delete(
+        self,
+        id: str,
+        *,
+        tenant: str | None,
+        reason: str,
+        user: str | None,
+        session: str | None,
+    ) -> None:
+        """Erase a memory and the summaries built from it (see :meth:`Engine.delete`)."""
+        tenant = tenant or self.config.tenant
+        if user is not None or session is not None:
+            self.get(id, tenant=tenant, user=user, session=session)  # NotFound outside it
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
+        with self.store.write() as writer:
+            found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)
+        if not found:
+            raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
+        self._forget()
+        self.store.scrub()
+
+    def delete_session(self, session: str, *, tenant: str | None, reason: str) -> int:
+        """Erase a session and its inclusion log (see :meth:`Engine.delete_session`)."""
+        tenant = tenant or self.config.tenant
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
+        with self.store.write() as writer:
+            erased = writer.delete_session(tenant, session, deleted_at=self.clock(), reason=reason)
+        self._forget()
+        self.store.scrub()
+        return len(erased)
+
+    def delete_tenant(self, *, tenant: str | None, reason: str) -> int:
+        """Erase a tenant and its inclusion log (see :meth:`Engine.delete_tenant`)."""
+        tenant = tenant or self.config.tenant
+        self.flush_log()  # no entry of an earlier assemble may be written after the erasure
+        with self.store.write() as writer:
+            erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
+        self._forget()
+        self.store.scrub()
+        return len(erased)
