@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ctxwarden.timeref import TimeSpan, time_spans
+from ctxwarden.timeref import MAX_SPANS, TimeSpan, time_spans
 
 NOW = datetime(2024, 1, 10, 15, 30, tzinfo=UTC).timestamp()  # a Wednesday
 
@@ -81,3 +81,11 @@ def test_any_text_any_time_gives_ordered_spans(query: str, now: float) -> None:
     for span in time_spans(query, now):
         assert span.start < span.end
         assert span.text in query
+
+
+def test_a_huge_query_is_read_in_its_first_characters_only() -> None:
+    # Two million characters of dates: only the head is read, and few spans are kept (the
+    # overlap check is quadratic in the matches, so an unbounded scan would not finish).
+    spans = time_spans("in 2022 and on 3 May 2021, " * 80_000, NOW)
+    assert 1 < len(spans) <= MAX_SPANS
+    assert time_spans("x" * 5000 + " yesterday", NOW) == []  # past the head: not read

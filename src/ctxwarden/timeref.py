@@ -73,6 +73,10 @@ class TimeSpan:
 
 
 _DAY_SECONDS = 86400.0
+#: Only the query's first characters are read, and at most this many spans kept: a question
+#: names a time or two, and a pasted megabyte must not cost a scan per span found.
+MAX_CHARS = 4000
+MAX_SPANS = 8
 _MONTHS = {
     name.casefold(): number
     for number in range(1, 13)
@@ -317,7 +321,8 @@ def time_spans(query: str, now: float) -> list[TimeSpan]:
     """The spans of time ``query`` names, resolved against ``now`` (the asking time, Unix
     seconds, UTC), in the order the query names them; ``[]`` when it names none.
 
-    Each stretch of the query is read once, the most specific pattern first ("the last week of
+    Only the first :data:`MAX_CHARS` characters are read and the first :data:`MAX_SPANS` spans
+    kept. Each stretch of the query is read once, the most specific pattern first ("the last week of
     May" is not also "May"). Relative times ("last week") are resolved against the first full
     date the query names, when it names one, else against ``now``.
 
@@ -328,6 +333,7 @@ def time_spans(query: str, now: float) -> list[TimeSpan]:
     >>> time_spans("May I ask what you think?", now)
     []
     """
+    query = query[:MAX_CHARS]
     if not query or not any(c.isalnum() for c in query):
         return []
     today = datetime.fromtimestamp(now, UTC).date()
@@ -340,6 +346,8 @@ def time_spans(query: str, now: float) -> list[TimeSpan]:
                 continue
             taken.append((start, end))
             found.append((start, kind, match))
+            if len(found) >= 4 * MAX_SPANS:  # bounds the overlap checks above
+                break
     found.sort(key=lambda item: item[0])
     anchor = today
     for _, kind, match in found:
@@ -348,8 +356,10 @@ def time_spans(query: str, now: float) -> list[TimeSpan]:
             if parsed is not None and parsed[1] == "day":
                 anchor = parsed[0]
                 break
-    spans = []
+    spans: list[TimeSpan] = []
     for _, kind, match in found:
+        if len(spans) >= MAX_SPANS:
+            break
         relative = kind in ("ago", "relative", "weekday")
         span = _resolve(kind, match, anchor if relative else today)
         if span is not None and span.start < span.end:
