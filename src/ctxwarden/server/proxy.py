@@ -41,13 +41,11 @@ it holds as data.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,6 +59,7 @@ from starlette.concurrency import run_in_threadpool
 from ctxwarden.engine import Engine
 from ctxwarden.errors import BudgetError, ConfigError, CtxwardenError, InputError, UpstreamError
 from ctxwarden.fit import Fitted, fit
+from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.agents import install_agent_apis
@@ -305,23 +304,6 @@ def create_proxy_app(
     return app
 
 
-@contextmanager
-def _collections_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a block (a no-op if it is already off).
-
-    Process-wide while the block runs: objects dropped meanwhile are freed by reference
-    counting as always; only cycles wait for the next collection.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
@@ -513,7 +495,7 @@ def _turn(
     body as events (None: as JSON; otherwise whether the client asked for usage), and what to
     do once the answer is sent (store the reply)."""
     started = time.perf_counter()
-    with _collections_paused():
+    with collections_paused():
         body = _parse(raw)
         checked = proxy.conversations.check(body.get("messages"))
     who = who_of(caller.tenant, headers, body)
@@ -527,7 +509,7 @@ def _turn(
     ticket.wait(proxy.slots.timeout)
     handed = False  # to the relay of a stream, which releases it when the stream ends
     try:
-        with _collections_paused():  # a big conversation is ~100k new objects: no GC passes
+        with collections_paused():  # a big conversation is ~100k new objects: no GC passes
             plan = _fit(proxy, who, body, headers, checked, who.named)
         proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
         proxy.metrics.sent_tokens.inc(plan.fitted.tokens)
