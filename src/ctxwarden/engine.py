@@ -75,7 +75,7 @@ from ctxwarden.provenance import (
     claims_tool_result,
     is_untrusted,
 )
-from ctxwarden.retrieve import RetrievalWeights, retrieve
+from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights, check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import ScopedReads, store_scope
@@ -175,6 +175,9 @@ class EngineConfig:
     inclusion_log: str = "sync"
     #: With ``"deferred"``: entries that may wait; when full, ``assemble`` writes its own.
     inclusion_log_queue: int = DEFAULT_CAPACITY
+    #: The longest query ``assemble`` and ``search`` take (characters); longer is an
+    #: :class:`InputError` naming ``query``. Retrieval reads only ``retrieval.query_chars``.
+    max_query_chars: int = MAX_QUERY_CHARS
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -197,6 +200,8 @@ class EngineConfig:
             raise ConfigError(
                 f"count_cache_size: {self.count_cache_size} is negative; 0 turns the cache off"
             )
+        if self.max_query_chars < 1:
+            raise ConfigError(f"max_query_chars: {self.max_query_chars} must be at least 1")
         if self.recent_page < 1:
             raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
         if not 0 < self.window_threshold <= 1:
@@ -1289,6 +1294,7 @@ class Engine(ScopedReads):
         ``EngineConfig(inclusion_log="deferred")`` in a background thread (see
         :meth:`flush_log`).
         """
+        check_query_length(query, self.config.max_query_chars)
         tenant = tenant or self.config.tenant
         read_scope = resolve_scope(session=session, user=user, scope=scope)
         policy = policy or self.config.policy
@@ -1573,6 +1579,7 @@ class Engine(ScopedReads):
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`)."""
         weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self._vectors_usable()
         if others and not usable:
             notes.append(

@@ -281,7 +281,10 @@ class ProxyMemory:
     def _search(self, who: Who, query: str, limit: int) -> list[Memory]:
         """The one place retrieval is scoped: the narrowest scope the request named (the
         session, of that end user when one is named; else the end user), filtered in the store
-        query."""
+        query. Only the question's first ``retrieval.query_chars`` characters are searched for
+        (all retrieval reads), so a conversation's longest message never meets the query limit
+        of ``search``."""
+        query = query[: self.engine.config.retrieval.query_chars]
         found = self.engine.search(
             query, tenant=who.tenant, session=who.session, user=who.user, limit=limit
         )
