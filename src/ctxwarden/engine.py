@@ -1184,7 +1184,8 @@ class Engine(ScopedReads):
         pending.reverse()  # oldest first
         counts = self._counts(pending, tok)
         costs = [
-            counts[m.rowid].message + fmt.message_overhead(m.role, name=m.name) for m in pending
+            counts[m.rowid].message + fmt.message_overhead(render.replay_role(m.role), name=m.name)
+            for m in pending
         ]
         written: list[str] = []
         total = sum(costs)
@@ -1352,15 +1353,16 @@ class Engine(ScopedReads):
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope)
             )
-        pinned = self.store.pinned(tenant, scope=store_scope(read_scope))
-        material.pinned = self._line_candidates(pinned, tok)
-        # Summaries stay within their conversation: the session's, or the user's sessions';
-        # a tenant-wide read still shows this session's (another's are not its history).
+        # Summaries, pins and facts stay within their conversation: the session's, or the
+        # user's sessions'; a tenant-wide read still shows this session's (another's are not
+        # its history), plus what was pinned for the tenant explicitly (issue 20).
         summary_scope = (
             ReadScope(kind="session", session=session, user=user)
             if read_scope.kind == "tenant"
             else read_scope
         )
+        pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
+        material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -1818,7 +1820,8 @@ class _RecentWalk:
                     self.tok, self.fmt, [message]
                 ) - self.fmt.request_overhead(has_system=False)
             else:
-                cost += cached.message + self.fmt.message_overhead(memory.role, name=memory.name)
+                role = render.replay_role(memory.role)
+                cost += cached.message + self.fmt.message_overhead(role, name=memory.name)
         return Candidate(memories=tuple(group), tokens=cost, text="\x00".join(texts))
 
     def typical_line(self) -> float:
