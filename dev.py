@@ -17,6 +17,12 @@ source the first time (5-15 min on 2 cores; pyproject.toml's `config-settings-pa
 build portable); uv keeps the built wheel in its cache, so later runs install it in seconds.
 That needs a C and a C++ compiler: without one the group is left out and those tests skip, or
 fail when CTXWARDEN_REQUIRE_LLMSERVER=1 (CI). CTXWARDEN_LLMSERVER=0 leaves the group out.
+
+`test` also looks for Python 3.12 and 3.13 (`uv python find`, then pyenv's versions; never
+downloaded), fills uv's cache with the wheels the package and its extras need on each of them and
+on the .venv's own, and names them in CTXWARDEN_PYTHONS: tests/test_packaging.py installs the
+built wheel on every one offline. Without them those tests skip, or fail when
+CTXWARDEN_REQUIRE_PYTHONS=1 (CI).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -32,6 +39,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 UV_VERSION = "0.13.9"
+# the interpreters the installed wheel is also checked on (the packaging test)
+OTHER_PYTHONS = ("3.12", "3.13")
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
@@ -69,6 +78,61 @@ def llmserver_group(task: str) -> list[str]:
     return []
 
 
+def find_python(version: str, env: dict[str, str]) -> str | None:
+    """An interpreter for `version` that is already here: uv's discovery (PATH, uv-managed),
+    then pyenv's versions (a pyenv shim answers only for the selected version, so uv skips it)."""
+    found = subprocess.run(  # noqa: S603 - our own tools
+        [str(BIN / "uv"), "python", "find", "--no-project", version],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    candidates = [found.stdout.strip()] if found.returncode == 0 and found.stdout.strip() else []
+    versions = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += [str(p) for p in sorted(versions.glob(f"{version}.*/bin/python{version}"))][::-1]
+    for candidate in candidates:
+        probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+        ran = subprocess.run(  # noqa: S603 - an interpreter on this machine
+            [candidate, "-c", probe], capture_output=True, text=True, check=False
+        )
+        if ran.returncode == 0 and ran.stdout.strip() == version:
+            return candidate
+    return None
+
+
+def prepare_pythons(env: dict[str, str]) -> None:
+    """Find the other interpreters and fill uv's cache with the wheels the package and every
+    extra need on each (a throwaway venv), so the packaging test can install offline."""
+    found = {version: find_python(version, env) for version in OTHER_PYTHONS}
+    missing = [version for version, python in found.items() if python is None]
+    if missing:
+        message = (
+            f"no Python {' or '.join(missing)} here (uv python find, pyenv): the packaging "
+            "test checks the wheel on the others only"
+        )
+        if os.environ.get("CTXWARDEN_REQUIRE_PYTHONS") == "1":
+            sys.exit(f"CTXWARDEN_REQUIRE_PYTHONS=1 but {message}")
+        print(f"warning: {message}", flush=True)
+    pythons = [python for python in found.values() if python is not None]
+    # this interpreter's wheels are in the cache after `uv sync`, but only as the lock's URLs:
+    # `uv pip install --offline` also needs the index pages and their cache entries
+    warm = [str(BIN / "python"), *pythons]
+    clean = {k: v for k, v in env.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")}
+    with tempfile.TemporaryDirectory() as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        run(
+            BIN / "uv", "export", "--frozen", "--no-dev", "--all-extras", "--no-hashes",
+            "--no-emit-project", "--quiet", "-o", requirements, env=clean,
+        )  # fmt: skip
+        for python in warm:
+            print(f"+ filling uv's cache for {python}", flush=True)
+            where = Path(tmp) / f"venv{warm.index(python)}"
+            run(BIN / "uv", "venv", "--quiet", where, "--python", python, env=clean)
+            run(
+                BIN / "uv", "pip", "install", "--quiet", "--python", where / BIN.name / "python",
+                "-r", requirements, env=clean,
+            )  # fmt: skip
+    env["CTXWARDEN_PYTHONS"] = os.pathsep.join(pythons)
+
+
 def setup(task: str) -> dict[str, str]:
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_PROJECT_ENVIRONMENT=str(VENV))
     if not (BIN / "python").exists():
@@ -83,6 +147,8 @@ def setup(task: str) -> dict[str, str]:
         BIN / "uv", "sync", "--frozen", "--all-extras", "--quiet", *group, "--python",
         BIN / "python", env=env,
     )  # fmt: skip
+    if task == "test":
+        prepare_pythons(env)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(VENV)
     return env

@@ -1,7 +1,9 @@
 """The dashboard at /ui in a real headless Chromium (Debian's, driven by Playwright), against
 the real server on loopback with the bundled demo data: a context's composition drawn against
 its budget, the candidates with their reasons, the store's counts, search, and a memory's
-record. The screenshots are checked (the bar's colours are on them) and kept for the docs.
+record; then, over a store that lived a week and a compaction (tests/storyline.py), the
+store's health over time and memories' histories, checked against ctxwarden.store.history.
+The screenshots are checked (the plots' colours are on them) and kept for the docs.
 
 Skips when Chromium or Playwright is missing, unless CTXWARDEN_REQUIRE_BROWSER=1 (CI).
 """
@@ -19,8 +21,10 @@ from typing import Any
 
 import pytest
 
+import storyline
 from ctxwarden import Engine
 from ctxwarden.server.http import create_app
+from ctxwarden.store import history
 from serving import serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -139,3 +143,93 @@ def test_the_dashboard_shows_api_errors(page: tuple[Any, str]) -> None:
     tab.click("#memory-form button[type=submit]")
     tab.wait_for_selector("#error:not([hidden])")
     assert tab.inner_text("#error").startswith("404: no memory with id 'no-such-memory'")
+
+
+@pytest.fixture
+def story(tmp_path: Path) -> Iterator[tuple[Any, str, Engine]]:
+    """The dashboard over a store that has lived a week and a compaction (tests/storyline.py)."""
+    sync_playwright = _require_browser()
+    engine, _clock = storyline.tell(tmp_path / "story.db")
+    with engine, serve(create_app(engine)) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield browser.new_page(viewport={"width": 1200, "height": 800}), base, engine
+        finally:
+            browser.close()
+
+
+def test_the_store_health_over_time_and_a_memory_history(
+    story: tuple[Any, str, Engine],
+) -> None:
+    tab, base, engine = story
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    requests: list[str] = []
+    tab.on("request", lambda request: requests.append(request.url))
+    health = history.health(engine.store, engine.config.tenant)
+
+    tab.goto(f"{base}/ui/?view=health")
+    tab.wait_for_selector("#health-memories polyline")
+    summary = tab.inner_text("#health-summary")
+    compactions = health["compactions"]
+    assert compactions  # the story compacts
+    saved = sum(c["tokens_saved"] for c in compactions)
+    assert saved > 0
+    assert f"{health['memories']['now']} memories now" in summary
+    assert f"{len(compactions)} compactions" in summary
+    assert f"saved {saved} tokens" in summary
+    # one point per bucket on the memories line; one bar per (bucket, layer) with folds
+    points = tab.get_attribute("#health-memories polyline", "points") or ""
+    assert len(points.split()) == health["buckets"]
+    bars = sum(1 for series in health["folds"].values() for value in series if value)
+    assert tab.locator("#health-folds rect[height]:not([width='10'])").count() == bars
+    channels = len(health["tokens"]["by_channel"])
+    assert channels >= 2
+    assert tab.locator("#health-heat text.axis").count() == len(health["heat"]["by_channel"]) + 1
+    assert tab.locator("#compactions tbody tr").count() == len(compactions)
+    hottest = tab.locator("#hottest tbody tr a").all_inner_texts()
+    assert hottest == [m["id"] for m in health["hottest"]]
+    # the plots are on the screenshot in their colours
+    memories = _colours(tab.locator("#health-memories").screenshot())
+    assert (0x3D, 0x5A, 0xFE) in memories  # memories kept
+    assert (0xE8, 0xA2, 0x9C) in memories  # retired by the compaction
+    assert (0xF2, 0x9D, 0x00) in _colours(tab.locator("#health-folds").screenshot())  # exact
+    tokens = _colours(tab.locator("#health-tokens").screenshot())
+    assert {(0x3D, 0x5A, 0xFE), (0x00, 0xA3, 0x81)} <= tokens  # two channels at least
+    _save(tab.screenshot(full_page=True), "dashboard-health.png")
+
+    # A compacted memory's history: the summary it went into, its sources and its tombstone.
+    retired_id = compactions[-1]["summary_id"]
+    tab.locator("#compactions tbody tr a", has_text=retired_id).click()
+    tab.wait_for_selector("#memory-history:not([hidden]) #history-events tbody tr")
+    record = history.memory_history(engine.store, engine.config.tenant, retired_id)
+    events = tab.locator("#history-events tbody tr").count()
+    assert events == len(record["events"])
+    assert "sources retired" in tab.inner_text("#history-summary")
+    source = record["sources"][0]["id"]
+    tab.locator("#history-events tbody a", has_text=source).first.click()
+    tab.wait_for_selector(f"#history-summary:has-text('retired into {retired_id}')")
+    text = tab.inner_text("#history-summary")
+    assert f"{source} (retired into {retired_id})" in text
+    assert "tombstone" in text
+    assert "Earlier versions: not recorded" in text
+    timeline = _colours(tab.locator("#history-timeline").screenshot())
+    assert (0xB3, 0x26, 0x1E) in timeline  # the tombstone on the timeline
+    assert (0x3D, 0x5A, 0xFE) in timeline  # created
+    _save(tab.screenshot(full_page=True), "dashboard-retired.png")
+
+    # A memory still in use: the contexts that included it.
+    pinned = "d000"
+    tab.fill("#memory-form input[name=id]", pinned)
+    tab.click("#memory-form button[type=submit]")
+    tab.wait_for_selector(f"#history-summary:has-text('{pinned}:')")
+    used = history.memory_history(engine.store, engine.config.tenant, pinned)["inclusions"]
+    assert used
+    assert f"{len(used)} contexts included it" in tab.inner_text("#history-summary")
+    assert (0x00, 0xA3, 0x81) in _colours(tab.locator("#history-timeline").screenshot())
+    _save(tab.screenshot(full_page=True), "dashboard-history.png")
+
+    assert errors == []
+    assert all(url.startswith(base) for url in requests), requests

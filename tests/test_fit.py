@@ -251,3 +251,45 @@ def test_memory_in_the_room_left_keeps_the_same_cut(
     assert together.keep == alone.keep
     assert together.tokens == alone.tokens + memory
     assert together.unchanged == alone.unchanged
+
+
+def _cut_by_walking(tokens: list[int], always: int, cap: int, step: float) -> int:
+    """The cut (middle turns dropped) found by walking the turns one by one: the rule as
+    written, against which fit()'s prefix-sum search is checked."""
+    k, position, running = 1, 0, 0
+    while True:
+        while position < len(tokens) and running < k * step:
+            running += tokens[position]
+            position += 1
+        if always + sum(tokens) - running <= cap or position == len(tokens):
+            return position
+        k += 1
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.integers(0, 300), min_size=1, max_size=60),
+    st.integers(0, 50),
+    st.integers(1, 400),
+    st.integers(0, 3000),
+    st.floats(0.0, 0.95),
+)
+def test_the_cut_is_the_one_walking_the_turns_finds(
+    middle: list[int], system: int, newest: int, cap: int, keep_fraction: float
+) -> None:
+    units = [Unit(start=0, stop=1, tokens=system, kind="system")]
+    units += [Unit(start=i + 1, stop=i + 2, tokens=t, kind="turn") for i, t in enumerate(middle)]
+    units.append(Unit(start=len(middle) + 1, stop=len(middle) + 2, tokens=newest, kind="turn"))
+    always = system + newest
+    if always > cap:
+        with pytest.raises(BudgetError):
+            fit(units, cap=cap, fixed=0, keep_fraction=keep_fraction)
+        return
+    fitted = fit(units, cap=cap, fixed=0, keep_fraction=keep_fraction)
+    if fitted.unchanged:
+        assert always + sum(middle) <= cap
+        return
+    step = max(1.0, (1.0 - keep_fraction) * cap)
+    cut = _cut_by_walking(middle, always, cap, step)
+    assert fitted.dropped == tuple(range(1, 1 + cut))
+    assert fitted.tokens == always + sum(middle[cut:])

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import natural_text
-from ctxwarden import Engine, TokenizerError, tokens
+from ctxwarden import Engine, TokenizerError, tokenizers, tokens
 from ctxwarden.ggufvocab import PRE_PATTERNS, load_gguf, read_metadata
 from realserver import _gguf
 
@@ -135,7 +135,7 @@ def _tiktoken_gguf(name: str, pre: str, path: Path) -> Path:
     merges recovered from its ranks as tiktoken-to-HF converters do."""
     gguf = pytest.importorskip("gguf")
     ranks = tokens.get_tokenizer(name)._encoding._mergeable_ranks
-    to_char = {b: c for c, b in tokens._byte_decoder().items()}
+    to_char = {b: c for c, b in tokenizers._byte_decoder().items()}
 
     def spelled(data: bytes) -> str:
         return "".join(to_char[b] for b in data)

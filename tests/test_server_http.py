@@ -336,12 +336,12 @@ def test_the_key_check_and_the_engine_work_share_one_worker_thread(
 ) -> None:
     import anyio.to_thread
 
-    from ctxwarden.server import http
+    from ctxwarden.server import access
     from ctxwarden.server.http import Principal
 
     hops: list[int] = []
     real_run_sync = anyio.to_thread.run_sync
-    real_in_worker = http._in_worker
+    real_in_worker = access._in_worker
 
     async def counted_run_sync(*args: Any, **kwargs: Any) -> Any:
         hops.append(threading.get_ident())
@@ -353,7 +353,7 @@ def test_the_key_check_and_the_engine_work_share_one_worker_thread(
 
     # either way to a worker thread counts: anyio's, or the app's own threads
     monkeypatch.setattr(anyio.to_thread, "run_sync", counted_run_sync)
-    monkeypatch.setattr(http, "_in_worker", counted_in_worker)
+    monkeypatch.setattr(access, "_in_worker", counted_in_worker)
     threads: dict[str, int] = {}
 
     def authenticate(token: str | None) -> Principal:
@@ -534,7 +534,7 @@ def test_a_cancelled_request_waits_for_its_running_work() -> None:
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from ctxwarden.server.http import _in_worker
+    from ctxwarden.server.access import _in_worker
 
     started, release = threading.Event(), threading.Event()
     finished: list[str] = []

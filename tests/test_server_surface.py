@@ -68,6 +68,7 @@ def test_unknown_body_fields_are_refused_naming_them(
         ("GET", "/v1/memories/m1?usr=a"),
         ("POST", "/v1/assemble?reprot=full"),
         ("DELETE", "/v1/memories/m1?forse=1"),
+        ("GET", "/v1/stats/history?bucket=5"),
     ],
 )
 def test_unknown_query_parameters_are_refused(client: httpx.Client, method: str, path: str) -> None:
@@ -96,6 +97,8 @@ def test_a_json_error_names_line_and_column(client: httpx.Client) -> None:
         ("GET", "/v1/nothing-here", 404, "NotFound"),
         ("GET", "/", 404, "NotFound"),
         ("GET", "/v1/memories/none", 404, "NotFound"),
+        ("GET", "/v1/memories/none/history", 404, "NotFound"),
+        ("POST", "/v1/stats/history", 405, "MethodNotAllowed"),
         ("GET", "/v1/ingest", 405, "MethodNotAllowed"),
         ("PUT", "/v1/stats", 405, "MethodNotAllowed"),
     ],
@@ -140,6 +143,8 @@ def test_the_schema_documents_every_response_and_the_answers_match(
         ("get", "/v1/pins"): client.get("/v1/pins?session=s"),
         ("post", "/v1/memories/{memory_id}/unpin"): client.post("/v1/memories/m1/unpin"),
         ("get", "/v1/stats"): client.get("/v1/stats"),
+        ("get", "/v1/stats/history"): client.get("/v1/stats/history?buckets=5"),
+        ("get", "/v1/memories/{memory_id}/history"): client.get("/v1/memories/m1/history"),
         ("post", "/v1/compact/plan"): client.post("/v1/compact/plan", json={}),
         ("post", "/v1/compact/apply"): client.post("/v1/compact/apply", json={}),
         ("delete", "/v1/memories/{memory_id}"): client.delete("/v1/memories/m2"),

@@ -111,10 +111,22 @@ def test_http_api_never_returns_another_tenants_canary(world: World) -> None:
             assert stats.json()["memories"] == 2
             assert canary in stats.text  # top families: the folded repeat
             seen.append(stats.text)
+            # the dashboard's history routes read the caller's tenant only
+            over_time = client.get("/v1/stats/history")
+            assert over_time.status_code == 200, over_time.text
+            assert over_time.json()["memories"]["now"] == 2
+            assert sum(over_time.json()["folds"]["exact"]) == 1
+            seen.append(over_time.text)
+            noted = client.get("/v1/memories/again-" + tenant + "/history")
+            assert noted.json()["found_as"] == "folded"
+            assert canary in noted.text
+            seen.append(noted.text)
             other = TENANTS[(TENANTS.index(tenant) + 1) % len(TENANTS)]
             for method, path in [
                 ("GET", f"/v1/memories/only-{other}"),
                 ("GET", f"/v1/memories/again-{other}"),
+                ("GET", f"/v1/memories/only-{other}/history"),
+                ("GET", f"/v1/memories/again-{other}/history"),
                 ("POST", f"/v1/memories/only-{other}/pin"),
                 ("POST", f"/v1/memories/only-{other}/unpin"),
                 ("DELETE", f"/v1/memories/only-{other}"),

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from ctxwarden import tokens
+from ctxwarden import chatformats, tokenizers, tokens
 from ctxwarden.errors import ConfigError, InputError, TokenizerError
 from ctxwarden.models import ModelRegistry, ModelSpec, default_registry
 from ctxwarden.tokens import (
@@ -100,7 +100,7 @@ def llama_ref() -> tiktoken.Encoding:
     }
     return tiktoken.Encoding(
         name="llama3-ref",
-        pat_str=tokens._LLAMA3_PATTERN,
+        pat_str=tokenizers._LLAMA3_PATTERN,
         mergeable_ranks=ranks,
         special_tokens=specials,
     )
@@ -192,7 +192,7 @@ def test_nothing_loads_at_import() -> None:
     import sys
 
     code = (
-        "import sys, ctxwarden.tokens as t, ctxwarden.models as m\n"
+        "import sys, ctxwarden.tokens, ctxwarden.models, ctxwarden.tokenizers as t\n"
         "assert not t._tokenizers, t._tokenizers\n"
         "assert 'tiktoken' not in sys.modules and 'sentencepiece' not in sys.modules\n"
     )
@@ -202,7 +202,7 @@ def test_nothing_loads_at_import() -> None:
 def test_fallback_is_explicit_and_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(tokens, "_tokenizers", {})
+    monkeypatch.setattr(tokenizers, "_tokenizers", {})
     with caplog.at_level(logging.WARNING, logger="ctxwarden.vocabs"):
         first = get_tokenizer("gemma3")
         second = get_tokenizer("gemma3")
@@ -255,7 +255,7 @@ def test_one_mebibyte_without_spaces_is_counted_as_an_over_count(name: str) -> N
 
 
 def test_too_long_text_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokens, "MAX_TEXT_CHARS", 100)
+    monkeypatch.setattr(tokenizers, "MAX_TEXT_CHARS", 100)
     with pytest.raises(TokenizerError, match="too long to count"):
         get_tokenizer("cl100k_base").count("x" * 101)
 
@@ -416,7 +416,7 @@ def test_qwen25_injects_its_default_system_prompt(qwen_hf: HFTokenizer) -> None:
     messages = [{"role": "user", "content": "hi"}]
     # Qwen2.5's template = the Qwen3 one with this system message when none is given, minus the
     # 4-token empty think block Qwen3 adds with enable_thinking=False.
-    system = {"role": "system", "content": tokens._QWEN25_SYSTEM}
+    system = {"role": "system", "content": chatformats._QWEN25_SYSTEM}
     real = len(qwen_hf.encode(_render_qwen([system, *messages], enable_thinking=False)).ids) - 4
     assert count_messages(qwen, get_chat_format("qwen2.5", qwen), messages) == real
 

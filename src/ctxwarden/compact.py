@@ -407,6 +407,13 @@ def write_summary(
     memory of its own (compacted meanwhile: the caller should plan again).
     """
     created = max(m.created_at for m in sources)
+    # What the sources cost per tokenizer as lines (the size compaction plans with), kept with
+    # the summary so "what compaction saved" can be shown after the sources (and their cached
+    # counts) are gone.
+    source_tokens = {
+        getattr(tok, "name", "default"): sum(tok.count(render.line_text(m)) for m in sources)
+        for tok in tokenizers
+    }
     start = min(m.time_range[0] if m.time_range else m.created_at for m in sources)
     end = max(m.time_range[1] if m.time_range else m.last_seen_at for m in sources)
     new = NewMemory(
@@ -427,7 +434,7 @@ def write_summary(
         tool_calls=(),
         tool_call_id=None,
         attachments=(),
-        metadata={"reason": reason},
+        metadata={"reason": reason, "source_tokens": source_tokens},
         content_hash=exact_key(author=None, content=content, attachments=()),
         source_ids=tuple(m.id for m in sources),
         time_range=(start, end),

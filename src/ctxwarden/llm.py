@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -243,7 +243,7 @@ class LLMClient:
         if tools:
             body["tools"] = [dict(t) for t in tools]
         data = self.post("chat/completions", body)
-        return self._chat_result(data)
+        return _chat_result(data, self._bad_body)
 
     def stream(
         self, path: str, body: Mapping[str, Any], *, headers: Mapping[str, str] | None = None
@@ -501,40 +501,45 @@ class LLMClient:
     def _bad_body(self, path: str, what: str) -> UpstreamError:
         return UpstreamError(f"POST {self._base_path}/{path} at {self._where}: {what}")
 
-    def _chat_result(self, data: Mapping[str, Any]) -> ChatResult:
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise self._bad_body("chat/completions", "the answer has no choices")
-        choice = choices[0]
-        message = choice.get("message")
-        if not isinstance(message, Mapping):
-            raise self._bad_body("chat/completions", "the first choice has no message")
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            # Some servers send content parts; join their text.
-            if isinstance(content, list):
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-            else:
-                raise self._bad_body("chat/completions", "message content is not text")
-        calls: list[ToolCall] = []
-        for entry in message.get("tool_calls") or ():
-            if not isinstance(entry, Mapping):
-                raise self._bad_body("chat/completions", "a tool call is not an object")
-            try:
-                calls.append(ToolCall.from_openai(entry))
-            except InputError as exc:
-                raise self._bad_body("chat/completions", f"unreadable tool call: {exc}") from exc
-        usage = data.get("usage")
-        finish = choice.get("finish_reason")
-        model = data.get("model")
-        return ChatResult(
-            text=content,
-            tool_calls=tuple(calls),
-            finish_reason=finish if isinstance(finish, str) else None,
-            usage=_usage(usage) if isinstance(usage, Mapping) else None,
-            model=model if isinstance(model, str) else None,
-            raw=data,
-        )
+
+def _chat_result(
+    data: Mapping[str, Any], bad_body: Callable[[str, str], UpstreamError]
+) -> ChatResult:
+    """The :class:`ChatResult` of a chat completion body; ``bad_body(path, what)`` is the error
+    (:meth:`LLMClient._bad_body`) for a body that is not one."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise bad_body("chat/completions", "the answer has no choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        raise bad_body("chat/completions", "the first choice has no message")
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        # Some servers send content parts; join their text.
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        else:
+            raise bad_body("chat/completions", "message content is not text")
+    calls: list[ToolCall] = []
+    for entry in message.get("tool_calls") or ():
+        if not isinstance(entry, Mapping):
+            raise bad_body("chat/completions", "a tool call is not an object")
+        try:
+            calls.append(ToolCall.from_openai(entry))
+        except InputError as exc:
+            raise bad_body("chat/completions", f"unreadable tool call: {exc}") from exc
+    usage = data.get("usage")
+    finish = choice.get("finish_reason")
+    model = data.get("model")
+    return ChatResult(
+        text=content,
+        tool_calls=tuple(calls),
+        finish_reason=finish if isinstance(finish, str) else None,
+        usage=_usage(usage) if isinstance(usage, Mapping) else None,
+        model=model if isinstance(model, str) else None,
+        raw=data,
+    )
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxwarden.chatformats import CHAT_FORMATS
 from ctxwarden.errors import ConfigError, InputError
-from ctxwarden.tokens import CHAT_FORMATS, GGUF_PREFIX, TOKENIZER_NAMES
+from ctxwarden.tokenizers import GGUF_PREFIX, TOKENIZER_NAMES
 from ctxwarden.vocabs import FACTORS
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ctxwarden.errors import TokenizerError
 
 if TYPE_CHECKING:
-    from ctxwarden.tokens import Tokenizer
+    from ctxwarden.tokenizers import Tokenizer
 
 __all__ = [
     "APPROXIMATIONS",
@@ -71,7 +71,7 @@ class FallbackTokenizer:
     ``"approx(o200k_base)x1.3"``. ``encode`` returns the base tokenizer's ids (not the model's;
     fewer than ``count``).
 
-    >>> from ctxwarden.tokens import get_tokenizer
+    >>> from ctxwarden.tokenizers import get_tokenizer
     >>> tok = FallbackTokenizer(get_tokenizer("o200k_base"), factor=1.3)
     >>> (tok.name, tok.exact, tok.count("hello world"))
     ('approx(o200k_base)x1.3', False, 3)
@@ -174,7 +174,7 @@ _WHY = {
 
 def approximation(name: str) -> Tokenizer:
     """The approximate tokenizer ``name`` (an ``APPROXIMATIONS`` key), logging why, once."""
-    from ctxwarden.tokens import get_tokenizer
+    from ctxwarden.tokenizers import get_tokenizer
 
     family = APPROXIMATIONS[name]
     factor = FACTORS[family]
@@ -192,7 +192,7 @@ def approximation(name: str) -> Tokenizer:
 
 def load_harmony() -> Tokenizer:
     """gpt-oss's ``o200k_harmony``: o200k_base's ranks and pattern, counted as plain text."""
-    from ctxwarden.tokens import _TiktokenTokenizer, get_tokenizer
+    from ctxwarden.tokenizers import _TiktokenTokenizer, get_tokenizer
 
     base = get_tokenizer("o200k_base")
     assert isinstance(base, _TiktokenTokenizer)
@@ -200,7 +200,7 @@ def load_harmony() -> Tokenizer:
 
 
 class HFTokenizer:
-    """Exact counts with a Hugging Face ``tokenizers`` tokenizer (runs cut as in tokens.py).
+    """Exact counts with a Hugging Face ``tokenizers`` tokenizer (runs cut as in tokenizers.py).
 
     Thread-safe: the backend's ``encode`` is. ``name`` is the registry name it answers to.
     """
@@ -221,7 +221,7 @@ class HFTokenizer:
         return f"<HFTokenizer {self._name}>"
 
     def _pieces(self, text: str) -> list[str]:
-        from ctxwarden.tokens import _check_length, _cut
+        from ctxwarden.tokenizers import _check_length, _cut
 
         if not isinstance(text, str):
             raise TokenizerError(f"can only count str, got {type(text).__name__}")
@@ -229,7 +229,7 @@ class HFTokenizer:
         return _cut(text)
 
     def count(self, text: str) -> int:
-        """Exact token count; one extra token per cut of a very long run (as tokens.py)."""
+        """Exact token count; one extra token per cut of a very long run (as tokenizers.py)."""
         if not text:
             return 0
         pieces = self._pieces(text)
@@ -257,7 +257,7 @@ def load_deepseek() -> Tokenizer:
     """DeepSeek's tokenizer from the optional extra, else its measured approximation."""
     path = deepseek_file()
     if path is None:
-        from ctxwarden.tokens import get_tokenizer
+        from ctxwarden.tokenizers import get_tokenizer
 
         logger.warning(
             "tokenizer 'deepseek': the optional package is missing (pip install "

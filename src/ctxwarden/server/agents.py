@@ -243,7 +243,7 @@ def fit_turn(
     the local prices are then scaled to it."""
     scale = 1.0
     if exact_total is not None:
-        local = fixed + sum(u.tokens for u in units)
+        local = fixed + sum([u.tokens for u in units])
         scale = exact_total / local if local > 0 else 1.0
         units = [
             Unit(start=u.start, stop=u.stop, tokens=math.ceil(u.tokens * scale), kind=u.kind)

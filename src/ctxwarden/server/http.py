@@ -33,7 +33,6 @@ next one gets 429 with ``Retry-After`` rather than queueing without bound.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import json
@@ -41,14 +40,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 import orjson
-from fastapi import Depends, FastAPI, Query, Request, params
+from fastapi import FastAPI, Query, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -58,23 +56,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxwarden.compact import DAY, CompactionPolicy
 from ctxwarden.engine import Engine
-from ctxwarden.errors import (
-    AuthError,
-    BudgetError,
-    ConfigError,
-    ConflictError,
-    CtxwardenError,
-    EmbedError,
-    InputError,
-    NotFound,
-    OverloadedError,
-    ScopeError,
-    StoreError,
-    SummarizeError,
-    TokenizerError,
-    UpstreamError,
-)
+from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.models import remote_tokenizer
+
+# The caller and its credentials live in ctxwarden.server.access; the ``X as X`` names are
+# re-exported for the faces that build on this API (auth, proxy, agent APIs, MCP, the CLI).
+from ctxwarden.server.access import SCOPES as SCOPES
+from ctxwarden.server.access import (
+    STATUS_BY_ERROR,
+    CallerCredentials,
+    ServerConfig,
+    credentials_of,
+    status_for,
+)
+from ctxwarden.server.access import Caller as Caller
+from ctxwarden.server.access import Credentials as Credentials
+from ctxwarden.server.access import Principal as Principal
+from ctxwarden.server.access import principal_of as principal_of
 from ctxwarden.server.guard import memory_view, require_metrics_access
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.surface import StrictBody, install, validation_error_body
@@ -83,83 +81,6 @@ from ctxwarden.types import Context
 __all__ = ["STATUS_BY_ERROR", "ServerConfig", "context_body", "create_app", "status_for"]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-#: The one table from error class to HTTP status; the first matching row (most specific first)
-#: wins. A ConfigError raised while serving a request is the request naming something the
-#: server does not know (a model, a block), so it is the client's to fix: 422.
-STATUS_BY_ERROR: tuple[tuple[type[CtxwardenError], int], ...] = (
-    (ScopeError, 403),
-    (AuthError, 401),
-    (NotFound, 404),
-    (ConflictError, 409),
-    (OverloadedError, 429),
-    (InputError, 422),
-    (BudgetError, 422),
-    (TokenizerError, 422),
-    (ConfigError, 422),
-    (UpstreamError, 502),
-    (SummarizeError, 502),
-    (StoreError, 503),
-    (EmbedError, 500),
-    (CtxwardenError, 500),
-)
-
-SCOPES: tuple[str, ...] = ("read", "write", "delete", "admin")
-
-
-def status_for(error: CtxwardenError) -> int:
-    """The HTTP status of ``error`` from :data:`STATUS_BY_ERROR`."""
-    for cls, status in STATUS_BY_ERROR:
-        if isinstance(error, cls):
-            return status
-    return 500
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ServerConfig:
-    """Limits of the HTTP server.
-
-    ``max_body_bytes``: larger request bodies get 413. ``max_concurrency``: requests running at
-    once; more get 429 with ``Retry-After: retry_after_seconds``. ``threads``: worker threads
-    that run the engine's (synchronous) work; admitted requests beyond it wait for one. The GIL
-    and the store's one connection serialise most of that work, so a few threads answer as
-    many requests per second as forty, without forty requests interleaving (bench/serve.py).
-    ``authenticate``: maps the bearer token to a :class:`Principal` (in the worker thread that
-    then runs the request's work; a request without a token gets 401 before it is called); None
-    serves every request as the engine's default tenant with every scope (a loopback
-    development server).
-    """
-
-    max_body_bytes: int = 1 << 20
-    max_concurrency: int = 16
-    retry_after_seconds: int = 1
-    threads: int = 4
-    authenticate: Callable[[str | None], Principal] | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_body_bytes < 1:
-            raise ConfigError(f"max_body_bytes: {self.max_body_bytes} must be at least 1")
-        if self.max_concurrency < 1:
-            raise ConfigError(f"max_concurrency: {self.max_concurrency} must be at least 1")
-        if self.threads < 1:
-            raise ConfigError(f"threads: {self.threads} must be at least 1")
-        if self.retry_after_seconds < 0:
-            raise ConfigError(f"retry_after_seconds: {self.retry_after_seconds} is negative")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Principal:
-    """Who is calling: a tenant and what they may do."""
-
-    tenant: str
-    scopes: frozenset[str]
-
-    def require(self, scope: str) -> None:
-        """Raise :class:`AuthError` unless this principal holds ``scope`` (or admin)."""
-        if scope not in self.scopes and "admin" not in self.scopes:
-            raise ScopeError(f"this API key lacks the {scope!r} scope: use a key that has it")
 
 
 # -- ASGI middleware: body limit and concurrency gate ------------------------------------------
@@ -393,93 +314,6 @@ def _error_body(exc: CtxwardenError) -> dict[str, Any]:
     if isinstance(exc, InputError) and exc.field is not None:
         body["field"] = exc.field
     return {"error": body}
-
-
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthError("Authorization header must be 'Bearer <key>'")
-    return token.strip()
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """What a request's ``Authorization`` header says, read on the event loop (no I/O).
-
-    :meth:`run` checks them and does the endpoint's work in one worker thread: the key lookup
-    (``ServerConfig.authenticate`` reads the store) never runs on the event loop, and a request
-    costs one thread hop rather than one for the check and another for the work.
-    """
-
-    token: str | None = field(repr=False)  # keys never reach logs or reprs
-    authenticate: Callable[[str | None], Principal] = field(repr=False)
-    #: the app's worker threads (:func:`_in_worker`)
-    workers: Executor = field(repr=False)
-
-    async def run(self, scope: str, work: Callable[[Principal], _T]) -> _T:
-        """In one worker thread: the caller's principal, which must hold ``scope``, then
-        ``work(principal)``."""
-
-        def call() -> _T:
-            principal = self.authenticate(self.token)
-            principal.require(scope)
-            return work(principal)
-
-        return await _in_worker(self.workers, call)
-
-
-async def _in_worker(workers: Executor, call: Callable[[], _T]) -> _T:
-    """``call()`` in one of ``workers``' threads, awaited on the event loop.
-
-    Like ``anyio.to_thread.run_sync`` (the work is never abandoned: a cancelled request waits
-    for its running work to end) at about a third of its cost on the event loop: anyio's
-    capacity limiter, cancel scope and async-library lookups were a fifth of the server's own
-    CPU per request. ``workers`` bounds the threads (``ServerConfig.threads``); requests
-    beyond it wait in its queue, first come first served, as they did in anyio's limiter.
-    """
-    future = workers.submit(call)
-    try:
-        return await asyncio.wrap_future(future)
-    except asyncio.CancelledError:
-        if not future.cancel():  # running: let it end before the request does
-            await asyncio.shield(asyncio.wait((asyncio.wrap_future(future),)))
-        raise
-
-
-async def credentials_of(request: Request) -> Credentials:
-    """The caller's credentials (the dependency every endpoint takes). It runs before the body
-    is validated: a missing or malformed ``Authorization`` header is a 401 even for a bad body;
-    the key itself is checked in the endpoint's worker thread (:meth:`Credentials.run`)."""
-    token = _bearer(request)
-    config: ServerConfig = request.app.state.config
-    if config.authenticate is None:
-        local: Credentials = request.app.state.local_credentials
-        return local
-    if token is None:
-        raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
-    return Credentials(
-        token=token, authenticate=config.authenticate, workers=request.app.state.workers
-    )
-
-
-CallerCredentials = Annotated[Credentials, Depends(credentials_of)]
-
-
-def principal_of(request: Request) -> Principal:
-    """The caller of ``request``, authenticated where this runs (the proxy's dependency; the
-    HTTP API's endpoints take :func:`credentials_of` and check the key in their worker)."""
-    token = _bearer(request)
-    config: ServerConfig = request.app.state.config
-    if config.authenticate is None:
-        engine: Engine = request.app.state.engine
-        return Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
-    return config.authenticate(token)
-
-
-Caller = Annotated[Principal, Depends(principal_of)]
 
 
 # -- the hot endpoints' request handler ---------------------------------------------------------

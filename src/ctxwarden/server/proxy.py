@@ -473,7 +473,7 @@ def _fit(
         sent=len(sent_messages),
         counted=counted,
         stored=stored,
-        conversation_tokens=fixed + sum(u.tokens for u in units),
+        conversation_tokens=fixed + sum([u.tokens for u in units]),
     )
 
 

@@ -10,7 +10,9 @@ models of ``/openapi.json``, and ``/docs`` served from assets inside an installe
   package's copies (``/docs/assets/...``): nothing comes from a CDN.
 - ``/ui`` is the dashboard (``ctxwarden/data/ui``: HTML, CSS and plain JavaScript over this
   API): a context's composition against its budget with every candidate and why it is in or
-  out, the store's counts per channel and top folded families, search, and a memory's record.
+  out, the store's counts per channel and top folded families, its health over time, search,
+  and a memory's record and history. The data routes only the dashboard needs are
+  :mod:`ctxwarden.server.dashboard`'s router, included here.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ctxwarden.server import dashboard
 
 __all__ = [
     "RESPONSES",
@@ -369,6 +373,8 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("get", "/v1/stats"): StatsResponse,
     ("post", "/v1/compact/plan"): CompactPlanResponse,
     ("post", "/v1/compact/apply"): CompactApplyResponse,
+    ("get", "/v1/stats/history"): dashboard.StatsHistoryResponse,
+    ("get", "/v1/memories/{memory_id}/history"): dashboard.MemoryHistoryResponse,
 }
 
 _ERRORS = {
@@ -426,6 +432,9 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(StrictQueryMiddleware, routes=app.router.routes)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
+    # The dashboard's data routes, added as routes of the app itself (FastAPI's include_router
+    # now nests a router, which the query check above and the OpenAPI table would not see).
+    app.router.routes.extend(dashboard.router.routes)
     app.mount(_ASSETS, StaticFiles(directory=_assets()), name="docs-assets")
     # The dashboard: static pages in the package that call this API from the browser.
     ui = str(resources.files("ctxwarden") / "data" / "ui")

@@ -49,6 +49,7 @@ function show(view) {
     node.classList.toggle("active", node.dataset.view === view);
   });
   if (view === "store") loadStore();
+  if (view === "health") loadHealth();
 }
 
 // -- a context's composition: blocks as a stacked bar against the budget ---------------------
@@ -160,6 +161,159 @@ async function loadStore() {
   }
 }
 
+// -- the store's health over time: series per time bucket from GET /v1/stats/history ----------
+
+const LAYER_COLORS = { exact: COLORS[2], near: COLORS[3], semantic: COLORS[4] };
+const PAD = { left: 48, right: 12, top: 10, bottom: 22 };
+
+function legendRow(svg, entries, y) {
+  let x = PAD.left;
+  for (const [label, color] of entries) {
+    svg.appendChild(svgNode("rect", { x, y, width: 10, height: 10, fill: color }));
+    svg.appendChild(svgNode("text", { x: x + 14, y: y + 9, "font-size": 11 }, label));
+    x += 24 + label.length * 7;
+  }
+}
+
+function axes(svg, times, top, height, most) {
+  const width = svg.clientWidth || 900;
+  const inner = width - PAD.left - PAD.right;
+  const step = inner / Math.max(times.length, 1);
+  svg.appendChild(svgNode("line", { x1: PAD.left, x2: width - PAD.right, y1: top + height, y2: top + height, stroke: "#9aa3ba" }));
+  svg.appendChild(svgNode("text", { x: PAD.left - 6, y: top + 8, "text-anchor": "end", class: "axis" }, String(most)));
+  svg.appendChild(svgNode("text", { x: PAD.left - 6, y: top + height, "text-anchor": "end", class: "axis" }, "0"));
+  const every = Math.max(1, Math.ceil(times.length / 8));
+  times.forEach((time, index) => {
+    if (index % every) return;
+    svg.appendChild(svgNode("text", { x: PAD.left + index * step, y: top + height + 14, class: "axis" }, time.slice(0, 10)));
+  });
+  return step;
+}
+
+function stackedBars(svg, times, series, colors) {
+  svg.replaceChildren();
+  const names = Object.keys(series);
+  const totals = times.map((_, i) => names.reduce((sum, name) => sum + series[name][i], 0));
+  const most = Math.max(1, ...totals);
+  const height = Number(svg.getAttribute("height")) - PAD.top - PAD.bottom - 16;
+  const step = axes(svg, times, PAD.top, height, most);
+  times.forEach((time, i) => {
+    let y = PAD.top + height;
+    names.forEach((name) => {
+      const value = series[name][i];
+      if (!value) return;
+      const h = (value / most) * height;
+      y -= h;
+      const rect = svgNode("rect", { x: PAD.left + i * step + 1, y, width: Math.max(step - 2, 1), height: h, fill: colors[name] });
+      rect.appendChild(svgNode("title", {}, time + " " + name + ": " + value));
+      svg.appendChild(rect);
+    });
+  });
+  legendRow(svg, names.map((name) => [name || "(no channel)", colors[name]]), Number(svg.getAttribute("height")) - 12);
+}
+
+function channelColors(names) {
+  const colors = {};
+  names.forEach((name, index) => { colors[name] = COLORS[index % COLORS.length]; });
+  return colors;
+}
+
+function drawMemories(svg, history) {
+  svg.replaceChildren();
+  const times = history.times;
+  const alive = history.memories.alive;
+  const retired = times.map((_, i) => Object.values(history.memories.retired).reduce((sum, row) => sum + row[i], 0));
+  const most = Math.max(1, ...alive, ...retired);
+  const height = Number(svg.getAttribute("height")) - PAD.top - PAD.bottom - 16;
+  const step = axes(svg, times, PAD.top, height, most);
+  retired.forEach((value, i) => {
+    if (!value) return;
+    const h = (value / most) * height;
+    const rect = svgNode("rect", { x: PAD.left + i * step + 1, y: PAD.top + height - h, width: Math.max(step - 2, 1), height: h, fill: "#e8a29c" });
+    rect.appendChild(svgNode("title", {}, times[i] + " retired: " + value));
+    svg.appendChild(rect);
+  });
+  const points = alive.map((value, i) => (PAD.left + (i + 0.5) * step) + "," + (PAD.top + height - (value / most) * height));
+  svg.appendChild(svgNode("polyline", { points: points.join(" "), fill: "none", stroke: COLORS[0], "stroke-width": 2 }));
+  alive.forEach((value, i) => {
+    const dot = svgNode("circle", { cx: PAD.left + (i + 0.5) * step, cy: PAD.top + height - (value / most) * height, r: 2.5, fill: COLORS[0] });
+    dot.appendChild(svgNode("title", {}, times[i] + " memories: " + value));
+    svg.appendChild(dot);
+  });
+  legendRow(svg, [["memories kept", COLORS[0]], ["retired", "#e8a29c"]], Number(svg.getAttribute("height")) - 12);
+}
+
+function drawHeat(svg, history) {
+  svg.replaceChildren();
+  const times = history.times;
+  const rows = Object.entries(history.heat.by_channel);
+  const rowHeight = 18;
+  svg.setAttribute("height", String(PAD.top + rows.length * rowHeight + 40));
+  const width = svg.clientWidth || 900;
+  const step = (width - PAD.left - PAD.right - 40) / Math.max(times.length, 1);
+  const most = Math.max(1, ...rows.flatMap(([, row]) => row));
+  rows.forEach(([name, row], r) => {
+    const y = PAD.top + r * rowHeight;
+    svg.appendChild(svgNode("text", { x: PAD.left + 36, y: y + 12, "text-anchor": "end", class: "axis" }, name || "(none)"));
+    row.forEach((value, i) => {
+      const cellRect = svgNode("rect", {
+        x: PAD.left + 40 + i * step, y, width: Math.max(step - 1, 1), height: rowHeight - 2,
+        fill: value ? "#d6336c" : "#eceff7", "fill-opacity": value ? 0.15 + 0.85 * (value / most) : 1,
+      });
+      cellRect.appendChild(svgNode("title", {}, times[i] + " " + (name || "(none)") + ": " + value + " inclusions"));
+      svg.appendChild(cellRect);
+    });
+  });
+  const contexts = history.heat.contexts.reduce((a, b) => a + b, 0);
+  svg.appendChild(svgNode("text", { x: PAD.left + 40, y: PAD.top + rows.length * rowHeight + 16, class: "axis" },
+    contexts + " contexts assembled; darker = more of the channel's memories put into contexts (most: " + most + " in one bucket)"));
+}
+
+async function loadHealth(event) {
+  if (event) event.preventDefault();
+  const form = new FormData($("#health-form"));
+  const query = new URLSearchParams();
+  if (form.get("session")) query.set("session", form.get("session"));
+  if (form.get("buckets")) query.set("buckets", form.get("buckets"));
+  const search = query.toString();
+  const history = await call("GET", "/v1/stats/history" + (search ? "?" + search : ""));
+  const saved = history.compactions.reduce((sum, c) => sum + (c.tokens_saved || 0), 0);
+  const retired = history.compactions.reduce((sum, c) => sum + c.retired, 0);
+  const days = history.width >= 86400 ? history.width / 86400 + " day" : history.width / 3600 + " hour";
+  $("#health-summary").textContent =
+    history.memories.now + " memories now; " + history.buckets + " buckets of " + days + " from " +
+    (history.start || "-") + "; " + history.compactions.length + " compactions retired " + retired +
+    " memories and saved " + saved + " tokens (" + (history.tokens.tokenizer || "no tokenizer") + ")";
+  drawMemories($("#health-memories"), history);
+  stackedBars($("#health-folds"), history.times, history.folds, LAYER_COLORS);
+  const channels = history.tokens.by_channel;
+  stackedBars($("#health-tokens"), history.times, channels, channelColors(Object.keys(channels)));
+  drawHeat($("#health-heat"), history);
+  const compactions = $("#compactions tbody");
+  compactions.replaceChildren();
+  for (const compaction of history.compactions) {
+    const row = compactions.insertRow();
+    memoryLink(cell(row, compaction.summary_id), compaction.summary_id);
+    cell(row, compaction.channel || "-");
+    cell(row, compaction.retired);
+    cell(row, compaction.compacted_at);
+    cell(row, compaction.tokens_before === null ? "not recorded" : compaction.tokens_before);
+    cell(row, compaction.tokens_after);
+    cell(row, compaction.tokens_saved);
+  }
+  const hottest = $("#hottest tbody");
+  hottest.replaceChildren();
+  for (const memory of history.hottest) {
+    const row = hottest.insertRow();
+    memoryLink(cell(row, memory.id), memory.id);
+    cell(row, memory.channel || "-");
+    cell(row, memory.kind);
+    cell(row, memory.access_count);
+    cell(row, memory.access_score.toFixed(3));
+    cell(row, memory.content);
+  }
+}
+
 // -- search and a memory's history ----------------------------------------------------------
 
 async function search(event) {
@@ -182,6 +336,7 @@ async function search(event) {
 
 async function showMemory(id) {
   show("memory");
+  $("#memory-history").hidden = true;
   $("#memory-form").elements.id.value = id;
   const memory = await call("GET", "/v1/memories/" + encodeURIComponent(id));
   const list = document.createElement("dl");
@@ -207,6 +362,48 @@ async function showMemory(id) {
     list.append(term, detail);
   }
   $("#memory").replaceChildren(list);
+  await showHistory(id);
+}
+
+const EVENT_COLORS = { created: COLORS[0], exact: COLORS[2], near: COLORS[3], semantic: COLORS[4], retired: "#b3261e", "source retired": "#b3261e" };
+
+async function showHistory(id) {
+  const history = await call("GET", "/v1/memories/" + encodeURIComponent(id) + "/history");
+  const how = { memory: "", folded: " (folded into " + history.memory.id + ")", retired: " (retired into " + history.memory.id + ")" };
+  $("#history-summary").textContent =
+    id + how[history.found_as] + ": " + history.folded.length + " repeats folded, " +
+    history.inclusions.length + " contexts included it, " + history.sources.length + " sources retired" +
+    (history.tombstone ? "; tombstone " + history.tombstone.deleted_at + " (" + history.tombstone.reason + ")" : "") +
+    ". Earlier versions: " + history.versions;
+  $("#memory-history").hidden = false;  // shown before drawing, so the plot has its width
+  const svg = $("#history-timeline");
+  svg.replaceChildren();
+  const events = history.events;
+  const width = svg.clientWidth || 900;
+  const stamps = events.map((e) => Date.parse(e.at));
+  const low = Math.min(...stamps);
+  const high = Math.max(...stamps, low + 1);
+  const x = (t) => PAD.left + ((t - low) / (high - low)) * (width - PAD.left - PAD.right);
+  svg.appendChild(svgNode("line", { x1: PAD.left, x2: width - PAD.right, y1: 40, y2: 40, stroke: "#9aa3ba" }));
+  events.forEach((event, i) => {
+    const kind = event.event.startsWith("included") ? "included" : event.event;
+    const color = EVENT_COLORS[kind] || COLORS[1];
+    const dot = svgNode("circle", { cx: x(stamps[i]), cy: 40, r: kind === "included" ? 4 : 6, fill: color });
+    dot.appendChild(svgNode("title", {}, event.at + " " + event.event + " " + event.id));
+    svg.appendChild(dot);
+  });
+  svg.appendChild(svgNode("text", { x: PAD.left, y: 70, class: "axis" }, events.length ? events[0].at : ""));
+  svg.appendChild(svgNode("text", { x: width - PAD.right, y: 70, "text-anchor": "end", class: "axis" }, events.length ? events[events.length - 1].at : ""));
+  legendRow(svg, [["created", COLORS[0]], ["folded repeat", COLORS[2]], ["included", COLORS[1]], ["retired", "#b3261e"]], 76);
+  const body = $("#history-events tbody");
+  body.replaceChildren();
+  for (const event of events) {
+    const row = body.insertRow();
+    cell(row, event.at);
+    cell(row, event.event);
+    if (event.event.startsWith("included")) cell(row, event.id);
+    else memoryLink(cell(row, event.id), event.id);
+  }
 }
 
 document.querySelectorAll("nav button").forEach((node) => node.addEventListener("click", () => show(node.dataset.view)));
@@ -214,6 +411,7 @@ $("#key").value = sessionStorage.getItem("ctxwarden-key") || "";
 $("#key").addEventListener("change", (event) => sessionStorage.setItem("ctxwarden-key", event.target.value));
 $("#context-form").addEventListener("submit", assemble);
 $("#search-form").addEventListener("submit", search);
+$("#health-form").addEventListener("submit", loadHealth);
 $("#memory-form").addEventListener("submit", (event) => {
   event.preventDefault();
   showMemory(new FormData(event.target).get("id"));

@@ -1,0 +1,31 @@
+"""What every ``ctxwarden`` command shares: the global options, the settings and the engine.
+
+The app's callback (:mod:`ctxwarden.cli`) fills ``_state`` from ``--db``, ``--config``,
+``--default-model`` and ``--debug``; :func:`_settings` and :func:`_engine` read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxwarden.config import Settings, load_settings
+from ctxwarden.engine import Engine
+
+_state: dict[str, Any] = {}
+
+
+def _settings() -> Settings:
+    return load_settings(_state.get("config"), **_state.get("flags", {}))
+
+
+def _engine(
+    settings: Settings | None = None, *, server: bool = False, inclusion_log: str | None = None
+) -> Engine:
+    """The engine of a command. ``inclusion_log`` (a server's ``--inclusion-log``) wins over
+    the setting, which wins over the default: ``deferred`` for a server (the log write leaves
+    the request path), ``sync`` for a one-shot command."""
+    settings = settings or _settings()
+    if inclusion_log is not None:
+        settings = settings.model_copy(update={"inclusion_log": inclusion_log})
+    default = "deferred" if server else "sync"
+    return Engine.open(settings.db, config=settings.engine_config(inclusion_log=default))
