@@ -64,7 +64,15 @@ from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.agents import install_agent_apis
 from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
-from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
+from ctxwarden.server.guard import can_read, require_metrics_access
+from ctxwarden.server.http import (
+    Caller,
+    LimitsMiddleware,
+    Principal,
+    ServerConfig,
+    principal_of,
+    status_for,
+)
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.proxymemory import (
     SESSION_HEADER,
@@ -262,8 +270,10 @@ def create_proxy_app(
         return {"status": "ok"}
 
     @app.get("/metrics")
-    def metrics_endpoint() -> Response:
-        """Prometheus metrics: requests, fits, tokens sent, the provider's cached tokens."""
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics: requests, fits, tokens sent, the provider's cached tokens; for a
+        loopback client or a key with the read scope (:mod:`ctxwarden.server.guard`)."""
+        require_metrics_access(request.client, lambda: principal_of(request))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
@@ -498,7 +508,7 @@ def _turn(
     with collections_paused():
         body = _parse(raw)
         checked = proxy.conversations.check(body.get("messages"))
-    who = who_of(caller.tenant, headers, body)
+    who = who_of(caller.tenant, headers, body, reads=can_read(caller))
     wants_stream = bool(body.get("stream"))
     tools = body.get("tools") or []
     # One turn per conversation at a time (its reply is stored before the next is fitted);
