@@ -1,0 +1,921 @@
+"""Crashes, concurrent writers and erasure, tried from outside: a table of what survived.
+
+    python bench/reliability.py [--kills 200] [--processes 8] [--per-process 1000]
+                                [--scenarios library,serve,compact,concurrency,erasure]
+                                [--seed 20] [--folder DIR]
+
+Scenarios (each against a fresh SQLite file in a temporary folder):
+
+- ``library``: a writer process ingests batches of 1-20 records through :class:`Engine` and,
+  after each ``ingest`` returns, appends the outcomes to an acknowledgement file (one
+  ``write`` call, so a kill lands before or after it, never inside). It is killed with SIGKILL
+  at a random moment (sometimes while it opens the file), ``--kills`` times, on the same
+  database. After every kill the file is opened anew (WAL recovery, as after a restart).
+- ``serve``: ``ctxwarden serve`` (the CLI command) under four client threads sending
+  ``POST /v1/ingest`` of 1-5 records; a record is acknowledged when its request got 200. The
+  server is killed with SIGKILL at a random moment, ``--kills`` times, and restarted on the
+  same database. Every 5xx is counted, and the slowest answered request.
+- ``compact``: ``ctxwarden compact --apply`` on a copy of a store full of old memories, beside
+  a library writer (as above) ingesting new ones into the same file; the compaction is killed
+  at a random moment spread over the duration of an uncut run, then the writer. Afterwards
+  no cluster may be half-applied (every summary has a tombstone per source, every tombstone
+  its summary, no original both alive and tombstoned), and a second compaction finishes.
+- ``concurrency``: ``--processes`` processes each ingest ``--per-process`` records one per
+  call into one file, a quarter of them the same text in every process (one must be stored,
+  the rest fold into it). Errors (``database is locked`` among them) and the slowest single
+  ingest are counted.
+- ``erasure``: a canary (one random word) is planted in a memory, an alias of it (a verbatim
+  repeat), a summary built from it and a summary of that summary, with vectors on; then each
+  kind of erasure the library has is run and the database, its ``-wal`` and ``-shm`` and the
+  vector index files are searched for the canary's bytes (and for the bytes of its vector).
+  Whatever is found is reported, not hidden.
+
+After every kill: ``PRAGMA integrity_check`` and FTS5's ``integrity-check`` (against the
+content table) must pass, and every acknowledged record must be there (``lost`` otherwise)
+with the content, session, author and time it was sent with (``wrong`` otherwise). A record
+folded into an aggregate (a duplicate) must resolve by its id.
+
+Children are forked from this process (imports already paid, so a kill costs milliseconds,
+not the ~2 s an interpreter start costs here); ``serve`` and ``compact --apply`` run the CLI's
+own commands (``ctxwarden.cli.app``) in the child, the same code ``ctxwarden serve`` runs.
+tests/test_reliability.py runs every scenario at a small size and asserts the table's zeros.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ctxwarden import Engine
+from ctxwarden.engine import EngineConfig
+from ctxwarden.errors import CtxwardenError, NotFound
+
+DAY = 86400.0
+FORK = multiprocessing.get_context("fork")
+#: The compaction scenario's writer rests this long between batches: a busy agent, not a
+#: loop that holds the write lock back to back (which starves the compaction's transactions).
+WRITER_PAUSE = 0.01
+SCENARIOS = ("library", "serve", "compact", "concurrency", "erasure")
+WORDS = (
+    "apple river stone paper window garden orange silver market doctor winter basket candle "
+    "forest ladder pocket rocket saddle tunnel violin wallet yellow anchor bridge castle "
+    "dragon engine falcon glacier harbor island jungle kettle lantern meadow needle oyster "
+    "pepper quartz rabbit sunset tiger umbrella valley walnut zebra blanket cactus dolphin "
+    "feather guitar hammer igloo jacket koala lemon mirror noodle orchid pillow quiver"
+).split()
+
+
+# -- the table -----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One scenario's line of the table. ``None`` prints as ``-`` (not measured there)."""
+
+    scenario: str
+    kills: int | None = None
+    acknowledged: int | None = None
+    lost: int | None = None
+    wrong: int | None = None
+    half_applied: int | None = None
+    integrity_failures: int | None = None
+    errors: int | None = None
+    server_errors: int | None = None
+    canary_bytes: int | None = None
+    slowest: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def clean(self) -> bool:
+        """Nothing lost, wrong, half-applied, corrupt, failed or left behind."""
+        counts = (
+            self.lost,
+            self.wrong,
+            self.half_applied,
+            self.integrity_failures,
+            self.errors,
+            self.server_errors,
+            self.canary_bytes,
+        )
+        return all(not c for c in counts)
+
+
+COLUMNS = (
+    ("scenario", "scenario"),
+    ("kills", "kills"),
+    ("acknowledged", "acknowledged"),
+    ("lost", "lost"),
+    ("wrong", "wrong"),
+    ("half-applied clusters", "half_applied"),
+    ("integrity failures", "integrity_failures"),
+    ("errors", "errors"),
+    ("5xx", "server_errors"),
+    ("canary bytes", "canary_bytes"),
+    ("slowest (s)", "slowest"),
+)
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table, then one line per note."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return str(value)
+
+    lines = [
+        "| " + " | ".join(title for title, _ in COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(getattr(row, name)) for _, name in COLUMNS) + " |")
+    for row in rows:
+        lines.extend(f"- {row.scenario}: {note}" for note in row.notes)
+    return "\n".join(lines)
+
+
+# -- records and acknowledgements ------------------------------------------------------------
+
+
+def record(prefix: str, n: int, now: float) -> dict[str, Any]:
+    """The ``n``-th record of a writer, the same in every process (seeded by its id). Every
+    tenth repeats the text of the one before it (same session and channel): a duplicate."""
+    base = n - 1 if n % 10 == 9 else n
+    rng = random.Random(f"{prefix}-{base}")
+    words = " ".join(rng.choice(WORDS) for _ in range(12))
+    return {
+        "id": f"{prefix}-{n}",
+        "session": f"{prefix}-s{base % 5}",
+        "channel": ["dev", "ops"][base % 2],
+        "author": ["ana", "bo", "cy"][base % 3],
+        "content": f"{prefix} note {base}: {words}",
+        "created_at": round(now + n, 3),
+    }
+
+
+def _acknowledge(fd: int, outcomes: list[tuple[str, str]]) -> None:
+    # One write(2): a SIGKILL lands before or after it, so a line is whole or absent.
+    os.write(fd, (json.dumps(outcomes) + "\n").encode())
+
+
+def read_acks(path: Path) -> dict[str, str]:
+    """Acknowledged id -> ingest status, from the whole lines of an acknowledgement file."""
+    acked: dict[str, str] = {}
+    if not path.exists():
+        return acked
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            acked.update(dict(json.loads(line)))
+    return acked
+
+
+@dataclass
+class Verdict:
+    """What a check of a reopened store found."""
+
+    lost: int = 0
+    wrong: int = 0
+    half_applied: int = 0
+    integrity_failures: int = 0
+    faults: list[str] = field(default_factory=list)
+
+
+def check_store(path: Path) -> list[str]:
+    """The store's own checks: ``PRAGMA integrity_check`` and FTS5's ``integrity-check``
+    against the content table. Empty when sound."""
+    faults: list[str] = []
+    conn = sqlite3.connect(path, timeout=60)
+    try:
+        answer = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        if answer != "ok":
+            faults.append(f"integrity_check: {answer}")
+        try:
+            conn.execute(
+                "INSERT INTO memories_fts (memories_fts, rank) VALUES ('integrity-check', 1)"
+            )
+        except sqlite3.DatabaseError as exc:
+            faults.append(f"fts integrity-check: {exc}")
+    finally:
+        conn.close()
+    return faults
+
+
+def half_applied_clusters(path: Path) -> list[str]:
+    """Compactions left half-done: a summary without a tombstone for each of its sources, a
+    tombstone whose summary is missing, or an original both alive and tombstoned."""
+    conn = sqlite3.connect(path, timeout=60)
+    try:
+        faults = []
+        for sid, sources in conn.execute(
+            "SELECT id, source_ids FROM memories WHERE kind = 'summary'"
+        ).fetchall():
+            stones = {
+                r[0] for r in conn.execute("SELECT id FROM tombstones WHERE summary_id = ?", (sid,))
+            }
+            if stones != set(json.loads(sources)):
+                faults.append(f"summary {sid}: tombstones differ from its sources")
+        orphans = conn.execute(
+            "SELECT t.id FROM tombstones t LEFT JOIN memories m ON m.id = t.summary_id "
+            "WHERE t.summary_id IS NOT NULL AND m.rowid IS NULL"
+        ).fetchall()
+        faults.extend(f"tombstone {r[0]}: its summary is missing" for r in orphans)
+        both = conn.execute("SELECT t.id FROM tombstones t JOIN memories m ON m.id = t.id")
+        faults.extend(f"{r[0]}: alive and tombstoned" for r in both.fetchall())
+        return faults
+    finally:
+        conn.close()
+
+
+def verify(path: Path, acked: dict[str, str], expected: Callable[[str], dict[str, Any]]) -> Verdict:
+    """Reopen the store and check it and every acknowledged record (``expected`` rebuilds the
+    record sent under an id)."""
+    verdict = Verdict()
+    faults = check_store(path)
+    verdict.integrity_failures += bool(faults)
+    verdict.faults.extend(faults)
+    with Engine.open(path) as engine:
+        for rid, status in acked.items():
+            sent = expected(rid)
+            try:
+                kept = engine.get(rid, tenant=sent.get("tenant"))
+            except NotFound:
+                verdict.lost += 1
+                verdict.faults.append(f"lost {rid} ({status})")
+                continue
+            if status == "stored":
+                got = (kept.id, kept.content, kept.session, kept.author, kept.created_at)
+                want = (rid, sent["content"], sent["session"], sent["author"], sent["created_at"])
+                if got != want:
+                    verdict.wrong += 1
+                    verdict.faults.append(f"wrong {rid}: {got} != {want}")
+    return verdict
+
+
+def _expected_by_id(now: float) -> Callable[[str], dict[str, Any]]:
+    def expected(rid: str) -> dict[str, Any]:
+        prefix, _, n = rid.rpartition("-")
+        return record(prefix, int(n), now)
+
+    return expected
+
+
+# -- children --------------------------------------------------------------------------------
+
+
+def _quiet() -> None:
+    """Send a child's stdout and stderr to /dev/null (the parent's may be a test's capture)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    # and Python's own streams, which a test's capture may have pointed elsewhere
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the child's whole life)
+
+
+def _writer(
+    db: str, acks: str, prefix: str, now: float, batch: int, seed: int, pause: float = 0.0
+) -> None:
+    """A library writer: ingest batches until killed, acknowledging each committed batch,
+    ``pause`` seconds between batches."""
+    _quiet()
+    fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    rng = random.Random(seed)
+    engine = Engine.open(db)
+    n = 0
+    while True:
+        size = rng.randint(1, batch)
+        records = [record(prefix, n + i, now) for i in range(size)]
+        result = engine.ingest(records)
+        _acknowledge(fd, [(o.id, o.status) for o in result.outcomes])
+        n += size
+        if pause:
+            time.sleep(pause)
+
+
+def _cli(args: list[str]) -> None:
+    """Run a ``ctxwarden`` command (the CLI's own typer app) in this child, then exit."""
+    _quiet()
+    from ctxwarden.cli import app
+
+    code = 0
+    try:
+        app(args, prog_name="ctxwarden", standalone_mode=False)
+    except BaseException:
+        code = 1
+    os._exit(code)
+
+
+def fork(target: Callable[..., Any], *args: Any) -> Any:
+    """Start ``target(*args)`` in a forked child."""
+    child = FORK.Process(target=target, args=args, daemon=True)
+    child.start()
+    return child
+
+
+def kill(child: Any) -> None:
+    """SIGKILL ``child`` (if it still runs) and reap it."""
+    if child.pid is not None and child.exitcode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+    child.join(60)
+
+
+def warm() -> None:
+    """Import the CLI and the server and load the default tokenizer and retrieval's modules
+    here, once, so forked children inherit them and start in milliseconds."""
+    import uvicorn  # noqa: F401
+
+    import ctxwarden.cli
+    import ctxwarden.server.http  # noqa: F401
+    from ctxwarden.server.runtime import warm_up
+
+    with Engine.open(":memory:") as engine:
+        warm_up(engine)
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def library_crash(folder: Path, kills: int, rng: random.Random, *, window: float = 0.6) -> Row:
+    """SIGKILL a library writer ``kills`` times at random moments of its run (from its
+    start, which includes opening the store, or, every other time, from its first commit)."""
+    db = folder / "library.db"
+    Engine.open(db).close()
+    now = time.time()
+    expected = _expected_by_id(now)
+    row = Row("kill -9: library ingest", kills=0, acknowledged=0, lost=0, wrong=0)
+    row.integrity_failures = 0
+    everything: dict[str, str] = {}
+    for k in range(kills):
+        acks = folder / f"library-{k}.acks"
+        child = fork(_writer, str(db), str(acks), f"L{k}", now, 20, rng.getrandbits(32))
+        if k % 2:  # every other kill lands mid-ingest: after the first acknowledged commit
+            deadline = time.monotonic() + 60
+            while not (acks.exists() and acks.stat().st_size) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        time.sleep(rng.uniform(0, window))
+        kill(child)
+        row.kills = k + 1
+        acked = read_acks(acks)
+        verdict = verify(db, acked, expected)
+        _add(row, verdict, acked)
+        everything.update(acked)
+    if kills:  # every record acknowledged in any round, once more at the end
+        final = verify(db, everything, expected)
+        row.lost = max(row.lost or 0, final.lost)
+        row.wrong = max(row.wrong or 0, final.wrong)
+        row.notes.extend(final.faults[:5])
+    return row
+
+
+def _add(row: Row, verdict: Verdict, acked: dict[str, str]) -> None:
+    row.acknowledged = (row.acknowledged or 0) + len(acked)
+    row.lost = (row.lost or 0) + verdict.lost
+    row.wrong = (row.wrong or 0) + verdict.wrong
+    row.integrity_failures = (row.integrity_failures or 0) + verdict.integrity_failures
+    if verdict.half_applied:
+        row.half_applied = (row.half_applied or 0) + verdict.half_applied
+    row.notes.extend(verdict.faults[: max(0, 5 - len(row.notes))])
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(db: Path, ready_within: float = 120.0) -> tuple[Any, str]:
+    """Fork ``ctxwarden --db DB serve --no-auth`` on a free loopback port; wait for
+    ``/health``. Returns the child and its base URL."""
+    port = free_port()
+    args = ["--db", str(db), "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(port)]
+    child = fork(_cli, args)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_within
+    while time.monotonic() < deadline:
+        if child.exitcode is not None:
+            raise RuntimeError(f"ctxwarden serve exited with {child.exitcode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return child, url
+        time.sleep(0.05)
+    kill(child)
+    raise RuntimeError(f"ctxwarden serve did not answer within {ready_within:.0f} s")
+
+
+@dataclass
+class Load:
+    """What the HTTP clients of one server run saw."""
+
+    acked: dict[str, str] = field(default_factory=dict)
+    server_errors: int = 0
+    other: Counter[str] = field(default_factory=Counter)
+    slowest: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    answered: threading.Event = field(default_factory=threading.Event)  # a first 200 came
+
+
+def _client(
+    url: str, prefix: str, now: float, seed: int, stop: threading.Event, load: Load
+) -> None:
+    rng = random.Random(seed)
+    n = 0
+    with httpx.Client(base_url=url, timeout=120) as client:
+        while not stop.is_set():
+            size = rng.randint(1, 5)
+            records = [record(prefix, n + i, now) for i in range(size)]
+            n += size
+            began = time.perf_counter()
+            try:
+                response = client.post("/v1/ingest", json={"records": records})
+            except httpx.HTTPError:
+                return  # the server is gone: what it answered before counts, nothing after
+            took = time.perf_counter() - began
+            with load.lock:
+                load.slowest = max(load.slowest, took)
+                if response.status_code == 200:
+                    outcomes = response.json()["outcomes"]
+                    load.acked.update((o["id"], o["status"]) for o in outcomes)
+                    load.answered.set()
+                elif response.status_code >= 500:
+                    load.server_errors += 1
+                else:
+                    load.other[str(response.status_code)] += 1
+
+
+def serve_crash(
+    folder: Path, kills: int, rng: random.Random, *, clients: int = 4, window: float = 1.5
+) -> Row:
+    """SIGKILL ``ctxwarden serve`` ``kills`` times under HTTP ingest; restart it each time."""
+    db = folder / "serve.db"
+    Engine.open(db).close()
+    now = time.time()
+    expected = _expected_by_id(now)
+    row = Row("kill -9: ctxwarden serve, HTTP ingest", kills=0, acknowledged=0, lost=0, wrong=0)
+    row.integrity_failures, row.server_errors, row.errors, row.slowest = 0, 0, 0, 0.0
+    everything: dict[str, str] = {}
+    for k in range(kills):
+        server, url = start_server(db)
+        load, stop = Load(), threading.Event()
+        threads = [
+            threading.Thread(
+                target=_client, args=(url, f"H{k}c{c}", now, rng.getrandbits(32), stop, load)
+            )
+            for c in range(clients)
+        ]
+        for thread in threads:
+            thread.start()
+        # The kill lands under load: a random moment after the first acknowledged request.
+        load.answered.wait(60)
+        time.sleep(rng.uniform(0, window))
+        kill(server)
+        stop.set()
+        for thread in threads:
+            thread.join(150)
+        row.kills = k + 1
+        row.server_errors += load.server_errors
+        row.errors += sum(load.other.values())
+        if load.other:
+            row.notes.append(f"other answers: {dict(load.other)}")
+        row.slowest = max(row.slowest, load.slowest)
+        _add(row, verify(db, load.acked, expected), load.acked)
+        everything.update(load.acked)
+    if kills:
+        final = verify(db, everything, expected)
+        row.lost = max(row.lost or 0, final.lost)
+        row.wrong = max(row.wrong or 0, final.wrong)
+    return row
+
+
+def prepare_compaction(path: Path, now: float, days: int = 30, per_day: int = 12) -> int:
+    """A store of ``days`` x ``per_day`` memories 30-60 days old (compaction candidates);
+    returns how many clusters a compaction of it plans."""
+    topics = "deploy release budget laptop standup kafka redis invoice roadmap review".split()
+    records = []
+    for d in range(days):
+        for i in range(per_day):
+            n = d * per_day + i
+            records.append(
+                {
+                    "id": f"old{n}",
+                    "session": "team",
+                    "channel": ["dev", "ops"][i % 2],
+                    "author": ["ana", "bo", "cy"][n % 3],
+                    "content": f"we moved the {topics[n % 10]} to version {n} after the "
+                    f"{topics[(n * 3) % 10]} review with Omar; ticket T-{n * 7}",
+                    "created_at": now - 60 * DAY + d * DAY + i * 900,
+                }
+            )
+    with Engine.open(path) as engine:
+        engine.ingest(records)
+        clusters = len(engine.compact_plan().clusters)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return clusters
+
+
+def _summaries(path: Path) -> int:
+    conn = sqlite3.connect(path, timeout=60)
+    try:
+        return int(
+            conn.execute("SELECT count(*) FROM memories WHERE kind = 'summary'").fetchone()[0]
+        )
+    finally:
+        conn.close()
+
+
+def _compact_once(
+    template: Path, path: Path, now: float, seed: int, target: int | None, extra: float
+) -> tuple[float, float, dict[str, str]]:
+    """Copy the template, start a writer and ``compact --apply`` beside it. With ``target``
+    (a number of clusters), kill the compaction ``extra`` seconds after that many summaries
+    are seen committed (``target`` 0: ``extra`` seconds after it starts), then the writer;
+    with ``None`` let it finish. Returns when the first summary was seen, how long the
+    compaction ran, and the writer's acknowledgements."""
+    shutil.copy(template, path)
+    acks = path.with_suffix(".acks")
+    writer = fork(_writer, str(path), str(acks), f"W{path.stem}", now, 10, seed, WRITER_PAUSE)
+    began = time.perf_counter()
+    compaction = fork(_cli, ["--db", str(path), "compact", "--apply", "--older-than", "14d"])
+    first = 0.0
+    while compaction.exitcode is None:
+        done = _summaries(path)
+        if done and not first:
+            first = time.perf_counter() - began
+        if target is not None and done >= target:
+            time.sleep(extra)
+            kill(compaction)
+            break
+        time.sleep(0.01)
+    took = time.perf_counter() - began
+    kill(writer)
+    if target is None and compaction.exitcode != 0:
+        raise RuntimeError(f"compact --apply exited with {compaction.exitcode}")
+    return first, took, read_acks(acks)
+
+
+def _cleanup(path: Path) -> None:
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm", f"{path.stem}.acks"):
+        (path.parent / name).unlink(missing_ok=True)
+    shutil.rmtree(f"{path}.vectors", ignore_errors=True)
+
+
+def compact_crash(folder: Path, kills: int, rng: random.Random, *, days: int = 30) -> Row:
+    """SIGKILL ``ctxwarden compact --apply`` (beside a library writer) ``kills`` times, on a
+    store of ``days`` days of old memories."""
+    template = folder / "compact-template.db"
+    now = time.time()
+    clusters = prepare_compaction(template, now, days=days)
+    expected = _expected_by_id(now)
+    row = Row("kill -9: compact --apply beside a writer", kills=0, acknowledged=0, lost=0)
+    row.wrong, row.half_applied, row.integrity_failures = 0, 0, 0
+    full = folder / "compact-full.db"
+    first, duration, _ = _compact_once(template, full, now, rng.getrandbits(32), None, 0.0)
+    _cleanup(full)
+    per_cluster = max(duration - first, 0.01) / clusters
+    partial = 0
+    for k in range(kills):
+        path = folder / f"compact-{k}.db"
+        # Kill at a random point: during planning (target 0), or within the transaction
+        # after the target-th cluster's (summaries are polled, so this does not hang on timing).
+        target = rng.randint(0, clusters - 1)
+        extra = rng.uniform(0, first) if target == 0 else rng.uniform(0, 2 * per_cluster)
+        _, _, acked = _compact_once(template, path, now, rng.getrandbits(32), target, extra)
+        row.kills = k + 1
+        verdict = verify(path, acked, expected)
+        halves = half_applied_clusters(path)
+        verdict.half_applied = len(halves)
+        verdict.faults.extend(halves)
+        _add(row, verdict, acked)
+        partial += 0 < _summaries(path) < clusters
+        with Engine.open(path) as engine:  # a second compaction finishes what was cut
+            engine.compact()
+            left = len(engine.compact_plan().clusters)
+        if left or half_applied_clusters(path) or check_store(path):
+            row.integrity_failures = (row.integrity_failures or 0) + 1
+            row.notes.append(f"run {k}: the second compaction left {left} clusters or a fault")
+        _cleanup(path)
+    row.notes.append(
+        f"{clusters} clusters a run; {partial} of {kills} kills landed mid-way "
+        f"(uncut run {duration:.2f} s, the first summary after {first:.2f} s)"
+    )
+    return row
+
+
+def _concurrent_worker(db: str, p: int, per: int, now: float, barrier: Any, out: Any) -> None:
+    engine = Engine.open(db)
+    barrier.wait()
+    acked: list[tuple[str, str]] = []
+    errors: Counter[str] = Counter()
+    slowest = 0.0
+    for i in range(per):
+        shared = i % 4 == 0  # the same text from every process: one stored, the rest fold
+        item = {
+            "id": f"P{p}-{i}",
+            "session": "shared" if shared else f"own{p}",
+            "channel": "general",
+            "author": "ana",
+            "content": f"broadcast {i} to everyone" if shared else f"process {p} says {i}",
+            "created_at": now + i,
+        }
+        began = time.perf_counter()
+        try:
+            outcome = engine.ingest([item]).outcomes[0]
+            acked.append((outcome.id, outcome.status))
+        except (CtxwardenError, sqlite3.Error) as exc:
+            errors["database is locked" if "locked" in str(exc) else type(exc).__name__] += 1
+        slowest = max(slowest, time.perf_counter() - began)
+    engine.close()
+    out.put({"acked": acked, "errors": dict(errors), "slowest": slowest})
+
+
+def concurrency(folder: Path, processes: int, per_process: int) -> Row:
+    """``processes`` processes, ``per_process`` single ingests each, into one SQLite file."""
+    db = folder / "concurrent.db"
+    Engine.open(db).close()
+    now = time.time()
+    barrier, results = FORK.Barrier(processes), FORK.Queue()
+    workers = [
+        fork(_concurrent_worker, str(db), p, per_process, now, barrier, results)
+        for p in range(processes)
+    ]
+    reports = [results.get(timeout=1800) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    errors: Counter[str] = Counter()
+    acked: dict[str, str] = {}
+    for report in reports:
+        errors.update(report["errors"])
+        acked.update(dict(report["acked"]))
+    row = Row(f"{processes} processes x {per_process:,} single ingests, one file", kills=None)
+    row.acknowledged, row.lost, row.wrong, row.integrity_failures = len(acked), 0, 0, 0
+    row.errors = sum(errors.values())
+    row.slowest = max(r["slowest"] for r in reports)
+    if errors:
+        row.notes.append(f"errors: {dict(errors)}")
+    faults = check_store(db)
+    row.integrity_failures = len(faults)
+    with Engine.open(db) as engine:
+        for rid in acked:
+            try:
+                engine.get(rid)
+            except NotFound:
+                row.lost += 1
+    conn = sqlite3.connect(db)
+    stored = conn.execute(
+        "SELECT count(*), count(DISTINCT content) FROM memories WHERE content LIKE 'broadcast %'"
+    ).fetchone()
+    conn.close()
+    row.wrong = stored[0] - stored[1]  # a shared text stored twice: a de-dup race
+    if row.wrong:
+        row.notes.append(f"{row.wrong} shared texts stored more than once")
+    return row
+
+
+# -- erasure ---------------------------------------------------------------------------------
+
+
+def canary() -> str:
+    """A random word the FTS index keeps as one term (``zzq`` + 24 hex digits)."""
+    return "zzq" + secrets.token_hex(12)
+
+
+def needle(word: str) -> bytes:
+    """The part of a canary searched for: FTS5 stores terms prefix-compressed, so the files
+    are searched for its random middle, which no neighbouring term can share."""
+    return word[4:-2].encode()
+
+
+def store_files(db: Path) -> Iterator[Path]:
+    """The database, its ``-wal`` and ``-shm``, and the vector index files."""
+    for suffix in ("", "-wal", "-shm"):
+        path = Path(f"{db}{suffix}")
+        if path.is_file():
+            yield path
+    vectors = Path(f"{db}.vectors")
+    if vectors.is_dir():
+        yield from sorted(p for p in vectors.rglob("*") if p.is_file())
+
+
+def found_bytes(db: Path, patterns: list[bytes]) -> dict[str, int]:
+    """File name -> bytes of ``patterns`` found in it (occurrences x length), non-zero only."""
+    found: dict[str, int] = {}
+    for path in store_files(db):
+        data = path.read_bytes()
+        hits = sum(data.count(p) * len(p) for p in patterns if p)
+        if hits:
+            found[path.name] = hits
+    return found
+
+
+def _vector_patterns(db: Path, rowid: int) -> list[bytes]:
+    """The bytes a memory's vector is kept as: the table's float16 blob, and the normalised
+    float16 row the index files hold."""
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute(
+            "SELECT dim, embedding FROM memory_vectors WHERE memory_rowid = ?", (rowid,)
+        ).fetchall()
+    finally:
+        conn.close()
+    patterns = []
+    for dim, blob in rows:
+        vector = np.frombuffer(blob, dtype="<f2", count=dim).astype(np.float32)
+        normalised = vector / np.linalg.norm(vector)
+        patterns += [bytes(blob), normalised.astype("<f2").tobytes()]
+    return patterns
+
+
+ERASURES = ("memory", "alias", "session", "tenant", "compacted memory")
+
+
+def erasure(folder: Path, kind: str) -> Row:
+    """Plant a canary, erase it the ``kind`` way, then search the files for its bytes."""
+    from ctxwarden.store.base import NewMemory
+
+    db = folder / f"erase-{kind.replace(' ', '-')}.db"
+    word = canary()
+    base = 1_700_000_000.0
+    config = EngineConfig(embed="sync", embedder="minilm-static")
+    clock_now = [base + 90 * DAY]
+    row = Row(f"erase: {kind}", canary_bytes=0)
+
+    def filler(tenant: str, session: str, n: int = 40) -> list[dict[str, Any]]:
+        return [
+            {"id": f"{tenant}-{session}-f{i}", "session": session, "author": "ana",
+             "content": f"note {i} of {session} about the deploy window and release {i * 7}",
+             "created_at": base + i}
+            for i in range(n)
+        ]  # fmt: skip
+
+    secret = {"session": "s1", "author": "ana", "content": f"my door code is {word} remember it"}
+    with Engine.open(db, config=config, clock=lambda: clock_now[0]) as engine:
+        engine.ingest(filler("acme", "s1") + filler("acme", "s2"), tenant="acme")
+        engine.ingest(filler("other", "s1"), tenant="other")
+        engine.ingest(
+            [{**secret, "id": "secret", "created_at": base + 100},
+             {**secret, "id": "secret-again", "created_at": base + 101}],
+            tenant="acme",
+        )  # fmt: skip
+        vector = _vector_patterns(db, engine.get("secret", tenant="acme").rowid)
+        if kind == "compacted memory":
+            engine.compact(tenant="acme")
+        else:  # summaries built from it, and a summary of that summary, as a compaction writes
+            with engine.store.write() as writer:
+                for sid, sources, text in (
+                    ("sum1", ["acme-s1-f1", "secret-again"], f"ana's code: {word}"),
+                    ("sum2", ["sum1"], f"summary of summaries mentions {word}"),
+                ):
+                    writer.insert(
+                        NewMemory(
+                            id=sid, tenant="acme", session="s1", channel=None, author=None,
+                            author_kind="agent", role="assistant", content=text,
+                            created_at=base + 500, thread_id=None, reply_to=None,
+                            kind="summary", pinned=False, name=None, tool_calls=(),
+                            tool_call_id=None, attachments=(), metadata={},
+                            content_hash=f"summary-{sid}", source_ids=sources,
+                            time_range=(base, base + 100),
+                        )
+                    )  # fmt: skip
+        engine.assemble(session="s1", query=f"door code {word}", tenant="acme")
+        if not vector:
+            row.notes.append("no vector was stored for the canary (vectors not checked)")
+        try:
+            if kind in ("memory", "compacted memory"):
+                engine.delete("secret", tenant="acme")
+            elif kind == "alias":
+                engine.delete("secret-again", tenant="acme")
+            elif kind == "session":
+                engine.delete_session("s1", tenant="acme")
+            else:
+                engine.delete_tenant(tenant="acme")
+        except NotFound as exc:
+            row.notes.append(f"the erasure answered NotFound: {exc}")
+        try:
+            hits = engine.search(word, tenant="acme")
+        except CtxwardenError:
+            hits = []
+        if hits:
+            row.notes.append(f"search still finds it: {[m.id for m, _ in hits]}")
+    text = found_bytes(db, [needle(word)])
+    vectors = found_bytes(db, vector)
+    row.canary_bytes = sum(text.values()) + sum(vectors.values())
+    if text:
+        row.notes.append(f"canary text bytes left: {text}")
+    if vectors:
+        row.notes.append(f"canary vector bytes left: {vectors}")
+    return row
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def run(
+    folder: Path,
+    *,
+    scenarios: tuple[str, ...],
+    kills: int,
+    processes: int,
+    per_process: int,
+    seed: int,
+    compact_days: int = 30,
+    progress: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """Run ``scenarios`` in ``folder``; the table's rows."""
+    rng = random.Random(seed)
+    rows: list[Row] = []
+    warm()
+
+    def done(row: Row) -> None:
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+
+    if "library" in scenarios:
+        done(library_crash(folder, kills, rng))
+    if "serve" in scenarios:
+        done(serve_crash(folder, kills, rng))
+    if "compact" in scenarios:
+        done(compact_crash(folder, kills, rng, days=compact_days))
+    if "concurrency" in scenarios:
+        done(concurrency(folder, processes, per_process))
+    if "erasure" in scenarios:
+        for kind in ERASURES:
+            done(erasure(folder, kind))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=200, help="kills per crash scenario")
+    parser.add_argument("--processes", type=int, default=8, help="concurrent writer processes")
+    parser.add_argument(
+        "--per-process", type=int, default=1000, help="single ingests per concurrent process"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {', '.join(SCENARIOS)}",
+    )
+    parser.add_argument(
+        "--compact-days", type=int, default=30, help="days of old memories to compact (12 a day)"
+    )
+    parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--folder", type=Path, help="work here (kept) instead of a temp folder")
+    args = parser.parse_args(argv)
+    chosen = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"--scenarios: unknown {', '.join(unknown)}; choose from {SCENARIOS}")
+    if args.kills < 0 or min(args.processes, args.per_process, args.compact_days) < 1:
+        parser.error("--kills must be >= 0; --processes, --per-process, --compact-days >= 1")
+    began = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if args.folder is None:
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reliab-")))
+        else:
+            folder = args.folder
+            folder.mkdir(parents=True, exist_ok=True)
+        rows = run(
+            folder,
+            scenarios=chosen,
+            kills=args.kills,
+            processes=args.processes,
+            per_process=args.per_process,
+            seed=args.seed,
+            compact_days=args.compact_days,
+            progress=lambda row: print(f"done: {row.scenario}", flush=True),
+        )
+    print()
+    print(table(rows))
+    print(f"\n{time.perf_counter() - began:.0f} s in all")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
