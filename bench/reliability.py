@@ -20,6 +20,10 @@ Scenarios (each against a fresh SQLite file in a temporary folder):
   at a random moment spread over the duration of an uncut run, then the writer. Afterwards
   no cluster may be half-applied (every summary has a tombstone per source, every tombstone
   its summary, no original both alive and tombstoned), and a second compaction finishes.
+- ``contention``: ``ctxwarden serve`` under HTTP ingest and assemble (half each) while two
+  library writers in other processes ingest into the same file back to back, for
+  ``--contention-seconds``: the slowest request, every 5xx, and every record acknowledged by
+  either afterwards. (No kills: this measures how long the server waits on the file's lock.)
 - ``concurrency``: ``--processes`` processes each ingest ``--per-process`` records one per
   call into one file, a quarter of them the same text in every process (one must be stored,
   the rest fold into it). Errors (``database is locked`` among them) and the slowest single
@@ -76,7 +80,7 @@ FORK = multiprocessing.get_context("fork")
 #: The compaction scenario's writer rests this long between batches: a busy agent, not a
 #: loop that holds the write lock back to back (which starves the compaction's transactions).
 WRITER_PAUSE = 0.01
-SCENARIOS = ("library", "serve", "compact", "concurrency", "erasure")
+SCENARIOS = ("library", "serve", "compact", "concurrency", "contention", "erasure")
 WORDS = (
     "apple river stone paper window garden orange silver market doctor winter basket candle "
     "forest ladder pocket rocket saddle tunnel violin wallet yellow anchor bridge castle "
@@ -433,38 +437,59 @@ class Load:
 
     acked: dict[str, str] = field(default_factory=dict)
     server_errors: int = 0
-    other: Counter[str] = field(default_factory=Counter)
+    other: Counter[str] = field(default_factory=Counter)  # 4xx by status
+    failed: Counter[str] = field(default_factory=Counter)  # 5xx by status
+    gone: str | None = None  # why a client stopped before it was told to
     slowest: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     answered: threading.Event = field(default_factory=threading.Event)  # a first 200 came
 
 
 def _client(
-    url: str, prefix: str, now: float, seed: int, stop: threading.Event, load: Load
+    url: str,
+    prefix: str,
+    now: float,
+    seed: int,
+    stop: threading.Event,
+    load: Load,
+    assemble_share: float = 0.0,
 ) -> None:
+    """Send ``POST /v1/ingest`` of 1-5 records (and, ``assemble_share`` of the time, an
+    assemble of one of its sessions) until ``stop`` or the server is gone."""
     rng = random.Random(seed)
     n = 0
     with httpx.Client(base_url=url, timeout=120) as client:
         while not stop.is_set():
-            size = rng.randint(1, 5)
-            records = [record(prefix, n + i, now) for i in range(size)]
-            n += size
+            assemble = n > 0 and rng.random() < assemble_share
+            if assemble:
+                query = " ".join(rng.choice(WORDS) for _ in range(6))
+                path = "/v1/assemble"
+                body: dict[str, Any] = {"session": f"{prefix}-s{rng.randrange(5)}"}
+                body.update(query=query, budget=2000)
+            else:
+                size = rng.randint(1, 5)
+                path = "/v1/ingest"
+                body = {"records": [record(prefix, n + i, now) for i in range(size)]}
+                n += size
             began = time.perf_counter()
             try:
-                response = client.post("/v1/ingest", json={"records": records})
-            except httpx.HTTPError:
-                return  # the server is gone: what it answered before counts, nothing after
+                response = client.post(path, json=body)
+            except httpx.HTTPError as exc:
+                # the server is gone: what it answered before counts, nothing after
+                load.gone = f"{type(exc).__name__}: {exc}"
+                return
             took = time.perf_counter() - began
             with load.lock:
                 load.slowest = max(load.slowest, took)
-                if response.status_code == 200:
+                if response.status_code >= 500:
+                    load.server_errors += 1
+                    load.failed[str(response.status_code)] += 1
+                elif response.status_code != 200:
+                    load.other[str(response.status_code)] += 1
+                elif not assemble:
                     outcomes = response.json()["outcomes"]
                     load.acked.update((o["id"], o["status"]) for o in outcomes)
                     load.answered.set()
-                elif response.status_code >= 500:
-                    load.server_errors += 1
-                else:
-                    load.other[str(response.status_code)] += 1
 
 
 def serve_crash(
@@ -501,6 +526,8 @@ def serve_crash(
         row.errors += sum(load.other.values())
         if load.other:
             row.notes.append(f"other answers: {dict(load.other)}")
+        if load.failed:
+            row.notes.append(f"5xx answers: {dict(load.failed)}")
         row.slowest = max(row.slowest, load.slowest)
         _add(row, verify(db, load.acked, expected), load.acked)
         everything.update(load.acked)
@@ -508,6 +535,58 @@ def serve_crash(
         final = verify(db, everything, expected)
         row.lost = max(row.lost or 0, final.lost)
         row.wrong = max(row.wrong or 0, final.wrong)
+    return row
+
+
+def contention(
+    folder: Path, seconds: float, writers: int, rng: random.Random, *, clients: int = 4
+) -> Row:
+    """``ctxwarden serve`` under HTTP ingest and assemble while ``writers`` library writers in
+    other processes ingest into the same file, for ``seconds``: the slowest request, 5xx and
+    other failures, and every acknowledged record (HTTP 200 or a writer's commit) afterwards."""
+    db = folder / "contention.db"
+    Engine.open(db).close()
+    now = time.time()
+    expected = _expected_by_id(now)
+    row = Row(f"serve beside {writers} library writers, {seconds:g} s", acknowledged=0)
+    row.lost, row.wrong, row.integrity_failures = 0, 0, 0
+    server, url = start_server(db)
+    children = [
+        fork(_writer, str(db), str(folder / f"contention-{w}.acks"), f"CW{w}", now, 20, w, 0.0)
+        for w in range(writers)
+    ]
+    load, stop = Load(), threading.Event()
+    threads = [
+        threading.Thread(
+            target=_client, args=(url, f"CH{c}", now, rng.getrandbits(32), stop, load, 0.5)
+        )
+        for c in range(clients)
+    ]
+    for thread in threads:
+        thread.start()
+    load.answered.wait(60)  # the clients' first answer starts the clock
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(300)
+    for child in children:
+        kill(child)
+    kill(server)
+    acked = dict(load.acked)
+    for w in range(writers):
+        acked.update(read_acks(folder / f"contention-{w}.acks"))
+    _add(row, verify(db, acked, expected), acked)
+    row.server_errors = load.server_errors
+    row.errors = sum(load.other.values())
+    if load.other:
+        row.notes.append(f"other answers: {dict(load.other)}")
+    if load.failed:
+        row.notes.append(f"5xx answers: {dict(load.failed)}")
+    row.slowest = load.slowest
+    row.notes.append(f"{len(load.acked):,} records acknowledged over HTTP, the rest by writers")
+    if load.gone:  # nobody killed this server: a client that lost it is a failure
+        row.errors += 1
+        row.notes.append(f"a client lost the server: {load.gone}")
     return row
 
 
@@ -844,6 +923,7 @@ def run(
     per_process: int,
     seed: int,
     compact_days: int = 30,
+    contention_seconds: float = 60.0,
     progress: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     """Run ``scenarios`` in ``folder``; the table's rows."""
@@ -864,6 +944,8 @@ def run(
         done(compact_crash(folder, kills, rng, days=compact_days))
     if "concurrency" in scenarios:
         done(concurrency(folder, processes, per_process))
+    if "contention" in scenarios:
+        done(contention(folder, contention_seconds, 2, rng))
     if "erasure" in scenarios:
         for kind in ERASURES:
             done(erasure(folder, kind))
@@ -884,6 +966,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     parser.add_argument(
         "--compact-days", type=int, default=30, help="days of old memories to compact (12 a day)"
+    )
+    parser.add_argument(
+        "--contention-seconds",
+        type=float,
+        default=60.0,
+        help="how long serve runs beside two library writers (contention)",
     )
     parser.add_argument("--seed", type=int, default=20)
     parser.add_argument("--folder", type=Path, help="work here (kept) instead of a temp folder")
@@ -909,6 +997,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             per_process=args.per_process,
             seed=args.seed,
             compact_days=args.compact_days,
+            contention_seconds=args.contention_seconds,
             progress=lambda row: print(f"done: {row.scenario}", flush=True),
         )
     print()

@@ -24,7 +24,8 @@ def _bench() -> Any:
 
 
 def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--kills", "1", "--processes", "2", "--per-process", "20", "--compact-days", "3"]
+    argv = ["--kills", "1", "--processes", "2", "--per-process", "20", "--compact-days", "3",
+            "--contention-seconds", "1"]  # fmt: skip
     rows = _bench().main(argv)
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("| ")]
@@ -32,13 +33,16 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     assert header[:4] == ["scenario", "kills", "acknowledged", "lost"]
     assert {"integrity failures", "5xx", "canary bytes", "slowest (s)"} <= set(header)
     body = {line.split("|")[1].strip(): line for line in lines[1:]}
-    assert len(body) == len(rows) == 3 + 1 + 5  # three crash scenarios, concurrency, erasures
+    # three crash scenarios, concurrency, contention, five kinds of erasure
+    assert len(body) == len(rows) == 3 + 1 + 1 + 5
     for row in rows[:3]:
         assert row.kills == 1
         assert (row.lost, row.wrong, row.integrity_failures) == (0, 0, 0), row.notes
         assert f"| {row.scenario} | 1 | {row.acknowledged:,} | 0 | 0 |" in body[row.scenario]
     assert rows[3].acknowledged == 40
-    assert all(row.canary_bytes is not None for row in rows[4:])
+    assert rows[4].acknowledged
+    assert rows[4].slowest > 0
+    assert all(row.canary_bytes is not None for row in rows[5:])
 
 
 def test_unknown_scenarios_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
