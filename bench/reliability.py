@@ -470,7 +470,7 @@ def _vector_patterns(db: Path, rowid: int) -> list[bytes]:
         vector = np.frombuffer(blob, dtype="<f2", count=dim).astype(np.float32)
         normalised = vector / np.linalg.norm(vector)
         patterns += [bytes(blob), normalised.astype("<f2").tobytes()]
-    return patterns
+    return list(dict.fromkeys(patterns))  # one pattern when the blob is normalised already
 
 
 ERASURES = ("memory", "alias", "session", "tenant", "compacted memory")
