@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import queue
 import random
 import secrets
 import shutil
@@ -285,7 +286,12 @@ def _compact_once(
     began = time.perf_counter()
     compaction = fork(run_cli, ["--db", str(path), "compact", "--apply", "--older-than", "14d"])
     first = 0.0
+    deadline = time.monotonic() + 600
     while compaction.exitcode is None:
+        if time.monotonic() > deadline:
+            kill(compaction)
+            kill(beside)
+            raise RuntimeError("compact --apply ran for 600 s: hung?")
         done = _summaries(path)
         if done and not first:
             first = time.perf_counter() - began
@@ -386,7 +392,14 @@ def concurrency(folder: Path, processes: int, per_process: int) -> Row:
         fork(_concurrent_worker, str(db), p, per_process, now, barrier, results)
         for p in range(processes)
     ]
-    reports = [results.get(timeout=1800) for _ in workers]
+    reports = []
+    while len(reports) < processes:
+        try:
+            reports.append(results.get(timeout=5))
+        except queue.Empty:
+            if all(w.exitcode is not None for w in workers) and results.empty():
+                codes = [w.exitcode for w in workers]
+                raise RuntimeError(f"a writer process died without a report: {codes}") from None
     for worker in workers:
         worker.join(60)
     errors: Counter[str] = Counter()
