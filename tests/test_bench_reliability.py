@@ -33,8 +33,8 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     assert header[:4] == ["scenario", "kills", "acknowledged", "lost"]
     assert {"integrity failures", "5xx", "canary bytes", "slowest (s)"} <= set(header)
     body = {line.split("|")[1].strip(): line for line in lines[1:]}
-    # three crash scenarios, concurrency, contention, five kinds of erasure
-    assert len(body) == len(rows) == 3 + 1 + 1 + 5
+    # three crash scenarios, concurrency, contention, six kinds of erasure
+    assert len(body) == len(rows) == 3 + 1 + 1 + 6
     for row in rows[:3]:
         assert row.kills == 1
         assert (row.lost, row.wrong, row.integrity_failures) == (0, 0, 0), row.notes
