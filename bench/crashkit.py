@@ -222,6 +222,12 @@ def verify(path: Path, acked: dict[str, str], expected: Callable[[str], dict[str
                 if got != want:
                     verdict.wrong += 1
                     verdict.faults.append(f"wrong {rid}: {got} != {want}")
+            elif status == "duplicate" and (kept.content, kept.session) != (
+                sent["content"],
+                sent["session"],
+            ):  # a verbatim repeat resolves to the aggregate of the same text and session
+                verdict.wrong += 1
+                verdict.faults.append(f"wrong {rid}: folded into {kept.id} of other text")
     return verdict
 
 

@@ -37,7 +37,7 @@ Scenarios (each against a fresh SQLite file in a temporary folder):
 After every kill: ``PRAGMA integrity_check`` and FTS5's ``integrity-check`` (against the
 content table) must pass, and every acknowledged record must be there (``lost`` otherwise)
 with the content, session, author and time it was sent with (``wrong`` otherwise). A record
-folded into an aggregate (a duplicate) must resolve by its id.
+folded into an aggregate (a duplicate) must resolve by its id to the aggregate of its text.
 
 Children are forked from this process (imports already paid, so a kill costs milliseconds,
 not the ~2 s an interpreter start costs here); ``serve`` and ``compact --apply`` run the CLI's
