@@ -334,10 +334,10 @@ def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) ->
         assert f"[dev-3] {records[3]['author']}: {fact}" in summary.content
         context = engine.assemble(session="team", model="gpt-4o", budget=3000)
         assert written[0] in context.included
-        system, data = context.messages[0], context.messages[1]
-        assert system["role"] == "system"
-        assert system["content"].count(fact) == 1  # in persistent,
+        data = context.messages[0]  # no system prompt: memory is data, never the system
+        assert data["role"] == "user"
         assert data["content"].startswith(render.data_intro())
-        assert "## Summaries of earlier conversation\n" in data["content"]
-        assert fact not in data["content"]  # dropped from the summary
+        persistent, summaries = data["content"].split("## Summaries of earlier conversation\n")
+        assert persistent.count(fact) == 1  # in persistent,
+        assert fact not in summaries  # dropped from the summary
         assert any("already in persistent dropped" in n for n in context.report.notes)

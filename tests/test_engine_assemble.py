@@ -94,8 +94,12 @@ def test_pinned_memories_are_persistent(engine: Engine) -> None:
     engine.ingest([{"id": "p1", "session": "s", "content": "Always answer in French.",
                     "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
     context = engine.assemble(session="s", budget=2000, system="You are helpful.")
-    assert context.messages[0]["role"] == "system"
-    assert "## Persistent memory\n- Always answer in French.\n" in context.messages[0]["content"]
+    # Memory is data, never instructions (issue 20): a pin is a quoted, attributed line in the
+    # memory-data message, not part of the system prompt.
+    assert context.messages[0] == {"role": "system", "content": "You are helpful."}
+    assert context.messages[1]["role"] == "user"
+    line = "## Persistent memory\n[2020-09-13 12:26] user: Always answer in French.\n"
+    assert line in context.messages[1]["content"]
     assert context.included[0] == "p1"
     assert context.tokens == _real_count(context, "gpt-4o")
 
@@ -161,21 +165,23 @@ def test_assemble_snapshot(engine: Engine, snapshot: Any) -> None:
     engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
                     "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
     context = engine.assemble(
-        session="s", query="word40 otters", budget=300, system="Be brief.", log_inclusions=False
+        session="s", query="word40 otters", budget=360, system="Be brief.", log_inclusions=False
     )
     assert {"messages": list(context.messages), "included": list(context.included),
             "tokens": context.tokens} == snapshot  # fmt: skip
 
 
 def test_assemble_snapshot_with_related_memory(engine: Engine, snapshot: Any) -> None:
-    # Retrieved memory goes in its own user-role message framed as quoted data, never in the
-    # system message; persistent memory stays in the system message.
+    # Stored memory (pinned and retrieved) goes in its own user-role message framed as quoted
+    # data, never in the system message (issue 20: memory is data, never instructions).
     engine.ingest(_history(30, words=8))
     engine.ingest([{"id": "p", "session": "s", "content": "The team is called Otters.",
                     "pinned": True, "created_at": 1_600_000_000}])  # fmt: skip
     context = engine.assemble(
-        session="s", query="word40 otters", budget=420, system="Be brief.", log_inclusions=False
+        session="s", query="word40 otters", budget=480, system="Be brief.", log_inclusions=False
     )
+    assert context.messages[0] == {"role": "system", "content": "Be brief."}
+    assert "user: The team is called Otters." in context.messages[1]["content"]
     assert [m["role"] for m in context.messages[:2]] == ["system", "user"]
     assert "Related" not in context.messages[0]["content"]
     assert context.tokens == _real_count(context, "gpt-4o")
@@ -236,16 +242,15 @@ def test_never_over_budget(
     [
         # '""}' costs two tokens where '""}\n' cost one.
         ('""}', '""}\n'),
-        # A memory of several lines, the last indented: "\n 0" is no BPE boundary, so the whole
-        # memory, not its last line, is counted again without the newline.
-        ("0\n 0", "- 0\n 0\n"),
+        # A memory of several lines is JSON-quoted on one line (it cannot forge lines).
+        ("0\n 0", 'ana: "0\\n 0"\n'),
     ],
 )
-def test_trimming_template_counts_the_last_system_segment_without_its_newline(
+def test_trimming_template_counts_the_last_data_segment_without_its_newline(
     last: str, tail: str
 ) -> None:
-    # Llama 3 trims message content: the persistent block's last memory loses the newline it was
-    # counted with at ingest.
+    # Llama 3 trims message content: the persistent block's last memory (in the memory-data
+    # message) loses the newline it was counted with at ingest.
     with Engine.open(":memory:") as e:
         e.ingest(
             [

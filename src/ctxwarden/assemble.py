@@ -4,7 +4,8 @@ Flow (see DESIGN.md): limits from the window -> fixed costs (system prompt, tool
 template) -> material per block (bounded by what could fit) -> :func:`ctxwarden.budget.allocate`
 -> fill each block in its selection order -> top-up with what is left -> render -> exact count.
 
-- persistent: pinned memories and facts, oldest first; a text block in the system message.
+- persistent: pinned memories and facts, oldest first; a text block in the memory-data message
+  (below), each memory a line with its time, channel and author like any other.
 - summaries: summary memories, newest kept first, shown oldest first; lines already in
   persistent memory are dropped (read-time de-dup); an emptied block is omitted. A text block in
   the memory-data message (below).
@@ -15,15 +16,17 @@ template) -> material per block (bounded by what could fit) -> :func:`ctxwarden.
   shown oldest first, an assistant tool call kept together with its tool results.
 - items blocks (scratch, task, ...): caller-supplied text, in the order given.
 
-Where blocks go: the caller's system prompt, persistent memory and caller items form the system
-message (what the operator and the agent wrote). Retrieved content (summaries, related memory:
-sources in :data:`DATA_SOURCES`) was written by chat participants, bots and tools, so it never
-goes there: it forms one user-role *memory-data* message after the system message, opened by
-:func:`ctxwarden.render.data_intro`, which frames every line as quoted data with its author and
-time. Untrusted memories (unsigned tool results, :mod:`ctxwarden.provenance`) never enter the
-system message; in the memory-data message they are JSON-quoted with their author, and in the
-recent block they are their own message, quoted likewise. The memory-data message's overhead and
-intro (``Material.frame``) are paid by the first data block that takes a candidate.
+Where blocks go: the caller's system prompt and caller items form the system message (what the
+operator and the agent wrote in this call). Stored content (persistent memory, summaries,
+related memory: sources in :data:`DATA_SOURCES`) was written by chat participants, bots, agents
+and tools, so it never goes there, pinned or not: it forms one user-role *memory-data* message
+after the system message, opened by :func:`ctxwarden.render.data_intro`, which frames every line
+as quoted data with its author and time (memory is data, never instructions: issue 20). A
+stored record with role ``system`` is replayed as user-role data too
+(:func:`ctxwarden.render.replay_role`). Untrusted memories (unsigned tool results,
+:mod:`ctxwarden.provenance`) are JSON-quoted with their author in the memory-data message, and
+in the recent block they are their own message, quoted likewise. The memory-data message's
+overhead and intro (``Material.frame``) are paid by the first data block that takes a candidate.
 
 Overflow: floors go to the most important blocks first, so under pressure related loses first,
 then summaries, then persistent, and recent is shortened last (down to its newest message). If
@@ -44,13 +47,13 @@ from ctxwarden import render
 from ctxwarden.budget import BudgetPolicy, Limits, allocate
 from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
-from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import BlockReport, CandidateRow, Memory
 
 __all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms"]
 
-#: Block sources rendered into the memory-data message rather than the system message.
-DATA_SOURCES = frozenset({"retrieval", "summaries"})
+#: Block sources rendered into the memory-data message rather than the system message: every
+#: source of stored memories.
+DATA_SOURCES = frozenset({"pinned", "retrieval", "summaries"})
 
 # Words too common to search for (English function words and question verbs).
 _STOPWORDS = frozenset(
@@ -66,7 +69,10 @@ _STOPWORDS = frozenset(
 _WORD = re.compile(r"[\w][\w'.-]*[\w]|\w", re.UNICODE)
 
 
-_CITED = re.compile(r"^\s*[-*•]?\s*\[[^\[\]\s]+(?:,\s*[^\[\]\s,]+)*\]\s*")
+# A summary line's citation, "- [m1, m2] ": ids without commas between commas. Written so that
+# every character has one way to match (no optional bullet between two ``\s*``, no comma in
+# both the first id and the separator): linear in the line, where backtracking was quadratic.
+_CITED = re.compile(r"^\s*(?:[-*•]\s*)?\[[^\[\]\s,]+(?:,\s*[^\[\]\s,]+)*\]\s*")
 
 
 def _summary_line_keys(line: str) -> set[str]:
@@ -193,22 +199,6 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     names = [b.name for b in policy.blocks]
     reports: list[CandidateRow] = []
     notes: list[str] = []
-
-    # Untrusted content never reaches the system message (persistent blocks; items are the
-    # caller's own text); in the memory-data message it is quoted data like everything there.
-    for block in policy.blocks:
-        if block.source in {"recent", "items"} or block.source in DATA_SOURCES:
-            continue
-        source = _source_of(policy, material, block.name)
-        trusted = [c for c in source if not any(is_untrusted(m.metadata) for m in c.memories)]
-        if len(trusted) == len(source):
-            continue
-        reports.extend(
-            _report(c, block.name, False, "untrusted content never goes in the system message")
-            for c in source
-            if c not in trusted
-        )
-        source[:] = trusted
 
     # Read-time de-dup of summaries against persistent memory, line by line.
     persistent_keys = {
@@ -432,8 +422,9 @@ def recent_messages(plan: Plan, policy: BudgetPolicy) -> list[tuple[str, Candida
 
 
 def memory_message(memory: Memory, text: str) -> dict[str, Any]:
-    """A stored memory as an OpenAI-style chat message."""
-    message: dict[str, Any] = {"role": memory.role, "content": text}
+    """A stored memory as an OpenAI-style chat message (a stored ``system`` record as
+    user-role data: :func:`ctxwarden.render.replay_role`)."""
+    message: dict[str, Any] = {"role": render.replay_role(memory.role), "content": text}
     if memory.name:
         message["name"] = memory.name
     if memory.tool_calls:

@@ -39,7 +39,7 @@ from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
-from ctxwarden.retrieve import retrieve
+from ctxwarden.retrieve import check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
@@ -88,6 +88,7 @@ class Assembly:
         scope: Scope | None,
     ) -> Context:
         """The context for one turn of ``session`` (see :meth:`Engine.assemble`)."""
+        check_query_length(query, self.config.max_query_chars)
         tenant = tenant or self.config.tenant
         read_scope = resolve_scope(session=session, user=user, scope=scope)
         policy = policy or self.config.policy
@@ -155,15 +156,16 @@ class Assembly:
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope)
             )
-        pinned = self.store.pinned(tenant, scope=store_scope(read_scope))
-        material.pinned = self._line_candidates(pinned, tok)
-        # Summaries stay within their conversation: the session's, or the user's sessions';
-        # a tenant-wide read still shows this session's (another's are not its history).
+        # Summaries, pins and facts stay within their conversation: the session's, or the
+        # user's sessions'; a tenant-wide read still shows this session's (another's are not
+        # its history), plus what was pinned for the tenant explicitly (issue 20).
         summary_scope = (
             ReadScope(kind="session", session=session, user=user)
             if read_scope.kind == "tenant"
             else read_scope
         )
+        pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
+        material.pinned = self._line_candidates(pinned, tok)
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -352,6 +354,7 @@ class Assembly:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`)."""
         weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self.embeddings.vectors_usable()
         if others and not usable:
             notes.append(
@@ -602,7 +605,8 @@ class _RecentWalk:
                     self.tok, self.fmt, [message]
                 ) - self.fmt.request_overhead(has_system=False)
             else:
-                cost += cached.message + self.fmt.message_overhead(memory.role, name=memory.name)
+                role = render.replay_role(memory.role)
+                cost += cached.message + self.fmt.message_overhead(role, name=memory.name)
         return Candidate(memories=tuple(group), tokens=cost, text="\x00".join(texts))
 
     def typical_line(self) -> float:

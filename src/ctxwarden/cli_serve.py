@@ -252,6 +252,14 @@ def mcp(
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
     as_json: ServerJson = False,
+    remember_facts: Annotated[
+        bool,
+        typer.Option(
+            "--remember-facts",
+            help="Let remember store facts (shown in every context of the "
+            "session); by default what agents remember is a note.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the MCP tools (summarize_text, remember, recall, forget, assemble_context).
 
@@ -264,12 +272,12 @@ def mcp(
         raise ConfigError(f"transport: {transport!r} is not stdio or http")
     with _engine(server=True, inclusion_log=inclusion_log) as engine:
         if transport == "stdio":
-            create_mcp_server(engine).run("stdio")
+            create_mcp_server(engine, remember_facts=remember_facts).run("stdio")
             return
         from ctxwarden.server.http import SCOPES, Principal
 
         config = _server_config(engine, host, no_auth)
         local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
         authenticate = config.authenticate or (lambda _token: local)
-        app_ = create_mcp_http_app(engine, authenticate, host=host)
+        app_ = create_mcp_http_app(engine, authenticate, host=host, remember_facts=remember_facts)
         _run_server(app_, engine, name="mcp", host=host, port=port, as_json=as_json)

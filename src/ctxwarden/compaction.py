@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ctxwarden import compact as compaction
-from ctxwarden import tokens
+from ctxwarden import render, tokens
 from ctxwarden.budget import allocate
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.engine_config import EngineConfig
@@ -168,7 +168,8 @@ class Compaction:
         pending.reverse()  # oldest first
         counts = self.counter.counts(pending, tok)
         costs = [
-            counts[m.rowid].message + fmt.message_overhead(m.role, name=m.name) for m in pending
+            counts[m.rowid].message + fmt.message_overhead(render.replay_role(m.role), name=m.name)
+            for m in pending
         ]
         written: list[str] = []
         total = sum(costs)

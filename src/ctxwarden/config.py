@@ -43,11 +43,13 @@ from ctxwarden.engine import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.models import ModelSpec
 from ctxwarden.provenance import Verifier
+from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights
 from ctxwarden.semantic import SemanticConfig
 
 __all__ = ["Settings", "default_config_path", "default_db_path", "load_settings"]
 
 _SEMANTIC = SemanticConfig()
+_RETRIEVAL = RetrievalWeights()
 
 
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -132,6 +134,12 @@ class Settings(BaseSettings):
     #: :attr:`EngineConfig.inclusion_log`); unset: ``deferred`` in the servers, ``sync`` in
     #: one-shot commands.
     inclusion_log: Literal["sync", "deferred"] | None = None
+    #: The longest query assemble and search take, in characters (longer: 422 naming
+    #: ``query``); see :attr:`EngineConfig.max_query_chars`.
+    max_query_chars: int = Field(default=MAX_QUERY_CHARS, ge=1)
+    #: Only the query's first this many characters drive retrieval
+    #: (:attr:`RetrievalWeights.query_chars`).
+    retrieval_query_chars: int = Field(default=_RETRIEVAL.query_chars, ge=1)
 
     _file_data: dict[str, Any] = {}
 
@@ -177,6 +185,8 @@ class Settings(BaseSettings):
                 window_seconds=self.semantic_window_seconds,
             ),
             inclusion_log=self.inclusion_log or inclusion_log,
+            max_query_chars=self.max_query_chars,
+            retrieval=RetrievalWeights(query_chars=self.retrieval_query_chars),
         )
 
 

@@ -43,7 +43,7 @@ cache files it under the old row's fingerprint, which the new row never matches.
 It sits above the :class:`~ctxwarden.store.base.Store` protocol, so SQLite and PostgreSQL
 behave alike.
 
-How the engine uses it (``Engine._counts``)::
+How the engine uses it (``ctxwarden.counting.MemoryCounts.counts``)::
 
     found, missing = cache.lookup(memories, tok.name)
     read = store.token_counts([m.rowid for m in missing], tok.name)  # then count the rest

@@ -19,7 +19,7 @@ from ctxwarden.errors import ConfigError
 from ctxwarden.logwriter import DEFAULT_CAPACITY
 from ctxwarden.models import ModelSpec
 from ctxwarden.provenance import Verifier
-from ctxwarden.retrieve import RetrievalWeights
+from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights
 from ctxwarden.semantic import SemanticConfig
 
 __all__ = ["DEFAULT_DEDUPE", "EngineConfig"]
@@ -79,6 +79,9 @@ class EngineConfig:
     inclusion_log: str = "sync"
     #: With ``"deferred"``: entries that may wait; when full, ``assemble`` writes its own.
     inclusion_log_queue: int = DEFAULT_CAPACITY
+    #: The longest query ``assemble`` and ``search`` take (characters); longer is an
+    #: :class:`InputError` naming ``query``. Retrieval reads only ``retrieval.query_chars``.
+    max_query_chars: int = MAX_QUERY_CHARS
 
     def __post_init__(self) -> None:
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
@@ -101,6 +104,8 @@ class EngineConfig:
             raise ConfigError(
                 f"count_cache_size: {self.count_cache_size} is negative; 0 turns the cache off"
             )
+        if self.max_query_chars < 1:
+            raise ConfigError(f"max_query_chars: {self.max_query_chars} must be at least 1")
         if self.recent_page < 1:
             raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
         if not 0 < self.window_threshold <= 1:

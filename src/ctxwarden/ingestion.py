@@ -107,12 +107,12 @@ def _with_provenance(record: Record, verifier: Verifier | None) -> Record:
 
 
 @contextmanager
-def _collections_paused() -> Iterator[None]:
+def collections_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector for a block (a no-op if it is already off).
 
-    Process-wide while the block runs (one ingest batch, tens of milliseconds): objects other
-    threads drop meanwhile are freed by reference counting as always; only cycles wait for the
-    next collection.
+    Process-wide while the block runs (one ingest batch or one proxy request, tens of
+    milliseconds): objects other threads drop meanwhile are freed by reference counting as
+    always; only cycles wait for the next collection.
     """
     if not gc.isenabled():
         yield
@@ -162,7 +162,7 @@ class Ingestion:
         # A batch's objects all stay reachable until it is written, so a garbage collection
         # during it frees nothing and only walks them again (~5 us per message, see
         # bench/ingest.py): collections wait until the batch is decided and written.
-        with _collections_paused():
+        with collections_paused():
             prepared, outcomes = self._ingest_batch(
                 records, tenant=tenant, session=session, user=user, fold=fold
             )

@@ -58,14 +58,19 @@ import numpy.typing as npt
 
 from ctxwarden.assemble import _STOPWORDS as _STOP
 from ctxwarden.assemble import query_terms
-from ctxwarden.errors import ConfigError
+from ctxwarden.errors import ConfigError, InputError
 from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
 from ctxwarden.vectors import _numkong
 
-__all__ = ["Hit", "RetrievalWeights", "retrieve"]
+__all__ = ["MAX_QUERY_CHARS", "Hit", "RetrievalWeights", "check_query_length", "retrieve"]
+
+#: The longest query :meth:`~ctxwarden.engine.Engine.assemble` and ``search`` accept, in
+#: characters (``EngineConfig.max_query_chars``): longer is an :class:`InputError` naming
+#: ``query`` (422 over HTTP). About 50k tokens of English: room for a pasted document.
+MAX_QUERY_CHARS = 200_000
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 #: ``ranks`` entry keys of each candidate source, made once (not an f-string per row).
@@ -113,6 +118,11 @@ class RetrievalWeights:
     in_time: float = 0.5
     coverage: float = 0.0
     list_coverage: float = 0.1
+    #: Only the query's first ``query_chars`` characters drive retrieval (search terms,
+    #: entities, the query's embedding); the whole query is still sent to the model.
+    query_chars: int = 4_000
+    #: At most this many of the query's entities (the first found) are matched in candidates.
+    max_entities: int = 32
 
     def __post_init__(self) -> None:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
@@ -130,6 +140,28 @@ class RetrievalWeights:
             )
         if self.turns < 0 or self.replies < 0:
             raise ConfigError("retrieval turns and replies must be >= 0")
+        if self.query_chars < 1 or self.max_entities < 0:
+            raise ConfigError(
+                f"retrieval query_chars ({self.query_chars}) must be >= 1 and max_entities "
+                f"({self.max_entities}) >= 0"
+            )
+
+
+def check_query_length(query: str | None, limit: int) -> None:
+    """Refuse a query longer than ``limit`` characters (:class:`InputError` naming ``query``).
+
+    >>> check_query_length("deploy", 10)
+    >>> check_query_length("x" * 11, 10)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ctxwarden.errors.InputError: field 'query': 11 characters, over the limit of 10: ...
+    """
+    if query is not None and len(query) > limit:
+        raise InputError(
+            f"{len(query):,} characters, over the limit of {limit:,}: shorten it, or raise "
+            "max_query_chars",
+            field="query",
+        )
 
 
 @dataclass(slots=True)
@@ -238,6 +270,7 @@ def retrieve(
     in the store's queries. Reads only.
     """
     w = weights or RetrievalWeights()
+    query = query[: w.query_chars]  # bounds every step below, whatever the query's length
     ranks: dict[int, dict[str, float]] = {}
     memories: dict[int, Memory] = {}
 
@@ -319,7 +352,7 @@ def retrieve(
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
-    entities = _entity_patterns(_without_spans(query, aim))
+    entities = _entity_patterns(_without_spans(query, aim), limit=w.max_entities)
     scored: dict[int, dict[str, float]] = {}
     named_author: dict[str | None, float] = {}  # a few authors among hundreds of candidates
     for rowid, entry in ranks.items():
@@ -508,8 +541,10 @@ class _Crowding:
             self.counts[key] = self.counts.get(key, 0) + 1
 
 
-# A question: a "?" that ends a sentence (not one inside a URL's query string).
-_QUESTION = re.compile(r"\?+(?=[\s\"')\]]|$)")
+# A question: a "?" that ends a sentence (not one inside a URL's query string). One "?", not
+# "\?+": the last of a run is the one the lookahead sees, and "\?+" rescanned a run of question
+# marks from each of its positions (quadratic in a memory's length).
+_QUESTION = re.compile(r"\?(?=[\s\"')\]]|$)")
 
 
 def _is_question(text: str) -> bool:
@@ -588,7 +623,7 @@ def _relations(
 # or more digits, code identifiers (snake_case, camelCase, dotted.names, paths), quoted text.
 _QUOTED = re.compile(r"[\"`\u201c]([^\"`\u201d]{2,60})[\"`\u201d]")
 _TOKEN = re.compile(r"[\w][\w.\-/:@#+]*[\w+#]|\w", re.UNICODE)
-_SENTENCE_END = re.compile(r"[.!?:;]\s*$")
+_SENTENCE_ENDS = frozenset(".!?:;")
 
 
 def _entities(query: str) -> list[str]:
@@ -608,9 +643,16 @@ def _entities(query: str) -> list[str]:
         if len(match.group(1).split()) <= 5:
             add(match.group(1))
     run: list[str] = []
+    # Whether a token opens a sentence: the last non-space character before it ends one. Only
+    # the gap since the previous token is looked at (a token never ends in ".!?:;"), so the
+    # scan is linear in the query: rescanning the text before every token was quadratic.
+    previous_end = -1  # no token yet
     for match in _TOKEN.finditer(query):
         token = match.group()
-        opens = match.start() == 0 or bool(_SENTENCE_END.search(query[: match.start()]))
+        start = match.start()
+        gap = query[max(previous_end, 0) : start].rstrip()
+        opens = start == 0 or (gap[-1:] in _SENTENCE_ENDS if gap else False)
+        previous_end = match.end()
         has_digit = any(c.isdigit() for c in token)
         code = (
             "_" in token
@@ -632,10 +674,11 @@ def _entities(query: str) -> list[str]:
     return list(found.values())
 
 
-def _entity_patterns(query: str) -> list[re.Pattern[str]]:
-    """One case-insensitive, whole-word pattern per entity of the query."""
+def _entity_patterns(query: str, *, limit: int = 32) -> list[re.Pattern[str]]:
+    """One case-insensitive, whole-word pattern per entity of the query, the first ``limit``
+    (each is searched in every candidate: the bound keeps that cost independent of the query)."""
     patterns = []
-    for entity in _entities(query):
+    for entity in _entities(query)[:limit]:
         body = r"\s+".join(re.escape(part) for part in entity.split())
         patterns.append(re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE))
     return patterns

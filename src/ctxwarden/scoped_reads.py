@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxwarden.assemble import query_terms
 from ctxwarden.errors import InputError, NotFound
+from ctxwarden.retrieve import check_query_length
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.types import SCOPES, Memory, Scope
@@ -105,8 +106,9 @@ class ScopedReads:
         scope than named needs ``scope=``: ``"user"`` or ``"tenant"``)."""
         if limit < 1:
             raise InputError(f"{limit} must be at least 1", field="limit")
+        check_query_length(query, self.config.max_query_chars)
         read_scope = resolve_scope(session=session, user=user, scope=scope)
-        terms = query_terms(query)
+        terms = query_terms(query[: self.config.retrieval.query_chars])
         self.flush_log()  # the access stats of the memories returned
         return self.store.search(
             tenant or self.config.tenant, terms, limit=limit, scope=store_scope(read_scope)

@@ -49,11 +49,12 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "access_stats",
             "inclusions_unindexed",
             "end_user",
+            "memory_as_data",
         ]
-        assert [m.version for m in pg_migrations.apply(conn)] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 12))
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 10
+        assert pg_migrations.current_version(conn) == 11
         indexes = conn.execute(
             "SELECT to_regclass('inclusions') IS NULL, to_regclass('inclusions_memory') IS NULL"
         ).fetchone()

@@ -73,6 +73,7 @@ from ctxwarden.server.access import Caller as Caller
 from ctxwarden.server.access import Credentials as Credentials
 from ctxwarden.server.access import Principal as Principal
 from ctxwarden.server.access import principal_of as principal_of
+from ctxwarden.server.guard import memory_view, require_metrics_access
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.surface import StrictBody, install, validation_error_body
 from ctxwarden.types import Context
@@ -609,14 +610,16 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         ``scope`` (its own session by default; ``user`` or ``tenant`` when asked)."""
         return await caller.run(
             "write",
-            lambda p: engine.pin(memory_id, pinned=True, tenant=p.tenant, scope=scope).to_dict(),
+            lambda p: memory_view(
+                p, engine.pin(memory_id, pinned=True, tenant=p.tenant, scope=scope)
+            ),
         )
 
     @app.post("/v1/memories/{memory_id}/unpin")
     async def unpin(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
         """Unpin a memory."""
         return await caller.run(
-            "write", lambda p: engine.pin(memory_id, pinned=False, tenant=p.tenant).to_dict()
+            "write", lambda p: memory_view(p, engine.pin(memory_id, pinned=False, tenant=p.tenant))
         )
 
     @app.delete("/v1/memories/{memory_id}")
@@ -690,8 +693,10 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         return await caller.run("delete", work)
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics_endpoint() -> Response:
-        """Prometheus metrics (no tenant data: counts and latencies only)."""
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics (no tenant data: counts and latencies only), for a loopback
+        client or a key with the read scope (:mod:`ctxwarden.server.guard`)."""
+        require_metrics_access(request.client, lambda: principal_of(request))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     install(app)  # 404/405 in our error shape, strict query strings, response models, /docs

@@ -1,6 +1,8 @@
 """An MCP server over one engine (the official ``mcp`` SDK): stdio and streamable HTTP.
 
-Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` (store a note),
+Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` (store a note:
+a message memory by the agent, shown like any other memory as quoted data; a ``fact`` only when
+the operator allows it with ``remember_facts=True``, ``ctxwarden mcp --remember-facts``),
 ``recall`` (search memories, as many as fit ``max_tokens``), ``forget`` (delete one) and
 ``assemble_context`` (a whole context for a session). Every tool works in the server's one
 tenant. ``remember`` takes the end user (``user``) a note belongs to; ``recall`` and
@@ -66,11 +68,19 @@ def _scope_argument(value: str | None) -> ReadScopeName | None:
 
 
 def create_mcp_server(
-    engine: Engine, *, tenant: str | None = None, session: str = "mcp"
+    engine: Engine,
+    *,
+    tenant: str | None = None,
+    session: str = "mcp",
+    remember_facts: bool = False,
 ) -> MCPServer:
     """An MCP server whose tools read and write ``tenant`` (the engine's default if None).
 
     ``session`` is where ``remember`` stores notes unless the call names another one.
+    ``remember_facts``: whether ``remember`` may store ``kind="fact"`` (a fact shows in every
+    context of its session, like a pin). Off by default: what an agent is told to remember is
+    a note, found by retrieval when relevant, never a standing fact unless the operator says so
+    (issue 20: memory poisoning).
     """
     tenant = tenant or engine.config.tenant
     notes_session = session
@@ -118,18 +128,27 @@ def create_mcp_server(
         content: str,
         session: str | None = None,
         pinned: bool = False,
-        kind: str = "fact",
+        kind: str = "message",
         user: str | None = None,
         scope: str | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
-        """Store a note (``kind`` fact or message) of end user ``user`` in ``session``; returns
-        its id and what happened to it. A ``pinned`` note shows in every context of its session,
-        or of ``scope``: ``user`` (all the user's sessions) or ``tenant`` (everyone's)."""
+        """Store a note of end user ``user`` in ``session`` (``kind`` message; fact only where
+        the operator allows it); returns its id and what happened to it. A ``pinned`` note
+        shows in every context of its session, or of ``scope``: ``user`` (all the user's
+        sessions) or ``tenant`` (everyone's). Notes are shown as quoted data with their author
+        (``agent``) and time, never as instructions."""
         with _tool_errors():
             where = caller(ctx, "write")
             if kind not in ("fact", "message"):
                 raise InputError(f"{kind!r} is not fact or message", field="kind")
+            if kind == "fact" and not remember_facts:
+                raise InputError(
+                    "facts from agents are off on this server: store a message (the default), "
+                    "or the operator starts the server with remember_facts=True "
+                    "(ctxwarden mcp --remember-facts)",
+                    field="kind",
+                )
             pin_scope = _scope_argument(scope)
             if pin_scope is not None and not pinned:
                 raise InputError("applies to pinned notes: pass pinned=true", field="scope")
@@ -139,6 +158,7 @@ def create_mcp_server(
                 "id": f"mcp-{uuid.uuid4().hex[:16]}",
                 "content": content,
                 "role": "user",
+                "author": "agent",
                 "author_kind": "agent",
                 "kind": kind,
                 "pinned": pinned,
@@ -289,8 +309,10 @@ def create_mcp_http_app(
     *,
     host: str = "127.0.0.1",
     session: str = "mcp",
+    remember_facts: bool = False,
 ) -> ASGIApp:
     """The MCP server over streamable HTTP (``/mcp``), every request authenticated by API key;
-    each key works in its own tenant. Run it with uvicorn (lifespan on)."""
-    server = create_mcp_server(engine, session=session)
+    each key works in its own tenant. Run it with uvicorn (lifespan on). ``remember_facts`` as
+    in :func:`create_mcp_server`."""
+    server = create_mcp_server(engine, session=session, remember_facts=remember_facts)
     return MCPAuthMiddleware(server.streamable_http_app(host=host), authenticate)

@@ -52,7 +52,8 @@ from ctxwarden.server.agents import (
     upstream_failure,
     with_memory,
 )
-from ctxwarden.server.http import status_for
+from ctxwarden.server.guard import can_read
+from ctxwarden.server.http import Principal, status_for
 from ctxwarden.server.proxymemory import who_of
 from ctxwarden.server.windows import Windows
 
@@ -147,7 +148,7 @@ def install(
 ) -> None:
     """Add ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` to ``app``."""
 
-    async def read(request: Request) -> tuple[dict[str, Any], dict[str, str], str]:
+    async def read(request: Request) -> tuple[dict[str, Any], dict[str, str], Principal]:
         caller = await run_in_threadpool(principal, request)
         caller.require("write")
         try:
@@ -157,17 +158,17 @@ def install(
         if not isinstance(body, dict):
             raise InputError("expected a JSON object", field="body")
         headers = {k.lower(): v for k, v in request.headers.items()}
-        return body, headers, caller.tenant
+        return body, headers, caller
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
         """Fit the conversation, forward it to the Messages upstream, relay the answer."""
         try:
-            body, headers, tenant = await read(request)
+            body, headers, caller = await read(request)
             if anthropic is None or windows is None:
                 raise _missing()
             answer, report = await run_in_threadpool(
-                _turn, shared, anthropic, windows, tenant, body, headers
+                _turn, shared, anthropic, windows, caller, body, headers
             )
         except CtxwardenError as exc:
             return error_response(exc)
@@ -322,7 +323,7 @@ def _turn(
     shared: Shared,
     anthropic: AnthropicClient,
     windows: Windows,
-    tenant: str,
+    caller: Principal,
     body: dict[str, Any],
     headers: Mapping[str, str],
 ) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
@@ -331,7 +332,7 @@ def _turn(
     metadata = body.get("metadata")
     user = metadata.get("user_id") if isinstance(metadata, Mapping) else None
     try:
-        who = who_of(tenant, headers, {"user": user})
+        who = who_of(caller.tenant, headers, {"user": user}, reads=can_read(caller))
     except InputError as exc:
         field = "metadata.user_id" if exc.field == "user" else exc.field
         raise InputError(exc.reason, field=field) from None

@@ -41,13 +41,11 @@ it holds as data.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -61,11 +59,20 @@ from starlette.concurrency import run_in_threadpool
 from ctxwarden.engine import Engine
 from ctxwarden.errors import BudgetError, ConfigError, CtxwardenError, InputError, UpstreamError
 from ctxwarden.fit import Fitted, fit
+from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.agents import install_agent_apis
 from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
-from ctxwarden.server.http import Caller, LimitsMiddleware, Principal, ServerConfig, status_for
+from ctxwarden.server.guard import can_read, require_metrics_access
+from ctxwarden.server.http import (
+    Caller,
+    LimitsMiddleware,
+    Principal,
+    ServerConfig,
+    principal_of,
+    status_for,
+)
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.proxymemory import (
     SESSION_HEADER,
@@ -263,8 +270,10 @@ def create_proxy_app(
         return {"status": "ok"}
 
     @app.get("/metrics")
-    def metrics_endpoint() -> Response:
-        """Prometheus metrics: requests, fits, tokens sent, the provider's cached tokens."""
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics: requests, fits, tokens sent, the provider's cached tokens; for a
+        loopback client or a key with the read scope (:mod:`ctxwarden.server.guard`)."""
+        require_metrics_access(request.client, lambda: principal_of(request))
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
@@ -303,23 +312,6 @@ def create_proxy_app(
     install_agent_apis(app, engine, upstream, anthropic)  # /v1/responses, /v1/messages
     app.add_middleware(LimitsMiddleware, config=config.server, metrics=metrics)
     return app
-
-
-@contextmanager
-def _collections_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a block (a no-op if it is already off).
-
-    Process-wide while the block runs: objects dropped meanwhile are freed by reference
-    counting as always; only cycles wait for the next collection.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
@@ -513,10 +505,10 @@ def _turn(
     body as events (None: as JSON; otherwise whether the client asked for usage), and what to
     do once the answer is sent (store the reply)."""
     started = time.perf_counter()
-    with _collections_paused():
+    with collections_paused():
         body = _parse(raw)
         checked = proxy.conversations.check(body.get("messages"))
-    who = who_of(caller.tenant, headers, body)
+    who = who_of(caller.tenant, headers, body, reads=can_read(caller))
     wants_stream = bool(body.get("stream"))
     tools = body.get("tools") or []
     # One turn per conversation at a time (its reply is stored before the next is fitted);
@@ -527,7 +519,7 @@ def _turn(
     ticket.wait(proxy.slots.timeout)
     handed = False  # to the relay of a stream, which releases it when the stream ends
     try:
-        with _collections_paused():  # a big conversation is ~100k new objects: no GC passes
+        with collections_paused():  # a big conversation is ~100k new objects: no GC passes
             plan = _fit(proxy, who, body, headers, checked, who.named)
         proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
         proxy.metrics.sent_tokens.inc(plan.fitted.tokens)

@@ -65,6 +65,9 @@ class Who:
     tenant: str
     user: str | None
     session: str | None
+    #: Whether the caller may read memories: a write-only key is remembered for, but gets no
+    #: retrieved-memory block (it quotes stored memories back: :mod:`ctxwarden.server.guard`).
+    reads: bool = True
 
     @property
     def named(self) -> bool:
@@ -85,13 +88,16 @@ class Who:
         return "session" if self.session is not None else "user"
 
 
-def who_of(tenant: str, headers: Mapping[str, str], body: Mapping[str, Any]) -> Who:
-    """The end user (``X-Ctxwarden-User`` header, else the body's ``user``) and session."""
+def who_of(
+    tenant: str, headers: Mapping[str, str], body: Mapping[str, Any], *, reads: bool = True
+) -> Who:
+    """The end user (``X-Ctxwarden-User`` header, else the body's ``user``) and session;
+    ``reads``: whether the caller's key may read memories."""
     user = _name(headers.get(USER_HEADER), f"header {USER_HEADER}")
     if user is None:
         user = _name(body.get("user"), "user")
     session = _name(headers.get(SESSION_HEADER), f"header {SESSION_HEADER}")
-    return Who(tenant=tenant, user=user, session=session)
+    return Who(tenant=tenant, user=user, session=session, reads=reads)
 
 
 def _semantic_key(message: Mapping[str, Any]) -> str:
@@ -281,7 +287,10 @@ class ProxyMemory:
     def _search(self, who: Who, query: str, limit: int) -> list[Memory]:
         """The one place retrieval is scoped: the narrowest scope the request named (the
         session, of that end user when one is named; else the end user), filtered in the store
-        query."""
+        query. Only the question's first ``retrieval.query_chars`` characters are searched for
+        (all retrieval reads), so a conversation's longest message never meets the query limit
+        of ``search``."""
+        query = query[: self.engine.config.retrieval.query_chars]
         found = self.engine.search(
             query, tenant=who.tenant, session=who.session, user=who.user, limit=limit
         )
@@ -304,6 +313,8 @@ class ProxyMemory:
         absence) is kept while the cut stays where it was, and only changes when the cut moves:
         a new block rewrites the prompt from its place on, which the cut does anyway.
         """
+        if not who.reads:
+            return None, False  # a write-only key reads nothing, quoted memories included
         state = self._conversation(who)
         asked = xxhash.xxh3_64_intdigest(question.encode("utf-8", "surrogatepass"))
         previous = state.block

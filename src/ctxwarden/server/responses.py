@@ -46,7 +46,8 @@ from ctxwarden.server.agents import (
     upstream_failure,
     with_memory,
 )
-from ctxwarden.server.http import status_for
+from ctxwarden.server.guard import can_read
+from ctxwarden.server.http import Principal, status_for
 from ctxwarden.server.proxymemory import who_of
 
 __all__ = ["error_response", "install", "reply_text"]
@@ -142,9 +143,7 @@ def install(app: FastAPI, shared: Shared, upstream: LLMClient) -> None:
             if not isinstance(body, dict):
                 raise InputError("expected a JSON object", field="body")
             headers = {k.lower(): v for k, v in request.headers.items()}
-            answer, report = await run_in_threadpool(
-                _turn, shared, upstream, caller.tenant, body, headers
-            )
+            answer, report = await run_in_threadpool(_turn, shared, upstream, caller, body, headers)
         except CtxwardenError as exc:
             return error_response(exc)
         header = {REPORT_HEADER: report_header(report)}
@@ -160,13 +159,13 @@ def install(app: FastAPI, shared: Shared, upstream: LLMClient) -> None:
 def _turn(
     shared: Shared,
     upstream: LLMClient,
-    tenant: str,
+    caller: Principal,
     body: dict[str, Any],
     headers: Mapping[str, str],
 ) -> tuple[dict[str, Any] | Iterator[bytes], dict[str, Any]]:
     refuse_redirects(body)
     fit_responses.check(body)
-    who = who_of(tenant, headers, body)
+    who = who_of(caller.tenant, headers, body, reads=can_read(caller))
     budget = budget_for(
         shared,
         shared.windows,

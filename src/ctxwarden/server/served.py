@@ -43,7 +43,9 @@ __all__ = ["ServedWindows"]
 
 logger = logging.getLogger(__name__)
 
-_NUM_CTX = re.compile(r"(?m)^\s*num_ctx\s+(\d+)\s*$")
+# Spaces within one line only: ``\s*`` after ``^`` crossed newlines, so a reply of blank lines
+# was rescanned from every line (quadratic in the upstream's reply).
+_NUM_CTX = re.compile(r"(?m)^[^\S\n]*num_ctx[^\S\n]+(\d+)[^\S\n]*$")
 
 
 @dataclass

@@ -460,6 +460,17 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        version=12,
+        name="memory_as_data",
+        statements=(
+            # Pins and facts are rendered like other memories (time, channel, author), text
+            # with line breaks is JSON-quoted and stored system records are quoted as data
+            # (issue 20): counts cached for the old renderings are wrong, so they go; each is
+            # counted again the first time assembly needs it.
+            "DELETE FROM token_counts",
+        ),
+    ),
 )
 
 

@@ -1,0 +1,51 @@
+"""bench/reliability.py at a tiny size: every scenario runs and the table has a line each."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> Any:
+    path = ROOT / "bench" / "reliability.py"
+    spec = importlib.util.spec_from_file_location("bench_reliability_smoke", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--kills", "1", "--processes", "2", "--per-process", "20", "--compact-days", "3",
+            "--contention-seconds", "1"]  # fmt: skip
+    rows = _bench().main(argv)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[:4] == ["scenario", "kills", "acknowledged", "lost"]
+    assert {"integrity failures", "5xx", "canary bytes", "slowest (s)"} <= set(header)
+    body = {line.split("|")[1].strip(): line for line in lines[1:]}
+    # three crash scenarios, concurrency, contention, six kinds of erasure
+    assert len(body) == len(rows) == 3 + 1 + 1 + 6
+    for row in rows[:3]:
+        assert row.kills == 1
+        assert (row.lost, row.wrong, row.integrity_failures) == (0, 0, 0), row.notes
+        assert f"| {row.scenario} | 1 | {row.acknowledged:,} | 0 | 0 |" in body[row.scenario]
+    assert rows[3].acknowledged == 40
+    assert rows[4].acknowledged
+    assert rows[4].slowest > 0
+    assert all(row.canary_bytes is not None for row in rows[5:])
+
+
+def test_unknown_scenarios_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _bench().main(["--scenarios", "library,nope"])
+    assert "--scenarios: unknown nope" in capsys.readouterr().err
