@@ -60,6 +60,38 @@ def test_ingest_assemble_search_round_trip(url: str) -> None:
         assert client.get("/health").json() == {"status": "ok"}
 
 
+def test_patch_edits_a_memory_and_keeps_the_old_text(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
+        r = client.patch("/v1/memories/m1", json={"content": "the deploy moved to 11:00 monday"})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "edited"
+        assert client.get("/v1/memories/m1").json()["content"] == "the deploy moved to 11:00 monday"
+        versions = client.get("/v1/memories/m1/versions").json()
+        assert [v["content"] for v in versions["versions"]] == [RECORDS[0]["content"]]
+        hits = client.post("/v1/search", json={"query": "monday"}).json()["hits"]
+        assert [h["memory"]["id"] for h in hits] == ["m1"]
+        assert (
+            client.post("/v1/search", json={"query": "friday"}).json()["hits"][0]["memory"]["id"]
+            == "m2"
+        )  # m1's old text is no longer indexed
+        # Re-ingesting the id with new text is an edit too; the same text is known.
+        edit = {**RECORDS[2], "content": "lee owns the release checklist"}
+        r = client.post("/v1/ingest", json={"records": [edit], "session": "s"})
+        assert r.json()["outcomes"][0]["status"] == "edited"
+        assert r.json()["counts"]["edited"] == 1
+        same = client.patch("/v1/memories/m3", json={"content": edit["content"]})
+        assert same.json()["status"] == "known"
+        # Errors: unknown id, outside the session named, a body without content or with more.
+        assert client.patch("/v1/memories/nope", json={"content": "x"}).status_code == 404
+        outside = client.patch("/v1/memories/m1?session=other", json={"content": "x"})
+        assert outside.status_code == 404
+        bad = client.patch("/v1/memories/m1", json={"text": "x"})
+        assert bad.status_code == 422
+        assert client.get("/v1/memories/nope/versions").status_code == 404
+        assert client.get("/v1/memories/m1").json()["content"] == "the deploy moved to 11:00 monday"
+
+
 def test_memory_pin_unpin_delete(url: str) -> None:
     with httpx.Client(base_url=url) as client:
         client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})

@@ -43,7 +43,7 @@ __all__ = [
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 AUTHOR_KINDS = frozenset({"human", "bot", "agent", "tool"})
 KINDS = frozenset({"message", "summary", "fact", "pinned"})
-IngestStatus = Literal["stored", "duplicate", "near_duplicate", "known"]
+IngestStatus = Literal["stored", "edited", "duplicate", "near_duplicate", "known"]
 #: What a read may see: one session's conversation, an end user's sessions, or the whole tenant.
 Scope = Literal["session", "user", "tenant"]
 SCOPES: frozenset[str] = frozenset({"session", "user", "tenant"})
@@ -548,7 +548,8 @@ class Memory(NamedTuple):
 @fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IngestOutcome:
-    """What became of one record: stored, folded into an aggregate, or already known."""
+    """What became of one record: stored, an edit of a known id (``edited``: its text replaced),
+    folded into an aggregate, or already known."""
 
     id: str
     status: IngestStatus
@@ -570,7 +571,7 @@ class IngestResult:
     """One outcome per record, in input order.
 
     >>> IngestResult(outcomes=()).counts
-    {'stored': 0, 'duplicate': 0, 'near_duplicate': 0, 'known': 0}
+    {'stored': 0, 'edited': 0, 'duplicate': 0, 'near_duplicate': 0, 'known': 0}
     """
 
     outcomes: tuple[IngestOutcome, ...]
@@ -578,7 +579,7 @@ class IngestResult:
     @property
     def counts(self) -> dict[str, int]:
         """How many records ended in each status."""
-        counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+        counts = {"stored": 0, "edited": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
         for outcome in self.outcomes:
             counts[outcome.status] += 1
         return counts

@@ -72,6 +72,12 @@ rowid) for reads scoped to an end user, ``memories.pin_scope`` (where a pin show
 before become tenant pins, as they were shown), marks messages no record may fold into (an
 agent's turns, tool calls and results, untrusted records: ``content_hash`` prefixed with
 ``dedupe.UNFOLDABLE``), and recreates ``memory_rows``.
+
+Migration 13 (``memory_versions``) adds ``memory_versions``: the text an edit replaced (a known
+id ingested again with other content, or ``Engine.update``), one row per superseded version
+numbered from 1, with the time it was in force from (``valid_from``: the memory's creation or
+the previous edit) and until (``valid_until``: the edit); removed with its memory by cascade.
+``EngineConfig.edit_history = "erase"`` keeps none.
 """
 
 from __future__ import annotations
@@ -469,6 +475,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             # (issue 20): counts cached for the old renderings are wrong, so they go; each is
             # counted again the first time assembly needs it.
             "DELETE FROM token_counts",
+        ),
+    ),
+    Migration(
+        version=13,
+        name="memory_versions",
+        statements=(
+            # The texts an edit replaced (issue 19): one row per superseded version, removed
+            # with its memory (erasure, compaction) by cascade.
+            """
+            CREATE TABLE memory_versions (
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                version INTEGER NOT NULL,
+                content TEXT NOT NULL,
+                content_hash TEXT NOT NULL,
+                valid_from REAL NOT NULL,
+                valid_until REAL NOT NULL,
+                PRIMARY KEY (memory_rowid, version)
+            ) WITHOUT ROWID
+            """,
         ),
     ),
 )

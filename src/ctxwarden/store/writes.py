@@ -14,11 +14,13 @@ full-text search, so the FTS delete trigger finds them).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ctxwarden.errors import StoreError
+from ctxwarden.store.base import Edit, Edited
 
 __all__ = ["ACCESS_TAU_SECONDS", "ACCESS_UPSERT", "MemoryWrites", "access_bump", "merge_plan"]
 
@@ -187,6 +189,60 @@ class MemoryWrites:
             (tenant, id, tenant, id),
         )
         return int(rows[0][0]) if rows else None
+
+    def edit(self, edit: Edit, *, edited_at: float, keep: bool) -> Edited | str | None:
+        """Replace the text of the memory ``edit.id`` (see :meth:`.Writer.edit`)."""
+        # SQLite: the FTS update trigger removes the old text's entry, which must exist.
+        self._before_delete()
+        rows = self._rows(
+            "SELECT rowid, content, content_hash, created_at, role, author, kind, channel "
+            f"FROM memories WHERE tenant = ? AND id = ?{self._LOCK_ROWS}",
+            (edit.tenant, edit.id),
+        )
+        if not rows:
+            return None
+        rowid, content, content_hash, created_at, role, author, kind, channel = rows[0]
+        if content == edit.content:
+            return "unchanged"
+        version: int | None = None
+        if keep:
+            last = self._rows(
+                "SELECT version, valid_until FROM memory_versions WHERE memory_rowid = ? "
+                "ORDER BY version DESC LIMIT 1",
+                (rowid,),
+            )
+            version = int(last[0][0]) + 1 if last else 1
+            valid_from = float(last[0][1]) if last else float(created_at)
+            self._run(
+                "INSERT INTO memory_versions (memory_rowid, version, content, content_hash, "
+                "valid_from, valid_until) VALUES (?, ?, ?, ?, ?, ?)",
+                (rowid, version, content, content_hash, valid_from, max(valid_from, edited_at)),
+            )
+        self._run(
+            "UPDATE memories SET content = ?, content_hash = ?, near_key = ?, metadata = ?, "
+            "attachments = ?, latest_content = NULL WHERE rowid = ?",
+            (
+                edit.content,
+                edit.content_hash,
+                edit.near_key,
+                json.dumps(dict(edit.metadata)) if edit.metadata else None,
+                json.dumps(list(edit.attachments)) if edit.attachments else None,
+                rowid,
+            ),
+        )
+        # Counted again by the caller; embedded again as pending (the vector_changes
+        # trigger tells the in-memory index).
+        self._run("DELETE FROM token_counts WHERE memory_rowid = ?", (rowid,))
+        self._run("DELETE FROM memory_vectors WHERE memory_rowid = ?", (rowid,))
+        return Edited(
+            rowid=int(rowid),
+            role=str(role),
+            author=author,
+            kind=str(kind),
+            created_at=float(created_at),
+            channel=channel,
+            version=version,
+        )
 
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory holding ``id``, visible in ``scope`` (``"user"``,
