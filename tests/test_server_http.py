@@ -330,6 +330,28 @@ def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: s
     assert bad.json()["error"]["field"] == "query.report"
 
 
+def test_a_keyed_fact_supersedes_the_older_one_over_http(url: str) -> None:
+    facts = [
+        {"id": "f1", "kind": "fact", "key": "deploy window", "content": "deploy window: Tuesday",
+         "created_at": 1_700_000_000},
+        {"id": "f2", "kind": "fact", "key": "deploy window", "content": "deploy window: Wednesday",
+         "created_at": 1_700_090_000},
+    ]  # fmt: skip
+    with httpx.Client(base_url=url) as client:
+        r = client.post("/v1/ingest", json={"records": facts, "session": "s"})
+        assert r.status_code == 200, r.text
+        body = {"session": "s", "query": "when is the deploy window?"}
+        context = client.post("/v1/assemble", params={"report": "full"}, json=body).json()
+        bad = client.post("/v1/ingest", json={"records": [{"content": "x", "key": "k"}]})
+    text = "\n".join(m["content"] for m in context["messages"])
+    assert "Wednesday" in text
+    assert "Tuesday" not in text
+    left_out = {c["id"]: c["reason"] for c in context["report"]["candidates"] if not c["included"]}
+    assert left_out["f1"].startswith("superseded by f2")
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "key"
+
+
 def test_a_missing_or_malformed_key_is_refused_before_the_body_is_validated() -> None:
     from ctxwarden.server.http import Principal
 

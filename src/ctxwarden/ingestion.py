@@ -464,6 +464,8 @@ class Ingestion:
                     )
                     continue
                 known[key] = item_id
+                if record.key is not None:
+                    writer.set_key(record.tenant, rowid, record.key, user=record.user)
                 if candidate is not None:
                     add(
                         Aggregate.new(

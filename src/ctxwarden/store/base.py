@@ -343,6 +343,11 @@ class Writer(Protocol):
         is not a memory of its own in ``edit.tenant`` (unknown, an alias or compacted).
         """
 
+    def set_key(self, tenant: str, rowid: int, key: str, *, user: str | None) -> list[str]:
+        """Give the memory at ``rowid`` the subject ``key``; of ``tenant``'s memories with that
+        key and end user ``user``, each but the newest (by created_at, then rowid) is then
+        superseded by the next (:meth:`Store.supersessions`). The ids superseded."""
+
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``.
 
@@ -480,6 +485,10 @@ class Store(Protocol):
         hit's new words whose every new word is too common would repeat the main search.
         ``known``: memories of ``tenant`` read earlier in the same retrieval, by rowid; a
         backend may return these instead of reading their rows again (the same results)."""
+
+    def supersessions(self, tenant: str, rowids: Sequence[int]) -> dict[int, tuple[str, float]]:
+        """Of the memories at ``rowids``, those superseded by a newer one with the same key:
+        rowid -> (the successor's id, the time it stopped being in force)."""
 
     def versions(self, tenant: str, id: str) -> list[Version]:
         """The texts edits replaced in the memory ``id`` lives in, oldest first (``[]`` for

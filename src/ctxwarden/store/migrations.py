@@ -78,6 +78,11 @@ id ingested again with other content, or ``Engine.update``), one row per superse
 numbered from 1, with the time it was in force from (``valid_from``: the memory's creation or
 the previous edit) and until (``valid_until``: the edit); removed with its memory by cascade.
 ``EngineConfig.edit_history = "erase"`` keeps none.
+
+Migration 14 (``fact_keys``) adds ``memories.fact_key`` (a fact's or pin's subject,
+``Record.key``) with ``memories_fact_key``, and ``supersessions``: for each memory a newer one
+with the same key (tenant and end user) replaced, the successor's id and ``valid_until`` (the
+successor's time); removed with the memory by cascade.
 """
 
 from __future__ import annotations
@@ -96,6 +101,21 @@ class Migration:
     name: str
     statements: tuple[str, ...]
 
+
+#: Migration 14 (``fact_keys``).
+_FACT_KEYS = (
+    # A fact's or pin's subject: a newer memory with the same key (tenant, end user) supersedes.
+    "ALTER TABLE memories ADD COLUMN fact_key TEXT",
+    "CREATE INDEX memories_fact_key ON memories (tenant, fact_key) WHERE fact_key IS NOT NULL",
+    # One row per superseded memory: its successor's id and when it stopped being in force.
+    """
+    CREATE TABLE supersessions (
+        memory_rowid INTEGER PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+        superseded_by TEXT NOT NULL,
+        valid_until REAL NOT NULL
+    )
+    """,
+)
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -495,6 +515,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID
             """,
         ),
+    ),
+    Migration(
+        version=14,
+        name="fact_keys",
+        statements=_FACT_KEYS,
     ),
 )
 

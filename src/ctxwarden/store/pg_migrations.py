@@ -32,6 +32,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
 - Migration 11 (``memory_as_data``) drops cached token counts, as SQLite's migration 12.
 - Migration 12 (``memory_versions``) adds ``memory_versions`` (texts an edit replaced), as
   SQLite's migration 13.
+- Migration 13 (``fact_keys``) adds ``memories.fact_key`` and ``supersessions``, as SQLite's
+  migration 14.
 """
 
 from __future__ import annotations
@@ -358,6 +360,22 @@ MIGRATIONS: tuple[Migration, ...] = (
                 valid_from DOUBLE PRECISION NOT NULL,
                 valid_until DOUBLE PRECISION NOT NULL,
                 PRIMARY KEY (memory_rowid, version)
+            )
+            """,
+        ),
+    ),
+    Migration(
+        version=13,
+        name="fact_keys",
+        statements=(
+            "ALTER TABLE memories ADD COLUMN fact_key TEXT",
+            """CREATE INDEX memories_fact_key ON memories (tenant, fact_key)
+               WHERE fact_key IS NOT NULL""",
+            """
+            CREATE TABLE supersessions (
+                memory_rowid BIGINT PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+                superseded_by TEXT NOT NULL,
+                valid_until DOUBLE PRECISION NOT NULL
             )
             """,
         ),

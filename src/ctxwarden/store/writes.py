@@ -14,6 +14,7 @@ full-text search, so the FTS delete trigger finds them).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Collection, Iterator, Sequence
@@ -243,6 +244,32 @@ class MemoryWrites:
             channel=channel,
             version=version,
         )
+
+    def set_key(self, tenant: str, rowid: int, key: str, *, user: str | None) -> list[str]:
+        """Give the memory at ``rowid`` the subject ``key`` and re-link the memories with that
+        key (of ``user``, in ``tenant``): each but the newest is superseded by the next newer
+        one. The ids superseded now."""
+        self._run("UPDATE memories SET fact_key = ? WHERE rowid = ?", (key, rowid))
+        chain = self._rows(
+            "SELECT rowid, id, created_at FROM memories WHERE tenant = ? AND fact_key = ? "
+            "AND coalesce(end_user, '') = ? ORDER BY created_at, rowid",
+            (tenant, key, user or ""),
+        )
+        rowids = [int(r[0]) for r in chain]
+        for chunk in self._chunks(rowids):
+            where, params = self._in(chunk)
+            self._run(f"DELETE FROM supersessions WHERE memory_rowid {where}", params)
+        links = [
+            (int(older[0]), str(newer[1]), float(newer[2]))
+            for older, newer in itertools.pairwise(chain)
+        ]
+        if links:
+            self._run_many(
+                "INSERT INTO supersessions (memory_rowid, superseded_by, valid_until) "
+                "VALUES (?, ?, ?)",
+                links,
+            )
+        return [str(r[1]) for r in chain[:-1]]
 
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory holding ``id``, visible in ``scope`` (``"user"``,
