@@ -77,3 +77,21 @@ def test_a_key_on_a_message_is_refused_and_nothing_is_written(store: Store) -> N
     assert engine.stats()["memories"] == 0
     with pytest.raises(InputError):
         engine.ingest([_fact("f2", "x", DAY, key="  ")])
+
+
+def test_erasing_a_value_relinks_the_rest(store: Store) -> None:
+    engine = Engine(store)
+    engine.ingest(
+        [
+            _fact("a", "the deploy window is Monday", 1 * DAY),
+            _fact("b", "the deploy window is Tuesday", 2 * DAY),
+            _fact("c", "the deploy window is Wednesday", 3 * DAY),
+        ]
+    )
+    engine.delete("b")
+    a, c = engine.get("a").rowid, engine.get("c").rowid
+    assert store.supersessions("default", [a, c]) == {a: ("c", 3 * DAY)}
+    engine.delete("c")
+    assert store.supersessions("default", [a]) == {}  # the value before is in force again
+    text, _ = _texts(engine, "deploy window?")
+    assert "Monday" in text

@@ -250,10 +250,15 @@ class MemoryWrites:
         key (of ``user``, in ``tenant``): each but the newest is superseded by the next newer
         one. The ids superseded now."""
         self._run("UPDATE memories SET fact_key = ? WHERE rowid = ?", (key, rowid))
+        return self._relink(tenant, key, user or "")
+
+    def _relink(self, tenant: str, key: str, user: str) -> list[str]:
+        """Link the memories with ``key`` of end user ``user`` (``""``: none) into one chain,
+        each but the newest superseded by the next; the ids superseded."""
         chain = self._rows(
             "SELECT rowid, id, created_at FROM memories WHERE tenant = ? AND fact_key = ? "
             "AND coalesce(end_user, '') = ? ORDER BY created_at, rowid",
-            (tenant, key, user or ""),
+            (tenant, key, user),
         )
         rowids = [int(r[0]) for r in chain]
         for chunk in self._chunks(rowids):
@@ -311,12 +316,23 @@ class MemoryWrites:
             summaries.update(found)
             frontier = found
         ordered = sorted(doomed)
+        keyed: set[tuple[str, str]] = set()
         for chunk in self._chunks(ordered):
             self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
             # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
             # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
             where, params = self._in(chunk)
+            keyed.update(
+                (str(k), str(u))
+                for k, u in self._rows(
+                    "SELECT fact_key, coalesce(end_user, '') FROM memories WHERE tenant = ? "
+                    f"AND fact_key IS NOT NULL AND rowid {where}",
+                    [tenant, *params],
+                )
+            )
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
+        for key, user in sorted(keyed):
+            self._relink(tenant, key, user)  # an erased value no longer supersedes anything
         return ordered
 
     def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
