@@ -82,8 +82,14 @@ class EngineConfig:
     #: The longest query ``assemble`` and ``search`` take (characters); longer is an
     #: :class:`InputError` naming ``query``. Retrieval reads only ``retrieval.query_chars``.
     max_query_chars: int = MAX_QUERY_CHARS
+    #: What an edit (a known id ingested again with other text, or ``Engine.update``) does
+    #: with the text it replaces: ``"keep"`` it as a superseded version (``Engine.versions``)
+    #: or ``"erase"`` it.
+    edit_history: str = "keep"
 
     def __post_init__(self) -> None:
+        if self.edit_history not in ("keep", "erase"):
+            raise ConfigError(f"edit_history: {self.edit_history!r} must be 'keep' or 'erase'")
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.embed not in ("off", "sync", "background"):

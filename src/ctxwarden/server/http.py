@@ -10,6 +10,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     GET    /v1/pins?session=&user=&scope=      pinned memories and facts visible in a scope
     POST   /v1/memories/{id}/pin[?scope=]      pin (for its session, its user or the tenant)
     POST   /v1/memories/{id}/unpin      unpin
+    PATCH  /v1/memories/{id}[?user=&session=]  {"content"} -> edited (old text kept as a version)
+    GET    /v1/memories/{id}/versions   the texts edits replaced, oldest first
     DELETE /v1/memories/{id}[?user=&session=]  erase (and summaries built from it)
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
@@ -251,6 +253,12 @@ class SearchBody(StrictBody):
     session: str | None = None
     user: str | None = None
     scope: ScopeName | None = None
+
+
+class EditBody(StrictBody):
+    """The new text of a memory (:meth:`Engine.update`)."""
+
+    content: str
 
 
 class CompactBody(StrictBody):
@@ -621,6 +629,35 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         return await caller.run(
             "write", lambda p: memory_view(p, engine.pin(memory_id, pinned=False, tenant=p.tenant))
         )
+
+    @app.patch("/v1/memories/{memory_id}")
+    async def edit(
+        memory_id: str,
+        body: EditBody,
+        caller: CallerCredentials,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace a memory's text: stored and indexed again, the old text kept as a version
+        (or erased, by configuration). With ``user`` or ``session``, 404 unless it is that end
+        user's or session's."""
+        return await caller.run(
+            "write",
+            lambda p: engine.update(
+                memory_id, body.content, tenant=p.tenant, user=user, session=session
+            ).to_dict(),
+        )
+
+    @app.get("/v1/memories/{memory_id}/versions")
+    async def versions(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
+        """The texts edits replaced in a memory, oldest first (404 if there is no memory)."""
+
+        def work(principal: Principal) -> dict[str, Any]:
+            engine.get(memory_id, tenant=principal.tenant)  # NotFound if there is none
+            found = engine.versions(memory_id, tenant=principal.tenant)
+            return {"id": memory_id, "versions": [v.to_dict() for v in found]}
+
+        return await caller.run("read", work)
 
     @app.delete("/v1/memories/{memory_id}")
     async def delete(
