@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,26 @@ def test_client_facing_errors_never_name_the_upstreams_address() -> None:
     assert "127.0.0.1" not in shown
     assert ":9" not in shown
     assert "127.0.0.1" not in client_message(caught.value)
+
+
+def test_reads_go_on_while_a_write_waits_for_another_process(tmp_path: Path) -> None:
+    """A writer of this process polling for a lock another connection holds lets go of the
+    store between tries: reads meanwhile are answered before the writer is."""
+    path = _copy(seeded(tmp_path), tmp_path / "waiting.db")
+    engine = Engine.open(path, config=EngineConfig(store_timeout=60.0))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    done: list[object] = []
+    writer = threading.Thread(target=lambda: done.append(engine.ingest(records("late", 2))))
+    try:
+        writer.start()
+        assert engine.store.get("default", "new1") is not None
+        assert engine.store.stats("default")["memories"] > 0
+        assert writer.is_alive()  # still waiting for the lock: the reads did not queue behind it
+        assert not done
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        writer.join(60)
+    assert done  # and it wrote once the lock was free
+    engine.close()

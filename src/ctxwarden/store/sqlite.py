@@ -163,10 +163,8 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
         as it was. SQLite itself rolls back on some of these (a full disk, an I/O error), so
         the ROLLBACK runs only while a transaction is open, and its own failure never hides
         the cause."""
-        deadline = time.monotonic() + self.timeout
-        with self._locked("writing"):
-            self._check_open()
-            self._begin(deadline)
+        self._begin(time.monotonic() + self.timeout)  # the store's lock is held from here
+        try:
             writer = _SQLiteWriter(self._conn)
             try:
                 yield writer
@@ -183,19 +181,30 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
             except sqlite3.DatabaseError as exc:
                 self._rollback()
                 raise self._translate(exc, "commit") from exc
+        finally:
+            self._lock.release()
 
     def _begin(self, deadline: float) -> None:
-        """BEGIN IMMEDIATE, retried until ``deadline`` while another connection writes.
+        """Take the store's lock and BEGIN IMMEDIATE, retried until ``deadline`` while another
+        connection writes; returns holding the lock, with the transaction open.
 
         SQLite's own busy handler sleeps ever longer between tries (up to 100 ms), so a
         waiter beside writers that commit back to back kept missing the moments the lock was
         free: server requests waited up to 23.6 s beside two library writers (issue 20). Here
         each try waits at most :data:`BUSY_SLICE_MS` (SQLite's first sleeps: 1, 2, 5 ms), so
-        a waiter asks again every few milliseconds until its deadline."""
+        a waiter asks again every few milliseconds until its deadline; between tries the
+        store's lock is let go, so this process's reads go on meanwhile."""
         conn = self._conn
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_SLICE_MS}")
-        try:
-            while True:
+        while True:
+            if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise StoreUnavailable(
+                    "locked",
+                    f"writing: other requests of this process held {self.path} for over "
+                    f"{self.timeout:g}s (the store_timeout setting); nothing was changed: retry",
+                )
+            try:
+                self._check_open()
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_SLICE_MS}")
                 try:
                     conn.execute("BEGIN IMMEDIATE")
                     return
@@ -203,8 +212,13 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
                     busy = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (5, 6)
                     if not busy or time.monotonic() >= deadline:
                         raise self._translate(exc, "starting a write transaction") from exc
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            except BaseException:
+                self._lock.release()
+                raise
+            self._lock.release()
+            time.sleep(0)  # let a thread waiting for the store's lock have it
 
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (a failed ROLLBACK is
