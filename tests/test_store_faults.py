@@ -290,3 +290,15 @@ def test_reads_go_on_while_a_write_waits_for_another_process(tmp_path: Path) -> 
         writer.join(60)
     assert done  # and it wrote once the lock was free
     engine.close()
+
+
+def test_the_proxys_apis_answer_503_with_retry_after() -> None:
+    """The Responses and Messages APIs' error shapes (the chat path shares the table)."""
+    from ctxwarden.server import messages, responses
+
+    error = StoreUnavailable("disk full", "writing: the disk holding x.db is full", retry_after=30)
+    for face in (responses, messages):
+        answer = face.error_response(error)
+        assert answer.status_code == 503
+        assert answer.headers["Retry-After"] == "30"
+        assert b"is full" in answer.body
