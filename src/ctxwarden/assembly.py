@@ -11,6 +11,7 @@ store (history pages, pinned memories, summaries, retrieval), gets token counts 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -36,7 +37,7 @@ from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
 from ctxwarden.retrieve import check_query_length, retrieve
@@ -45,6 +46,8 @@ from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
 
@@ -266,7 +269,7 @@ class Assembly:
             notes=tuple(notes),
         )
         context_id = uuid.uuid4().hex
-        recent_walk.flush_counts()
+        unwritten = recent_walk.flush_counts()
         if log_inclusions:
             entry = ContextLog(
                 id=context_id,
@@ -284,7 +287,16 @@ class Assembly:
             if self.log_writer is not None:
                 self.log_writer.submit(entry)
             else:
-                self.store.log_context(entry)
+                try:
+                    self.store.log_context(entry)
+                except StoreUnavailable as exc:  # a read-only or full store: reads go on
+                    unwritten = unwritten or exc
+                    log.warning("inclusion log of context %s not written: %s", context_id, exc)
+        if unwritten is not None:
+            report = dataclasses.replace(
+                report,
+                notes=(*report.notes, f"store not written ({unwritten.cause}): {unwritten}"),
+            )
         return Context(
             id=context_id,
             messages=tuple(messages),
@@ -645,10 +657,18 @@ class _RecentWalk:
             return float(TYPICAL_LINE_TOKENS)
         return self._line_tokens / self._lines
 
-    def flush_counts(self) -> None:
+    def flush_counts(self) -> StoreUnavailable | None:
         """Store the counts made during the walk, then cache them (after the store has them,
-        so a count the cache serves is one the store holds too)."""
-        if self._fresh:
-            self.store.put_token_counts([count for _, count in self._fresh])
-            self.counter.cache.fill(self._fresh)
-            self._fresh = []
+        so a count the cache serves is one the store holds too). A store that cannot be
+        written now (read-only, full, locked: the error is returned) keeps none of them: they
+        are counted again next time, and the assemble goes on."""
+        fresh, self._fresh = self._fresh, []
+        if not fresh:
+            return None
+        try:
+            self.store.put_token_counts([count for _, count in fresh])
+        except StoreUnavailable as exc:
+            log.warning("token counts not cached: %s", exc)
+            return exc
+        self.counter.cache.fill(fresh)
+        return None

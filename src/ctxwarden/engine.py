@@ -111,7 +111,8 @@ class Engine(ScopedReads):
         A file path, ``":memory:"``, or a ``postgresql://`` URL (needs ``ctxwarden[postgres]``).
         ``embedder`` overrides ``config.embedder`` (e.g. a fake in tests).
         """
-        return cls(open_store(path), config=config, clock=clock, embedder=embedder)
+        timeout = (config or EngineConfig()).store_timeout
+        return cls(open_store(path, timeout=timeout), config=config, clock=clock, embedder=embedder)
 
     def __enter__(self) -> Engine:
         return self

@@ -68,7 +68,9 @@ from ctxwarden.server.access import (
     STATUS_BY_ERROR,
     CallerCredentials,
     ServerConfig,
+    client_message,
     credentials_of,
+    retry_after,
     status_for,
 )
 from ctxwarden.server.access import Caller as Caller
@@ -318,7 +320,7 @@ def context_body(context: Context, *, full: bool) -> dict[str, Any]:
 
 
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": client_message(exc)}
     if isinstance(exc, InputError) and exc.field is not None:
         body["field"] = exc.field
     return {"error": body}
@@ -485,8 +487,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if status == 429:
-            headers = {"Retry-After": str(config.retry_after_seconds)}
+        retry = retry_after(exc, config.retry_after_seconds)
+        if retry is not None:
+            headers = {"Retry-After": retry}
         return JSONResponse(_error_body(exc), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

@@ -41,6 +41,7 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
 from ctxwarden.models import remote_tokenizer
 from ctxwarden.render import line_text
+from ctxwarden.server.access import client_message
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
 from ctxwarden.types import SCOPES
@@ -58,7 +59,7 @@ def _tool_errors() -> Iterator[None]:
     try:
         yield
     except CtxwardenError as exc:
-        raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+        raise ToolError(f"{type(exc).__name__}: {client_message(exc)}") from exc
 
 
 def _scope_argument(value: str | None) -> ReadScopeName | None:
