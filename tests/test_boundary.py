@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -352,3 +353,57 @@ def test_errors_with_unprintable_text_are_printable() -> None:
         with pytest.raises(CtxwardenError) as caught:
             engine.ingest([{"content": "x", "\ud800": 1}])
         str(caught.value).encode("utf-8")
+
+
+def test_an_empty_unknown_key_is_named() -> None:
+    with Engine.open(":memory:") as engine, pytest.raises(InputError) as caught:
+        engine.ingest([{"content": "x", "": 1}])
+    assert caught.value.field == "''"
+
+
+# -- MCP over streamable HTTP -------------------------------------------------------------------
+
+
+def test_mcp_over_http_answers_broken_bodies_with_line_and_column() -> None:
+    from ctxwarden.server.http import SCOPES, Principal
+    from ctxwarden.server.mcp import create_mcp_http_app
+
+    def authenticate(_token: str | None) -> Principal:
+        return Principal(tenant="t", scopes=frozenset(SCOPES))
+
+    headers = {
+        **JSON,
+        "authorization": "Bearer k",
+        "accept": "application/json, text/event-stream",
+    }
+    start = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    with (
+        Engine.open(":memory:") as engine,
+        serve(create_mcp_http_app(engine, authenticate), lifespan="on") as url,
+        httpx.Client(base_url=url, headers=headers) as client,
+    ):
+        session = client.post("/mcp", content=json.dumps(start)).headers["mcp-session-id"]
+        client.headers["mcp-session-id"] = session
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+        remember = {"name": "remember", "arguments": {"content": "\ud800"}}
+        for raw in (
+            b'{"jsonrpc":\n "2.0", ',
+            b'{"jsonrpc": "\xff"}',
+            b"[" * 50_000,
+            json.dumps({**call, "params": remember}).encode(),
+        ):
+            r = client.post("/mcp", content=raw)
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["code"] == -32700  # JSON-RPC's parse error, the protocol's own shape
+            assert re.search(r"line \d+ column \d+", error["message"]), error
+        assert engine.stats(tenant="t", scope="tenant")["memories"] == 0

@@ -27,8 +27,21 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from ctxwarden import Engine  # noqa: E402
 from ctxwarden.server.http import create_app  # noqa: E402
 
+
+@schemathesis.check
+def refusals_name_the_field(ctx: Any, response: Any, case: Any) -> bool | None:
+    """A 422 names the field it refuses, or the line and column of broken JSON."""
+    if response.status_code != 422:
+        return None
+    error = response.json()["error"]
+    if not (error.get("field") or error.get("line")):
+        raise AssertionError(f"a 422 that names no field: {error['message']}")
+    return True
+
+
 CHECKS = (
     not_a_server_error,
+    refusals_name_the_field,
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,

@@ -277,7 +277,7 @@ class Record:
             unknown = sorted(set(merged) - _RECORD_FIELDS)
             raise InputError(
                 f"unknown field (known: {', '.join(sorted(_RECORD_FIELDS))})",
-                field=unknown[0],
+                field=unknown[0] if unknown[0].strip() else repr(unknown[0]),
                 line=line,
             )
         role = merged.get("role", "user")
