@@ -577,7 +577,10 @@ def test_the_hot_endpoints_answer_as_fastapi_s_own_handler_does(
     for number, (ours, theirs) in enumerate(zip(direct, reference, strict=True)):
         assert ours == theirs, number
     assert [a[0] for a in reference].count(200) >= 5
-    assert {a[0] for a in reference} >= {200, 400, 401, 403, 413, 422}
+    # bytes that are not UTF-8 and JSON nested too deeply are 422s naming the line and column
+    # or the body (issue 20), never FastAPI's bare 400
+    assert {a[0] for a in reference} >= {200, 401, 403, 413, 422}
+    assert 400 not in {a[0] for a in reference}
     # the twelve plain requests (JSON that parses, no query string, and a valid body or a
     # refused key) did not go through it
     assert reference_general - direct_general == 12

@@ -45,6 +45,7 @@ from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
+from ctxwarden.textcheck import check_json_text, check_text
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,13 @@ class Assembly:
     ) -> Context:
         """The context for one turn of ``session`` (see :meth:`Engine.assemble`)."""
         check_query_length(query, self.config.max_query_chars)
+        _check_arguments(
+            query=query, system=system, channel=channel, model=model, tokenizer=tokenizer
+        )
+        if tools:
+            check_json_text(tools, "tools")
+        if items:
+            check_json_text(items, "items")
         tenant = tenant or self.config.tenant
         read_scope = resolve_scope(session=session, user=user, scope=scope)
         policy = policy or self.config.policy
@@ -456,6 +464,15 @@ TYPICAL_LINE_TOKENS = 32
 #: At most this many candidates per search, whatever the budget: retrieval's time grows with
 #: the count, and 1,000 lines (~32k tokens) is more related memory than a turn needs.
 MAX_RELATED_CANDIDATES = 1000
+
+
+def _check_arguments(**texts: str | None) -> None:
+    """Refuse a NUL or a lone surrogate in a text argument of assemble, naming it."""
+    for name, text in texts.items():
+        if text is not None:
+            if not isinstance(text, str):
+                raise InputError(f"expected a string, got {type(text).__name__}", field=name)
+            check_text(text, name)
 
 
 def related_candidates(available: int, line_tokens: float, *, floor: int) -> int:

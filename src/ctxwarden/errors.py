@@ -88,6 +88,10 @@ class InputError(CtxwardenError):
     """
 
     def __init__(self, message: str, *, field: str | None = None, line: int | None = None) -> None:
+        # the offending text may be quoted in either: a lone surrogate in it would make the
+        # error itself unprintable as UTF-8 (and its HTTP answer a 500), so it is escaped
+        message = printable(message)
+        field = None if field is None else printable(field)
         where = []
         if line is not None:
             where.append(f"line {line}")
@@ -98,6 +102,17 @@ class InputError(CtxwardenError):
         self.field = field
         self.line = line
         self.reason = message
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``), so it can be written as UTF-8.
+
+    >>> printable("id '\\ud800'")
+    "id '\\\\ud800'"
+    """
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class TokenizerError(CtxwardenError):

@@ -213,5 +213,18 @@ def _untrusted(memory: Memory | Mapping[str, Any]) -> bool:
 
 def _fields(memory: Memory | Mapping[str, Any]) -> tuple[str, str | None, str]:
     if isinstance(memory, Memory):
-        return memory.role, memory.author, memory.content
-    return str(memory.get("role", "user")), memory.get("author"), str(memory["content"])
+        role, author, content = memory.role, memory.author, memory.content
+    else:
+        role, author, content = (
+            str(memory.get("role", "user")),
+            memory.get("author"),
+            str(memory["content"]),
+        )
+    # Ingest refuses NUL; a record stored before it did (or written around the engine) is
+    # still rendered, with the NUL shown as U+FFFD: the assembler joins a group's messages
+    # with NUL, and a stored record must never make a later read fail.
+    if author is not None and "\x00" in author:
+        author = author.replace("\x00", "\ufffd")
+    if "\x00" in content:
+        content = content.replace("\x00", "\ufffd")
+    return role, author, content

@@ -14,6 +14,7 @@ from ctxwarden.errors import InputError, NotFound
 from ctxwarden.retrieve import check_query_length
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.scope import resolve as resolve_scope
+from ctxwarden.textcheck import check_text
 from ctxwarden.types import SCOPES, Memory, Scope
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ class ScopedReads:
         if limit < 1:
             raise InputError(f"{limit} must be at least 1", field="limit")
         check_query_length(query, self.config.max_query_chars)
+        if not isinstance(query, str):
+            raise InputError(f"expected a string, got {type(query).__name__}", field="query")
+        check_text(query, "query")
         read_scope = resolve_scope(session=session, user=user, scope=scope)
         terms = query_terms(query[: self.config.retrieval.query_chars])
         self.flush_log()  # the access stats of the memories returned

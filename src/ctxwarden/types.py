@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple
 
 from ctxwarden._fastinit import fast_init
 from ctxwarden.errors import InputError
+from ctxwarden.textcheck import check_json_text, check_text, plain_text
 
 __all__ = [
     "AUTHOR_KINDS",
@@ -132,7 +133,7 @@ def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str |
     value = data.get(name)
     if value is None:
         return None
-    if type(value) is str and len(value) <= 512:  # the common case, checked first
+    if type(value) is str and len(value) <= 512 and plain_text(value):  # the common case
         return value
     if isinstance(value, int) and not isinstance(value, bool) and name in {"id", "thread_id"}:
         return str(value)
@@ -140,20 +141,7 @@ def _optional_str(data: Mapping[str, Any], name: str, line: int | None) -> str |
         raise InputError(f"expected a string, got {type(value).__name__}", field=name, line=line)
     if len(value) > 512:
         raise InputError("longer than 512 characters", field=name, line=line)
-    return value
-
-
-def _plain_name(value: str) -> bool:
-    """Whether a scope name (session, user) holds no NUL and no lone surrogate."""
-    if value.isascii():
-        return "\x00" not in value
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return check_text(value, name, line=line)
 
 
 def check_scope_name(value: str, field_name: str, *, line: int | None = None) -> str:
@@ -171,7 +159,7 @@ def check_scope_name(value: str, field_name: str, *, line: int | None = None) ->
         raise InputError("is empty", field=field_name, line=line)
     if len(value) > 512:
         raise InputError("longer than 512 characters", field=field_name, line=line)
-    if not _plain_name(value):
+    if not plain_text(value):
         raise InputError(
             "contains a NUL character or a lone surrogate", field=field_name, line=line
         )
@@ -293,7 +281,7 @@ class Record:
             unknown = sorted(set(merged) - _RECORD_FIELDS)
             raise InputError(
                 f"unknown field (known: {', '.join(sorted(_RECORD_FIELDS))})",
-                field=unknown[0],
+                field=unknown[0] if unknown[0].strip() else repr(unknown[0]),
                 line=line,
             )
         role = merged.get("role", "user")
@@ -318,8 +306,7 @@ class Record:
                 field="content",
                 line=line,
             )
-        if "\x00" in content:
-            raise InputError("contains a NUL character", field="content", line=line)
+        check_text(content, "content", line=line)
         if not content and not tool_calls:
             raise InputError("is empty", field="content", line=line)
         author_kind = merged.get("author_kind", "human")
@@ -355,6 +342,10 @@ class Record:
         metadata = merged.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise InputError("expected an object", field="metadata", line=line)
+        if metadata:
+            check_json_text(metadata, "metadata", line=line)
+        if attachments:
+            check_json_text(attachments, "attachments", line=line)
         if metadata or attachments:  # empty ones always serialise
             try:
                 json.dumps(metadata)
@@ -423,8 +414,10 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
     content = fields.pop("content", None)
     created = fields.pop("created_at", None)
     for value in fields.values():
-        if value is not None and (type(value) is not str or len(value) > 512):
-            return None
+        if value is not None and (
+            type(value) is not str or len(value) > 512 or not plain_text(value)
+        ):
+            return None  # the general path names the problem
     if type(content) is not str:
         return None
     get = fields.get
@@ -442,10 +435,8 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
     session = get("session", True)
     if not session:
         fields["session"] = "default"
-    elif session is not True and not _plain_name(session):
-        return None  # the general path names the problem
     user = get("user")
-    if user is not None and (not user or not _plain_name(user)):
+    if user is not None and not user:
         return None
     if get("kind") == "pinned":
         fields["pinned"] = True
@@ -456,7 +447,7 @@ def _plain_record(cls: type[Record], data: dict[str, Any]) -> Record | None:
             return None
         created = float(created)
     content = content.strip()
-    if not content or len(content) > MAX_CONTENT_CHARS or "\x00" in content:
+    if not content or len(content) > MAX_CONTENT_CHARS or not plain_text(content):
         return None
     return cls(content=content, created_at=created, **fields)
 
@@ -474,9 +465,10 @@ def _tool_calls(value: object, line: int | None) -> tuple[Mapping[str, Any], ...
                 f"tool call {index} needs function.name", field="tool_calls", line=line
             )
         arguments = function.get("arguments", "")
+        assert isinstance(call, Mapping)
+        check_json_text(call, f"tool_calls[{index}]", line=line)
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
-        assert isinstance(call, Mapping)
         calls.append(
             {
                 "id": str(call.get("id", f"call_{index}")),

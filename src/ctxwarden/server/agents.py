@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import xxhash
 from fastapi import Request
 
@@ -38,11 +39,39 @@ from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens, prompt_tokens
 from ctxwarden.server.windows import Windows
 from ctxwarden.sessions import TurnSlots
+from ctxwarden.textcheck import check_json_text
 from ctxwarden.wirefit import CostCache, Pricer
 
-__all__ = ["Budget", "Shared", "Turn", "install_agent_apis"]
+__all__ = ["Budget", "Shared", "Turn", "install_agent_apis", "json_body"]
 
 REPORT_HEADER = "x-ctxwarden-report"
+
+
+def json_body(raw: bytes) -> dict[str, Any]:
+    """A proxy request's body: a JSON object whose text holds no NUL and no lone surrogate,
+    nested at most :data:`ctxwarden.textcheck.MAX_DEPTH` levels deep (deeper JSON would fail
+    later, when it is forwarded), else :class:`InputError` naming the field, or the line and
+    column where the JSON stopped parsing. One parser for the three APIs (chat completions,
+    responses, messages).
+
+    >>> json_body(b'{"model": ')
+    Traceback (most recent call last):
+    ...
+    ctxwarden.errors.InputError: field 'body': not JSON: unexpected end of data (line 1, column 11)
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        reason = exc.msg.split(": line ")[0]
+        raise InputError(
+            f"not JSON: {reason} (line {exc.lineno}, column {exc.colno})",
+            field="body",
+        ) from None
+    if not isinstance(body, dict):
+        raise InputError(f"expected a JSON object, got {type(body).__name__}", field="body")
+    for name, value in body.items():
+        check_json_text(value, name)
+    return body
 
 
 @dataclass

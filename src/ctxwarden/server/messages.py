@@ -42,6 +42,7 @@ from ctxwarden.server.agents import (
     Turn,
     budget_for,
     fit_turn,
+    json_body,
     observe,
     principal,
     refuse_redirects,
@@ -154,12 +155,7 @@ def install(
     async def read(request: Request) -> tuple[dict[str, Any], dict[str, str], Principal]:
         caller = await run_in_threadpool(principal, request)
         caller.require("write")
-        try:
-            body = await request.json()
-        except ValueError:
-            raise InputError("the body is not JSON", field="body") from None
-        if not isinstance(body, dict):
-            raise InputError("expected a JSON object", field="body")
+        body = json_body(await request.body())
         headers = {k.lower(): v for k, v in request.headers.items()}
         return body, headers, caller
 

@@ -63,7 +63,7 @@ from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.access import client_message, retry_after
-from ctxwarden.server.agents import install_agent_apis
+from ctxwarden.server.agents import install_agent_apis, json_body
 from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
 from ctxwarden.server.guard import can_read, require_metrics_access
 from ctxwarden.server.http import (
@@ -317,12 +317,7 @@ def create_proxy_app(
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"the body is not JSON ({exc})", field="body") from None
-    if not isinstance(body, dict):
-        raise InputError("expected a JSON object", field="body")
+    body = json_body(raw)
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
@@ -336,6 +331,14 @@ def _parse(raw: bytes) -> dict[str, Any]:
         not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)
     ):
         raise InputError("must be a list of tool objects", field="tools")
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise InputError(
+                'must be an object such as {"include_usage": true}', field="stream_options"
+            )
+        if not isinstance(options.get("include_usage", False), bool):
+            raise InputError("expected true or false", field="stream_options.include_usage")
     return body
 
 

@@ -36,6 +36,7 @@ from ctxwarden.server.agents import (
     Turn,
     budget_for,
     fit_turn,
+    json_body,
     observe,
     principal,
     refuse_redirects,
@@ -141,12 +142,7 @@ def install(app: FastAPI, shared: Shared, upstream: LLMClient) -> None:
         try:
             caller = await run_in_threadpool(principal, request)
             caller.require("write")
-            try:
-                body = await request.json()
-            except ValueError:
-                raise InputError("the body is not JSON", field="body") from None
-            if not isinstance(body, dict):
-                raise InputError("expected a JSON object", field="body")
+            body = json_body(await request.body())
             headers = {k.lower(): v for k, v in request.headers.items()}
             answer, report = await run_in_threadpool(_turn, shared, upstream, caller, body, headers)
         except CtxwardenError as exc:

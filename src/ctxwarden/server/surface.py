@@ -40,6 +40,7 @@ __all__ = [
     "StrictBody",
     "StrictQueryMiddleware",
     "install",
+    "unparsable_body",
     "validation_error_body",
 ]
 
@@ -101,6 +102,10 @@ def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
     message = str(first.get("msg", "invalid"))
     if first.get("type") == "extra_forbidden":
         message = "unknown field: check its spelling against the API's schema (/docs)"
+    if not where:  # the body as a whole: not an object, or missing
+        where = "body"
+        if first.get("type") in {"model_attributes_type", "dict_type"}:
+            message = "expected a JSON object (send it with content-type: application/json)"
     return {
         "error": {
             "type": "InputError",
@@ -110,8 +115,32 @@ def validation_error_body(exc: RequestValidationError) -> dict[str, Any]:
     }
 
 
+def unparsable_body(cause: BaseException | None) -> dict[str, Any] | None:
+    """Our error body for a request body FastAPI could not parse for a reason other than a
+    JSON syntax error (its bare 400 "There was an error parsing the body"): bytes that are not
+    UTF-8 (with the line and column of the first bad byte) or JSON nested too deeply."""
+    if isinstance(cause, UnicodeDecodeError) and isinstance(cause.object, bytes):
+        before = cause.object[: cause.start]
+        line = before.count(b"\n") + 1
+        column = len(before) - (before.rfind(b"\n") + 1) + 1
+        message = (
+            f"request body is not valid UTF-8: byte 0x{cause.object[cause.start]:02x} "
+            f"(line {line}, column {column})"
+        )
+        detail = {"type": "InputError", "message": message, "line": line, "column": column}
+        return {"error": {**detail, "field": "body"}}
+    if isinstance(cause, RecursionError):
+        message = "request body is JSON nested too deeply: flatten it"
+        return {"error": {"type": "InputError", "message": message, "field": "body"}}
+    return None
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:
+        unparsable = unparsable_body(exc.__cause__)
+        if unparsable is not None:
+            return JSONResponse(unparsable, status_code=422)
     kind = _STATUS_TYPES.get(exc.status_code, "HTTPError")
     detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
     message = detail
