@@ -448,11 +448,18 @@ class VectorIndex(SideCopy):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the index to ``path`` atomically (a reader sees the old file or the new one).
 
+        Removed vectors never reach the file: after removals (or replacements) the graph is
+        rebuilt first (:meth:`rebuild`), as usearch keeps a removed entry's vector in its slot.
+
         Layout: ``CTXWVEC1``, an 8-byte little-endian header length, a JSON header, the live ids
         (int64), their float16 vectors, then the serialised graph (:mod:`ctxwarden.vector_file`).
         """
         target = Path(path)
         with self._lock:
+            if self._removed:
+                # The graph keeps a removed vector's bytes in its slot until rebuilt: a deleted
+                # memory's vector must not reach the file (issue 20: erasure).
+                self.rebuild()
             live = np.flatnonzero(self._ids >= 0)
             # usearch serialises to a bytearray; written as is (no second copy of ~1 KB a row).
             graph_bytes = self._ensure_graph().save()

@@ -14,13 +14,25 @@ full-text search, so the FTS delete trigger finds them).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import re
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ctxwarden.errors import StoreError
+from ctxwarden.store.base import ErasureReceipt
+from ctxwarden.summary import line_sources
 
-__all__ = ["ACCESS_TAU_SECONDS", "ACCESS_UPSERT", "MemoryWrites", "access_bump", "merge_plan"]
+__all__ = [
+    "ACCESS_TAU_SECONDS",
+    "ACCESS_UPSERT",
+    "MemoryWrites",
+    "access_bump",
+    "merge_plan",
+    "without_sources",
+]
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
@@ -106,6 +118,49 @@ def merge_plan(
         int(s_tokens) + int(t_tokens),
         t_rowid,
     )
+
+
+_HEADER = re.compile(r"^Summary of \d+ messages?")
+
+
+def without_sources(content: str, erased: Collection[str], remaining: int) -> str | None:
+    r"""A rendered summary (:meth:`ctxwarden.summary.Summary.render`) without the text of the
+    ``erased`` sources: only item lines that cite sources, none of them erased, stay (an
+    uncited line, the entities line included, cannot be told apart from an erased source's
+    text), with their section titles; the header counts ``remaining`` sources. None when no
+    item is left (the summary goes).
+
+    >>> text = "Summary of 2 messages\nEntities: Ana\nEvents:\n- [m1] a\n- [m2] b"
+    >>> print(without_sources(text, {"m2"}, 1))
+    Summary of 1 message
+    Events:
+    - [m1] a
+    >>> without_sources("free text about m1", {"m1"}, 0) is None
+    True
+    """
+    lines = content.split("\n")
+    out: list[str] = []
+    title: str | None = None
+    kept = 0
+    for line in lines:
+        if line.startswith("- "):
+            cited = line_sources(line[2:])
+            if cited and not any(c in erased for c in cited):
+                if title is not None:
+                    out.append(title)
+                    title = None
+                out.append(line)
+                kept += 1
+        elif line.endswith(":") and line[:-1].replace(" ", "").isalpha():
+            title = line
+        # anything else (the header, entities, free text) is dropped
+    if not kept:
+        return None
+    header = _HEADER.match(lines[0])
+    if header is not None:
+        rest = lines[0][header.end() :]
+        out.insert(0, f"Summary of {remaining} message{'' if remaining == 1 else 's'}{rest}")
+    return "\n".join(out)
 
 
 class MemoryWrites:
@@ -202,39 +257,135 @@ class MemoryWrites:
         return True
 
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        """Erase the memory holding ``id`` (see :meth:`erase`); False if there is none."""
+        """Erase the memory holding ``id`` (see :meth:`erase_id`); False if there is none."""
+        return self.erase_id(tenant, id, deleted_at=deleted_at, reason=reason) is not None
+
+    def erase_id(
+        self, tenant: str, id: str, *, deleted_at: float, reason: str
+    ) -> ErasureReceipt | None:
+        """Erase ``id``: the memory holding it (its own id or an alias), or, when it was
+        compacted, its lines in the summary its tombstone names; None if it is none of these."""
         rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
-        return True
+        if rowid is not None:
+            return self.erase_receipt(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+        found = self._rows(
+            "SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ? "
+            "AND summary_id IS NOT NULL",
+            (tenant, id),
+        )
+        if not found:
+            return None
+        # Compacted: the id itself goes (its tombstone no longer names a summary), and its
+        # text with the summary lines that cite it.
+        self._run(
+            "UPDATE tombstones SET summary_id = NULL, deleted_at = ?, reason = ? "
+            "WHERE tenant = ? AND id = ?",
+            (deleted_at, reason, tenant, id),
+        )
+        return self.erase_receipt(tenant, [], deleted_at=deleted_at, reason=reason, ids=[id])
 
     def erase(
         self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
     ) -> list[int]:
-        """Delete these memories and every summary built from them (transitively), each leaving
-        a content-free tombstone; the rowids removed (for vector indexes)."""
+        """Delete these memories (see :meth:`erase_receipt`); the rowids removed."""
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
+
+    def erase_receipt(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        *,
+        deleted_at: float,
+        reason: str,
+        ids: Sequence[str] = (),
+    ) -> ErasureReceipt:
+        """Delete these memories (and erase ``ids``, compacted ones, too), each leaving a
+        content-free tombstone, and every summary built from them (transitively) loses the
+        lines that cite them: rewritten, or removed when no cited line is left."""
         self._before_delete()
         doomed = set(rowids)
-        frontier = list(doomed)
-        summaries: set[int] = set()
+        erased_ids = [*ids, *self._ids_of(tenant, sorted(doomed))]
+        aggregates = [
+            r[0]
+            for chunk in self._chunks(sorted(doomed))
+            for r in self._rows(
+                f"SELECT id FROM memories WHERE tenant = ? AND rowid {self._in(chunk)[0]} "
+                "AND dup_count > 1 ORDER BY rowid",
+                [tenant, *self._in(chunk)[1]],
+            )
+        ]
+        removed: set[int] = set()
+        rewritten: dict[int, str] = {}
+        gone = set(erased_ids)  # ids whose text must leave every summary
+        frontier = list(gone)
         while frontier:
             found = [
                 r
-                for r in self._summaries_citing(tenant, self._ids_of(tenant, frontier))
-                if r not in doomed
+                for r in self._summaries_citing(tenant, frontier)
+                if r not in doomed and r not in removed
             ]
-            doomed.update(found)
-            summaries.update(found)
-            frontier = found
-        ordered = sorted(doomed)
+            frontier = []
+            for rowid in found:
+                row = self._rows(
+                    "SELECT id, content, source_ids FROM memories WHERE rowid = ?", (rowid,)
+                )[0]
+                sources = [str(s) for s in json.loads(row[2] or "[]")]
+                kept_sources = [s for s in sources if s not in gone]
+                content = without_sources(str(row[1]), gone, len(kept_sources))
+                if content is None or not kept_sources:
+                    removed.add(rowid)
+                    rewritten.pop(rowid, None)
+                    summary_ids = self._ids_of(tenant, [rowid])
+                    gone.update(summary_ids)
+                    frontier.extend(summary_ids)
+                elif content != row[1] or kept_sources != sources:
+                    self._rewrite_summary(rowid, content, kept_sources)
+                    rewritten[rowid] = str(row[0])
+                    # A summary of this summary may quote the dropped lines: its lines citing
+                    # this one go too (the id stays: the summary does).
+                    gone.add(str(row[0]))
+                    frontier.append(str(row[0]))
+        everything = doomed | removed
+        ordered = sorted(everything)
+        vectors = 0
+        summaries_removed = self._ids_of(tenant, sorted(removed))
         for chunk in self._chunks(ordered):
-            self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
+            self._tombstone_erased(tenant, chunk, removed, deleted_at=deleted_at, reason=reason)
+            where, params = self._in(chunk)
+            vectors += int(
+                self._rows(
+                    f"SELECT count(*) FROM memory_vectors WHERE memory_rowid {where}", params
+                )[0][0]
+            )
             # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
             # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
-            where, params = self._in(chunk)
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
-        return ordered
+        vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
+        return ErasureReceipt(
+            ids=tuple(dict.fromkeys([*erased_ids, *summaries_removed])),
+            summaries_rewritten=tuple(rewritten[r] for r in sorted(rewritten)),
+            summaries_removed=tuple(summaries_removed),
+            aggregates_touched=tuple(aggregates),
+            vectors=vectors,
+            rowids=tuple(ordered),
+        )
+
+    def _rewrite_summary(self, rowid: int, content: str, sources: Sequence[str]) -> None:
+        """Replace a summary's text and sources; what was derived from its old text (token
+        counts, its vector) goes, to be computed again from the new."""
+        self._run(
+            "UPDATE memories SET content = ?, latest_content = NULL, source_ids = ?, "
+            "content_hash = ? WHERE rowid = ?",
+            (
+                content,
+                json.dumps(list(sources)),
+                "summary-" + hashlib.sha256(content.encode()).hexdigest()[:32],
+                rowid,
+            ),
+        )
+        self._run("DELETE FROM token_counts WHERE memory_rowid = ?", (rowid,))
+        self._run("DELETE FROM memory_vectors WHERE memory_rowid = ?", (rowid,))
 
     def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
         """Every id that lives in these rows: their own and their aliases."""
@@ -251,34 +402,47 @@ class MemoryWrites:
             )
         return out
 
-    def delete_session(
+    def erase_session(
         self, tenant: str, session: str, *, deleted_at: float, reason: str
-    ) -> list[int]:
-        """Erase every memory of ``session`` and its inclusion logs; the rowids removed."""
+    ) -> ErasureReceipt:
+        """Erase every memory of ``session`` and its inclusion logs, with a receipt."""
         rowids = [
             int(r[0])
             for r in self._rows(
                 "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
             )
         ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
         self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
-        return erased
+        return receipt
 
-    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
-        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys;
-        the rowids removed."""
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Erase every memory of ``session`` and its inclusion logs; the rowids removed."""
+        receipt = self.erase_session(tenant, session, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
+
+    def erase_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> ErasureReceipt:
+        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys,
+        with a receipt."""
         rowids = [
             int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
         ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
         self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
         # A deleted tenant's API keys must stop working in the same transaction.
         self._run(
             "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
             (deleted_at, tenant),
         )
-        return erased
+        return receipt
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys;
+        the rowids removed."""
+        receipt = self.erase_tenant(tenant, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
 
     def retire(
         self,
