@@ -282,6 +282,16 @@ class MemoryWrites:
             "WHERE tenant = ? AND id = ?",
             (deleted_at, reason, tenant, id),
         )
+        holder = self._rows(
+            "SELECT rowid, source_ids FROM memories WHERE tenant = ? AND id = ?",
+            (tenant, str(found[0][0])),
+        )
+        if holder and id not in json.loads(holder[0][1] or "[]"):
+            # Compacted into a summary that was compacted in turn: which of the summary's lines
+            # came through the erased one is unknown, so the summary goes whole.
+            return self.erase_receipt(
+                tenant, [int(holder[0][0])], deleted_at=deleted_at, reason=reason, ids=[id]
+            )
         return self.erase_receipt(tenant, [], deleted_at=deleted_at, reason=reason, ids=[id])
 
     def erase(
@@ -349,7 +359,16 @@ class MemoryWrites:
         everything = doomed | removed
         ordered = sorted(everything)
         vectors = 0
-        summaries_removed = self._ids_of(tenant, sorted(removed))
+        removed_ids = self._ids_of(tenant, sorted(removed))
+        summaries_removed = [
+            r[0]
+            for chunk in self._chunks(ordered)
+            for r in self._rows(
+                f"SELECT id FROM memories WHERE tenant = ? AND rowid {self._in(chunk)[0]} "
+                "AND kind = 'summary' ORDER BY rowid",
+                [tenant, *self._in(chunk)[1]],
+            )
+        ]
         for chunk in self._chunks(ordered):
             self._tombstone_erased(tenant, chunk, removed, deleted_at=deleted_at, reason=reason)
             where, params = self._in(chunk)
@@ -363,7 +382,7 @@ class MemoryWrites:
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
         vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
         return ErasureReceipt(
-            ids=tuple(dict.fromkeys([*erased_ids, *summaries_removed])),
+            ids=tuple(dict.fromkeys([*erased_ids, *removed_ids])),
             summaries_rewritten=tuple(rewritten[r] for r in sorted(rewritten)),
             summaries_removed=tuple(summaries_removed),
             aggregates_touched=tuple(aggregates),
