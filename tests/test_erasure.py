@@ -371,3 +371,47 @@ def test_a_scrub_blocked_by_a_reader_is_retried_until_done(tmp_path: Path) -> No
         assert len(waits) == 1
         reader.close()
         assert _needle(canary) not in _file_bytes(path)
+
+
+def _link(canary: str) -> str:
+    return f"runbook access key {canary} for the deploy bot"
+
+
+def test_erasing_a_session_takes_its_records_out_of_other_sessions_aggregates(
+    tmp_path: Path,
+) -> None:
+    """A record of session 2 folded into session 1's aggregate (a shared channel; the keys
+    differ only in a hash-like token, masked as volatile, so it is an exact duplicate whose
+    latest variant is session 2's text): erasing session 2 takes it out."""
+    path = tmp_path / "folded.db"
+    mine, theirs = secrets.token_hex(12), secrets.token_hex(12)
+    with Engine.open(path) as engine:
+        result = engine.ingest(
+            [
+                *_filler("acme", "s1", 5),
+                {"id": "own", "session": "s1", "channel": "general", "author": "ci",
+                 "author_kind": "bot", "content": _link(mine), "created_at": 1_700_000_100},
+                {"id": "folded", "session": "s2", "channel": "general", "author": "ci",
+                 "author_kind": "bot", "content": _link(theirs), "created_at": 1_700_000_200},
+            ],
+            tenant="acme",
+        )  # fmt: skip
+        assert result.outcomes[-1].duplicate_of == "own", "the test needs a cross-session fold"
+        assert engine.get("own", tenant="acme").latest_content == _link(theirs)
+        engine.assemble(session="s1", query="runbook deploy", tenant="acme")
+        receipt = engine.erase_session("s2", tenant="acme")
+        assert receipt.rowids == ()
+        assert receipt.ids == ("folded",)
+        assert receipt.aggregates_touched == ("own",)
+        own = engine.get("own", tenant="acme")
+        assert (own.content, own.latest_content, own.dup_count) == (
+            _link(mine), None, 1,
+        )  # fmt: skip
+        with pytest.raises(NotFound):
+            engine.get("folded", tenant="acme")
+        context = engine.assemble(session="s1", query="runbook deploy", tenant="acme")
+        rendered = "\n".join(str(m.get("content", "")) for m in context.messages)
+        assert mine in rendered
+        assert theirs not in rendered
+    assert _canary_files(path, theirs) == {}
+    assert _needle(mine) in _file_bytes(path)

@@ -865,6 +865,29 @@ def test_erasing_an_id_compacted_twice_removes_the_outer_summary(store: Store) -
     assert list(store.iter_memories("t")) == []
 
 
+def test_erasing_a_session_unfolds_its_records_from_other_sessions(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", content="ci key 1111", at=1.0))
+        w.add_aliases([
+            Alias(tenant="t", id="b", rowid=a, status="duplicate", created_at=2.0, session="o"),
+            Alias(tenant="t", id="c", rowid=a, status="duplicate", created_at=3.0, session="s"),
+        ])  # fmt: skip
+        w.update_aggregates(
+            [AggregateUpdate(rowid=a, folded=2, last_seen_at=3.0, latest_content="ci key 2222")]
+        )
+        w.put_token_counts([TokenCount(rowid=a, tokenizer="k", message=5, line=4)])
+    with store.write() as w:
+        receipt = w.erase_session("t", "o", deleted_at=10.0, reason="session deleted")
+    assert (receipt.ids, receipt.aggregates_touched, receipt.rowids) == (("b",), ("a",), ())
+    kept = store.get("t", "a")
+    assert (kept.dup_count, kept.latest_content) == (2, None)
+    assert store.token_counts([a], "k") == {}
+    assert store.get("t", "c").id == "a"  # another session's fold stays
+    with pytest.raises(NotFound):
+        store.get("t", "b")
+    assert ("b", "session deleted") in _tombstones(store)
+
+
 def test_retire_rolls_back_with_its_transaction(store: Store) -> None:
     with store.write() as w:
         w.insert(_memory("a", content="x"))

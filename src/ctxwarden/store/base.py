@@ -168,6 +168,8 @@ class Alias:
     rowid: int
     status: str
     created_at: float
+    #: The session the folded record came from (erasing it takes the record out again).
+    session: str | None = None
 
 
 @fast_init  # an assemble reads a few hundred (~0.5 us each, against ~0.7)
