@@ -515,7 +515,10 @@ class Store(Protocol):
 
     def scrub(self) -> None:
         """After deletes: make the deleted text unrecoverable from the backend's files where the
-        backend can (SQLite: merge the FTS index, checkpoint and truncate the WAL)."""
+        backend can (SQLite: drop deleted terms from the FTS index, save the vector index files
+        without deleted vectors, checkpoint and truncate the WAL). Raises
+        :class:`~ctxwarden.errors.StoreError` when it could not finish yet: callers that have
+        committed an erasure retry (:func:`scrub_until_done`)."""
 
     # -- vectors (added on branch ``retrieve``) ----------------------------------------------
 
