@@ -614,7 +614,8 @@ def scrub_until_done(
     """Run ``store.scrub()`` until it succeeds (a reader may keep SQLite's WAL from being
     truncated for a while): after an erasure has committed, its text must still leave the
     files, so a failed scrub is retried, waiting ``first_wait`` doubling up to ``max_wait``
-    (~3 minutes in all), not reported as the erasure's failure. Returns the attempts taken;
+    between attempts (~3 minutes of waits, plus each attempt's own wait for the lock), not
+    reported as the erasure's failure. Returns the attempts taken;
     re-raises the last :class:`~ctxwarden.errors.StoreError` only when every one failed.
 
     >>> class Flaky:
