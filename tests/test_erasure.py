@@ -16,6 +16,7 @@ from ctxwarden.server.auth import KeyAuth, issue_key
 from ctxwarden.server.http import ServerConfig, create_app
 from ctxwarden.store.base import NewMemory
 from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.summary import Summary, SummaryItem
 
 
 def _canary() -> str:
@@ -171,15 +172,246 @@ def test_http_erasure_endpoints_need_the_delete_scope(tmp_path: Path) -> None:
         assert call("DELETE", "/v1/sessions/s1", writer_key).status_code == 403
         response = call("DELETE", "/v1/sessions/s1", deleter_key)
         assert response.status_code == 200, response.text
-        assert response.json() == {"session": "s1", "deleted": 3}
+        assert response.json()["deleted"] == 3
+        assert response.json()["receipt"]["ids"] == ["acme-s1-f0", "acme-s1-f1", "acme-s1-f2"]
+        response = call("DELETE", "/v1/memories/acme-s2-f0", deleter_key)
+        assert response.json() == {
+            "deleted": "acme-s2-f0",
+            "receipt": {"ids": ["acme-s2-f0"], "summaries_rewritten": [],
+                        "summaries_removed": [], "aggregates_touched": [], "vectors": 0},
+        }  # fmt: skip
         assert call("GET", "/v1/memories/acme-s1-f0", deleter_key).status_code == 404
-        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 200
+        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 404
+        assert call("GET", "/v1/memories/acme-s2-f1", deleter_key).status_code == 200
         assert call("DELETE", "/v1/tenant", writer_key).status_code == 403
         response = call("DELETE", "/v1/tenant", deleter_key)
-        assert response.json() == {"tenant": "acme", "deleted": 3}
+        assert (response.json()["tenant"], response.json()["deleted"]) == ("acme", 2)
+        assert sorted(response.json()["receipt"]["ids"]) == ["acme-s2-f1", "acme-s2-f2"]
         # the deleted tenant's keys are revoked with it; its memories are gone
-        assert call("GET", "/v1/memories/acme-s2-f0", deleter_key).status_code == 401
+        assert call("GET", "/v1/memories/acme-s2-f1", deleter_key).status_code == 401
         assert list(store.iter_memories("acme")) == []
         # the other tenant's copies (same ids) are untouched
         assert call("GET", "/v1/memories/acme-s1-f0", other_key).status_code == 200
         assert call("GET", "/v1/stats", other_key).json()["memories"] == 6
+
+
+def _store_bytes(path: Path) -> dict[str, bytes]:
+    """The database, its -wal and -shm, and every vector index file, by name."""
+    files = [path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")]
+    vectors = path.with_name(path.name + ".vectors")
+    if vectors.is_dir():
+        files += sorted(vectors.iterdir())
+    return {f.name: f.read_bytes() for f in files if f.is_file()}
+
+
+def _canary_files(path: Path, canary: str) -> dict[str, int]:
+    return {
+        name: data.count(_needle(canary))
+        for name, data in _store_bytes(path).items()
+        if _needle(canary) in data
+    }
+
+
+class QuotingSummarizer:
+    """A summariser (the Summarizer seam) that quotes every item on a line citing it, as an
+    LLM summariser's cited lines do (all but the item ``leave_out`` names)."""
+
+    def __init__(self, leave_out: str | None = None) -> None:
+        self.leave_out = leave_out
+
+    def summarize(self, items: list[SummaryItem], *, max_tokens: int, tokenizer: Any) -> Summary:
+        return Summary(
+            key_entities=tuple(sorted({i.author for i in items if i.author})),
+            main_events=tuple(
+                f"[{i.id}] {i.author}: {i.content}" for i in items if i.id != self.leave_out
+            ),
+            source_ids=tuple(i.id for i in items),
+        )
+
+
+def _compacted(
+    path: Path, canary: str, summarizer: QuotingSummarizer | None = None
+) -> tuple[Engine, str]:
+    """An engine whose tenant's old history, the canary's memory among it, is compacted into
+    one summary that quotes it."""
+    clock = [1_700_000_000.0 + 60 * 86_400]
+    engine = Engine.open(path, clock=lambda: clock[0])
+    lines = [
+        "bo: decided we ship the billing rewrite on Tuesday after 14 tickets close",
+        "cy: the Postgres 16 upgrade failed on replica 3, rolling back tonight",
+        "dee: Berlin office moves to the fourth floor on March 2",
+        "bo: agreed that Q3 roadmap freezes at 7 epics",
+        "cy: why does the VPN drop every 40 minutes?",
+        "dee: we will hire 2 more SREs for the Lisbon team",
+        "bo: the invoice exporter now writes CSV with 11 columns",
+    ]
+    records = [
+        {"id": f"acme-s1-d{i}", "session": "s1", "author": line.split(":")[0],
+         "content": line.split(": ", 1)[1], "created_at": 1_700_000_000 + i}
+        for i, line in enumerate(lines)
+    ]  # fmt: skip
+    records.insert(
+        4,
+        {
+            "id": "secret",
+            "session": "s1",
+            "author": "ana",
+            "content": f"decided: the vault login code is {canary}, rotated every 30 days",
+            "created_at": 1_700_000_003.5,
+        },
+    )
+    engine.ingest(records, tenant="acme")
+    engine.compact(tenant="acme", summarizer=summarizer or QuotingSummarizer())
+    summary = engine.get("secret", tenant="acme")
+    assert summary.kind == "summary", "the canary's memory must have been compacted"
+    return engine, summary.id
+
+
+def test_a_compacted_memory_is_erased_from_its_summary(tmp_path: Path) -> None:
+    path = tmp_path / "compacted.db"
+    canary = _canary()
+    engine, summary_id = _compacted(path, canary)
+    try:
+        before = engine.get(summary_id, tenant="acme")
+        assert canary in before.content, "the summary must quote the canary for the test to bite"
+        others = [s for s in before.source_ids if s != "secret"]
+        receipt = engine.delete("secret", tenant="acme")
+        assert receipt.ids == ("secret",)
+        assert receipt.summaries_rewritten == (summary_id,)
+        assert receipt.summaries_removed == ()
+        with pytest.raises(NotFound):
+            engine.get("secret", tenant="acme")
+        after = engine.get(summary_id, tenant="acme")
+        assert canary not in after.content
+        assert "secret" not in after.source_ids
+        assert list(after.source_ids) == others
+        assert after.content.startswith(f"Summary of {len(others)} messages")
+        # the other compacted ids still resolve to the rewritten summary
+        assert engine.get(others[0], tenant="acme").id == summary_id
+        assert engine.search(canary, tenant="acme") == []
+        assert engine.store.integrity_check() == "ok"
+        with pytest.raises(NotFound):
+            engine.delete("secret", tenant="acme")  # erased: nothing left to erase
+    finally:
+        engine.close()
+    assert _canary_files(path, canary) == {}
+
+
+def test_compaction_apply_leaves_no_original_text_in_the_files(tmp_path: Path) -> None:
+    """A summary that keeps none of the canary's text: once apply returns (the engine still
+    open), the original's text is in no page of the database, its WAL or the FTS index."""
+    path = tmp_path / "compaction.db"
+    canary = _canary()
+    engine, summary_id = _compacted(path, canary, QuotingSummarizer(leave_out="secret"))
+    try:
+        assert canary not in engine.get(summary_id, tenant="acme").content
+        assert _canary_files(path, canary) == {}
+        assert engine.search(canary, tenant="acme") == []
+    finally:
+        engine.close()
+    assert _canary_files(path, canary) == {}
+
+
+def test_erasure_receipts_name_what_went(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "receipt.db") as engine:
+        canary = _canary()
+        text = f"my door code is {canary} remember it"
+        engine.ingest(
+            [
+                *_filler("acme", "s1", 5),
+                {"id": "secret", "session": "s1", "content": text, "created_at": 1_700_000_100},
+                {"id": "again", "session": "s1", "content": text, "created_at": 1_700_000_101},
+            ],
+            tenant="acme",
+        )
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        _summary(store, "acme", "sum1", ["acme-s1-f1", "secret"], f"ana's code: {canary}")
+        receipt = engine.delete("again", tenant="acme")
+        assert set(receipt.ids) == {"secret", "again", "sum1"}
+        assert receipt.aggregates_touched == ("secret",)
+        assert receipt.summaries_removed == ("sum1",)  # no cited line of another source left
+        assert receipt.summaries_rewritten == ()
+        receipt = engine.erase_session("s1", tenant="acme")
+        assert len(receipt.rowids) == 5
+        assert set(receipt.ids) == {f"acme-s1-f{i}" for i in range(5)}
+        assert receipt.to_json()["ids"] == list(receipt.ids)
+
+
+def test_a_scrub_blocked_by_a_reader_is_retried_until_done(tmp_path: Path) -> None:
+    """After the erasure commits, a reader holding an old snapshot keeps the WAL from being
+    truncated: the scrub fails, is retried, and finishes once the reader is done."""
+    import sqlite3
+
+    from ctxwarden.errors import StoreError
+    from ctxwarden.store.base import scrub_until_done
+
+    path = tmp_path / "busy.db"
+    canary = _canary()
+    with Engine.open(path) as engine:
+        engine.ingest([*_filler("t", "s"), {"id": "x", "session": "s", "content": canary}])
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        store.scrub()
+        store._conn.execute("PRAGMA busy_timeout = 50")  # the reader below would hold it 30 s
+        reader = sqlite3.connect(path)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM memories").fetchall()  # an old snapshot, held
+        with store.write() as writer:
+            assert writer.delete("default", "x", deleted_at=1.0, reason="test")
+        with pytest.raises(StoreError, match="reader"):
+            store.scrub()
+        waits: list[float] = []
+
+        def reader_finishes(seconds: float) -> None:
+            waits.append(seconds)
+            reader.rollback()
+
+        assert scrub_until_done(store, sleep=reader_finishes) == 2
+        assert len(waits) == 1
+        reader.close()
+        assert _needle(canary) not in _file_bytes(path)
+
+
+def _link(canary: str) -> str:
+    return f"runbook access key {canary} for the deploy bot"
+
+
+def test_erasing_a_session_takes_its_records_out_of_other_sessions_aggregates(
+    tmp_path: Path,
+) -> None:
+    """A record of session 2 folded into session 1's aggregate (a shared channel; the keys
+    differ only in a hash-like token, masked as volatile, so it is an exact duplicate whose
+    latest variant is session 2's text): erasing session 2 takes it out."""
+    path = tmp_path / "folded.db"
+    mine, theirs = secrets.token_hex(12), secrets.token_hex(12)
+    with Engine.open(path) as engine:
+        result = engine.ingest(
+            [
+                *_filler("acme", "s1", 5),
+                {"id": "own", "session": "s1", "channel": "general", "author": "ci",
+                 "author_kind": "bot", "content": _link(mine), "created_at": 1_700_000_100},
+                {"id": "folded", "session": "s2", "channel": "general", "author": "ci",
+                 "author_kind": "bot", "content": _link(theirs), "created_at": 1_700_000_200},
+            ],
+            tenant="acme",
+        )  # fmt: skip
+        assert result.outcomes[-1].duplicate_of == "own", "the test needs a cross-session fold"
+        assert engine.get("own", tenant="acme").latest_content == _link(theirs)
+        engine.assemble(session="s1", query="runbook deploy", tenant="acme")
+        receipt = engine.erase_session("s2", tenant="acme")
+        assert receipt.rowids == ()
+        assert receipt.ids == ("folded",)
+        assert receipt.aggregates_touched == ("own",)
+        own = engine.get("own", tenant="acme")
+        assert (own.content, own.latest_content, own.dup_count) == (
+            _link(mine), None, 1,
+        )  # fmt: skip
+        with pytest.raises(NotFound):
+            engine.get("folded", tenant="acme")
+        context = engine.assemble(session="s1", query="runbook deploy", tenant="acme")
+        rendered = "\n".join(str(m.get("content", "")) for m in context.messages)
+        assert mine in rendered
+        assert theirs not in rendered
+    assert _canary_files(path, theirs) == {}
+    assert _needle(mine) in _file_bytes(path)

@@ -106,32 +106,17 @@ def test_erased_canary_text_leaves_the_files(bench: Any, tmp_path: Path, kind: s
     assert not [n for n in row.notes if "text bytes" in n or "still finds" in n], row.notes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the canary assertion may fail; anything else is a failure
-    reason="issue 20 item 2: a deleted memory's vector stays in the .vectors files",
-)
 @pytest.mark.parametrize("kind", ["memory", "session"])
 def test_erased_canary_vector_leaves_the_index_files(bench: Any, tmp_path: Path, kind: str) -> None:
     row = bench.erasure(tmp_path, kind)
     assert row.canary_bytes == 0, row.notes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the canary assertion may fail; anything else is a failure
-    reason="issue 20 item 2: a memory compacted into a summary cannot be erased",
-)
 def test_a_compacted_memory_can_be_erased(bench: Any, tmp_path: Path) -> None:
     row = bench.erasure(tmp_path, "compacted memory")
     assert row.canary_bytes == 0, row.notes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # only the canary assertion may fail; anything else is a failure
-    reason="issue 20 item 2: compaction leaves the originals' text in the files until a scrub",
-)
 def test_compaction_removes_the_originals_text_from_the_files(bench: Any, tmp_path: Path) -> None:
     row = bench.erasure(tmp_path, "compaction")  # a summariser that keeps none of their text
     if [n for n in row.notes if "not compacted" in n]:

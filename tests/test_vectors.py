@@ -402,3 +402,25 @@ def test_scope_block_follows_every_change(monkeypatch: pytest.MonkeyPatch) -> No
         query, 20, allowed=scope
     )
     assert "mixed" not in index._blocks
+
+
+def test_a_removed_vector_is_not_in_the_saved_file(tmp_path: Path) -> None:
+    """usearch keeps a removed entry's vector in its slot until the graph is rebuilt: the
+    file an erasure saves must not hold it (issue 20)."""
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((300, 16)).astype(np.float32)
+    index = VectorIndex(16)
+    index.add(list(range(300)), vectors)
+    gone = vectors[42] / np.linalg.norm(vectors[42])
+    pattern = gone.astype("<f2").tobytes()
+    index.save(tmp_path / "before.idx")
+    assert pattern in (tmp_path / "before.idx").read_bytes()
+    assert index.remove([42]) == 1
+    index.save(tmp_path / "after.idx")
+    assert pattern not in (tmp_path / "after.idx").read_bytes()
+    assert index.removed_since_rebuild == 1  # blanked in the file, not rebuilt
+    assert index.search(vectors[9], 1)[0][0] == 9
+    loaded = VectorIndex.load(tmp_path / "after.idx")
+    assert 42 not in loaded
+    assert len(loaded) == 299
+    assert loaded.search(vectors[7], 1)[0][0] == 7

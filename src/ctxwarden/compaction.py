@@ -20,7 +20,7 @@ from ctxwarden.budget import allocate
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.models import ModelRegistry
-from ctxwarden.store.base import Store
+from ctxwarden.store.base import Store, scrub_until_done
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import Memory
 
@@ -87,7 +87,7 @@ class Compaction:
         tok = (
             tokens.get_tokenizer(plan.tokenizer) if plan.tokenizer else self._ingest_tokenizers()[0]
         )
-        return compaction.apply(
+        result = compaction.apply(
             plan,
             summarizer or ExtractiveSummarizer(),
             store=self.store,
@@ -96,6 +96,10 @@ class Compaction:
             now=self.clock(),
             progress=progress,
         )
+        # The originals' text leaves the files (FTS index pages, WAL frames, vector index
+        # files) as part of apply, not at a later scrub; retried until done, as after a delete.
+        scrub_until_done(self.store)
+        return result
 
     def _ingest_tokenizers(self) -> tuple[tokens.Tokenizer, ...]:
         names = self.config.tokenizers or (
@@ -238,4 +242,6 @@ class Compaction:
             retire=retire,
             user=users.pop() if len(users) == 1 else None,
         )
+        if retire:
+            scrub_until_done(self.store)  # the retired summaries' text leaves the files too
         return summary_id

@@ -39,7 +39,7 @@ from ctxwarden.logwriter import LogCounters, LogWriter
 from ctxwarden.models import default_registry
 from ctxwarden.scoped_reads import ScopedReads
 from ctxwarden.semantic import SemanticConfig, SemanticReport
-from ctxwarden.store.base import Store, Version
+from ctxwarden.store.base import ErasureReceipt, Store, Version
 from ctxwarden.summarize import Summarizer
 from ctxwarden.types import Context, IngestOutcome, IngestResult, Record, Scope
 
@@ -293,23 +293,40 @@ class Engine(ScopedReads):
         reason: str = "deleted",
         user: str | None = None,
         session: str | None = None,
-    ) -> None:
-        """Erase a memory: its text leaves every table and index, and every summary built from
-        it is removed too; content-free tombstones remain. :class:`NotFound` if none, or (with
-        ``user`` or ``session``) if it is not that end user's or session's."""
-        self._erasure.delete(id, tenant=tenant, reason=reason, user=user, session=session)
+    ) -> ErasureReceipt:
+        """Erase a memory by its id, an alias's id, or the id of a memory compacted into a
+        summary: its text leaves every table and index and the vector index files, and every
+        summary built from it is rewritten without the lines citing it (removed when none is
+        left); content-free tombstones remain. Returns the receipt of what was removed.
+        :class:`NotFound` if none, or (with ``user`` or ``session``) if it is not that end
+        user's or session's."""
+        return self._erasure.delete(id, tenant=tenant, reason=reason, user=user, session=session)
 
     def delete_session(
         self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
     ) -> int:
-        """Erase every memory of ``session`` (and the summaries built from them) and its
-        inclusion log, leaving tombstones; how many memories were removed."""
+        """Erase every memory of ``session`` (see :meth:`erase_session`); how many memories
+        were removed."""
+        return len(self.erase_session(session, tenant=tenant, reason=reason).rowids)
+
+    def erase_session(
+        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
+    ) -> ErasureReceipt:
+        """Erase every memory of ``session`` (and what summaries hold of them) and its
+        inclusion log, leaving tombstones; the receipt of what was removed."""
         return self._erasure.delete_session(session, tenant=tenant, reason=reason)
 
     def delete_tenant(self, *, tenant: str | None = None, reason: str = "tenant deleted") -> int:
-        """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; how many
-        memories were removed. Its API keys are revoked in the same transaction. Tool keys
-        (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
+        """Erase every memory of ``tenant`` (see :meth:`erase_tenant`); how many memories were
+        removed."""
+        return len(self.erase_tenant(tenant=tenant, reason=reason).rowids)
+
+    def erase_tenant(
+        self, *, tenant: str | None = None, reason: str = "tenant deleted"
+    ) -> ErasureReceipt:
+        """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; the
+        receipt of what was removed. Its API keys are revoked in the same transaction. Tool
+        keys (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
         return self._erasure.delete_tenant(tenant=tenant, reason=reason)
 
     def compact_plan(

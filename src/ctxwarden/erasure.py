@@ -3,9 +3,11 @@
 :class:`Erasure` is the service behind :meth:`ctxwarden.engine.Engine.delete`,
 :meth:`~ctxwarden.engine.Engine.delete_session` and
 :meth:`~ctxwarden.engine.Engine.delete_tenant`. Each waits for the inclusion-log entries queued
-before it (none may be written after the erasure), deletes in one transaction, empties the
-engine's in-process caches of what was erased (analysed aggregates, token counts) and scrubs the
-store's files of the erased text.
+before it (none may be written after the erasure), deletes in one transaction (summaries built
+from an erased memory are rewritten without its lines, or removed), empties the engine's
+in-process caches of what was erased (analysed aggregates, token counts) and scrubs the store's
+files of the erased text, retrying the scrub until it finishes. Each returns an
+:class:`~ctxwarden.store.base.ErasureReceipt`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import NotFound
-from ctxwarden.store.base import Store
+from ctxwarden.store.base import ErasureReceipt, Store, scrub_until_done
 from ctxwarden.types import Memory
 
 __all__ = ["Erasure"]
@@ -39,6 +41,11 @@ class Erasure:
         for clear in self.caches:
             clear()
 
+    def _scrub(self) -> None:
+        # The erasure has committed: its text must still leave the files, so a scrub that
+        # cannot finish yet (a reader holds the WAL) is retried, not reported as a failure.
+        scrub_until_done(self.store)
+
     def delete(
         self,
         id: str,
@@ -47,35 +54,37 @@ class Erasure:
         reason: str,
         user: str | None,
         session: str | None,
-    ) -> None:
-        """Erase a memory and the summaries built from it (see :meth:`Engine.delete`)."""
+    ) -> ErasureReceipt:
+        """Erase a memory, or an id compacted into a summary, from everything derived from it
+        (see :meth:`Engine.delete`); what was removed."""
         tenant = tenant or self.config.tenant
         if user is not None or session is not None:
             self.get(id, tenant=tenant, user=user, session=session)  # NotFound outside it
         self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
-            found = writer.delete(tenant, id, deleted_at=self.clock(), reason=reason)
-        if not found:
+            receipt = writer.erase_id(tenant, id, deleted_at=self.clock(), reason=reason)
+        if receipt is None:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}: check the id")
         self._forget()
-        self.store.scrub()
+        self._scrub()
+        return receipt
 
-    def delete_session(self, session: str, *, tenant: str | None, reason: str) -> int:
+    def delete_session(self, session: str, *, tenant: str | None, reason: str) -> ErasureReceipt:
         """Erase a session and its inclusion log (see :meth:`Engine.delete_session`)."""
         tenant = tenant or self.config.tenant
         self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
-            erased = writer.delete_session(tenant, session, deleted_at=self.clock(), reason=reason)
+            receipt = writer.erase_session(tenant, session, deleted_at=self.clock(), reason=reason)
         self._forget()
-        self.store.scrub()
-        return len(erased)
+        self._scrub()
+        return receipt
 
-    def delete_tenant(self, *, tenant: str | None, reason: str) -> int:
+    def delete_tenant(self, *, tenant: str | None, reason: str) -> ErasureReceipt:
         """Erase a tenant and its inclusion log (see :meth:`Engine.delete_tenant`)."""
         tenant = tenant or self.config.tenant
         self.flush_log()  # no entry of an earlier assemble may be written after the erasure
         with self.store.write() as writer:
-            erased = writer.delete_tenant(tenant, deleted_at=self.clock(), reason=reason)
+            receipt = writer.erase_tenant(tenant, deleted_at=self.clock(), reason=reason)
         self._forget()
-        self.store.scrub()
-        return len(erased)
+        self._scrub()
+        return receipt

@@ -421,6 +421,7 @@ class Ingestion:
                                 rowid=aggregate.rowid,
                                 status=status,
                                 created_at=item.created_at,
+                                session=record.session,
                             )
                         )
                         known[key] = aggregate.id

@@ -151,6 +151,11 @@ def _as_ids(ids: Iterable[int], field: str = "ids") -> list[int]:
     return values
 
 
+#: Removed vectors save() blanks by scanning the graph's bytes (one pass each) before a
+#: rebuild of the graph is the cheaper way to drop them.
+_WIPE_SCANS = 64
+
+
 class VectorIndex(SideCopy):
     """Cosine nearest neighbours over integer ids, with deletes and scoped search.
 
@@ -203,6 +208,9 @@ class VectorIndex(SideCopy):
         self._lock = threading.RLock()
         self._graph: Any = None
         self._removed = 0
+        # The float16 rows of vectors removed (or replaced) since the graph was built: usearch
+        # keeps them in their slots, so save() blanks them in the bytes it writes.
+        self._wipe: list[bytes] = []
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -286,6 +294,7 @@ class VectorIndex(SideCopy):
             graph = self._ensure_graph()
             present = [i for i in keys if i in self._slot]
             if present:
+                self._wipe.extend(self._matrix[self._slot[i]].tobytes() for i in present)
                 graph.remove(np.asarray(present, dtype=np.uint64))
                 self._removed += len(present)
             slots = self._allocate(keys)
@@ -323,6 +332,7 @@ class VectorIndex(SideCopy):
                 )
             self._graph = graph
             self._removed = 0
+            self._wipe = []
 
     def remove(self, ids: Iterable[int]) -> int:
         """Remove ``ids``; unknown ids are ignored. Returns how many were removed."""
@@ -331,6 +341,7 @@ class VectorIndex(SideCopy):
             present = sorted({i for i in keys if i in self._slot})
             if not present:
                 return 0
+            self._wipe.extend(self._matrix[self._slot[i]].tobytes() for i in present)
             self._graph.remove(np.asarray(present, dtype=np.uint64))
             self._release(present)
             self._removed += len(present)
@@ -448,14 +459,21 @@ class VectorIndex(SideCopy):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the index to ``path`` atomically (a reader sees the old file or the new one).
 
+        Removed vectors never reach the file: usearch keeps a removed entry's vector in its
+        slot, so those bytes are zeroed in what is written (past :data:`_WIPE_SCANS` removals
+        since the graph was built, the graph is rebuilt instead).
+
         Layout: ``CTXWVEC1``, an 8-byte little-endian header length, a JSON header, the live ids
         (int64), their float16 vectors, then the serialised graph (:mod:`ctxwarden.vector_file`).
         """
         target = Path(path)
         with self._lock:
+            if len(self._wipe) > _WIPE_SCANS:
+                self.rebuild()  # cheaper than a scan of the graph's bytes per removed vector
             live = np.flatnonzero(self._ids >= 0)
             # usearch serialises to a bytearray; written as is (no second copy of ~1 KB a row).
             graph_bytes = self._ensure_graph().save()
+            self._blank_removed(graph_bytes, live)
             write_index(
                 target,
                 dim=self._dim,
@@ -465,6 +483,24 @@ class VectorIndex(SideCopy):
                 vectors=self._matrix[live],
                 graph_bytes=graph_bytes,
             )
+
+    def _blank_removed(self, graph_bytes: bytearray, live: npt.NDArray[np.int64]) -> None:
+        """Zero the removed vectors usearch keeps in the graph's slots (a removed node still
+        routes searches; its vector no longer matters: results are re-scored from the side
+        copy), so a deleted memory's vector never reaches the file (issue 20). A row equal
+        to a live vector is left: those bytes are that vector's too."""
+        if not self._wipe:
+            return
+        rows = self._matrix[live]
+        for pattern in dict.fromkeys(self._wipe):
+            row = np.frombuffer(pattern, dtype=np.float16)
+            if rows.size and bool((rows == row).all(axis=1).any()):
+                continue
+            blank = bytes(len(pattern))
+            at = graph_bytes.find(pattern)
+            while at >= 0:
+                graph_bytes[at : at + len(pattern)] = blank
+                at = graph_bytes.find(pattern, at + len(pattern))
 
     @classmethod
     def load(

@@ -798,6 +798,98 @@ def test_retire_replaces_memories_by_their_summary(store: Store) -> None:
     assert store.get("t", "a").id == "S2"
 
 
+def test_erasing_a_compacted_id_rewrites_its_summary(store: Store) -> None:
+    summary_text = (
+        "Summary of 3 messages\nEntities: ana, bo\nEvents:\n"
+        "- [a] ana: the vault code is 4711\n- [b] bo: kafka restarted\n"
+        "Decisions:\n- [a,c] ana: rotate 4711 monthly\n- [c] bo: keep kafka 3.6"
+    )
+    with store.write() as w:
+        w.insert(_memory("a", at=100.0, content="the vault code is 4711"))
+        w.insert(_memory("b", at=150.0, content="kafka restarted"))
+        w.insert(_memory("c", at=160.0, content="keep kafka 3.6, rotate monthly"))
+        w.insert(_summary_of("top", ["S1"], content="Summary of 1 message\nEvents:\n- [S1] 4711"))
+        rowid = w.insert(_summary_of("S1", ["a", "b", "c"], content=summary_text))
+        assert w.retire("t", ["a", "b", "c"], summary_rowid=rowid, deleted_at=600.0,
+                        reason="compacted") == 3  # fmt: skip
+        w.put_token_counts([TokenCount(rowid=rowid, tokenizer="k", message=50, line=48)])
+    with store.write() as w:
+        receipt = w.erase_id("t", "a", deleted_at=700.0, reason="user request")
+        assert w.erase_id("t", "nothing", deleted_at=700.0, reason="user request") is None
+    assert receipt is not None
+    assert receipt.ids == ("a", "top")  # the summary of S1 quoted only S1's dropped lines
+    assert receipt.summaries_rewritten == ("S1",)
+    assert receipt.summaries_removed == ("top",)
+    s1 = store.get("t", "S1")
+    assert s1.content == (
+        "Summary of 2 messages\nEvents:\n- [b] bo: kafka restarted\n"
+        "Decisions:\n- [c] bo: keep kafka 3.6"
+    )
+    assert s1.source_ids == ("b", "c")
+    assert store.token_counts([rowid], "k") == {}  # counted again from the new text
+    with pytest.raises(NotFound):
+        store.get("t", "a")
+    assert store.get("t", "b").id == "S1"
+    assert store.search("t", ["4711"]) == []
+    assert [m.id for m, _ in store.search("t", ["kafka"])] == ["S1"]
+    a = next(t for t in store.tombstones("t") if t.id == "a")
+    assert (a.summary_id, a.reason, a.deleted_at) == (None, "user request", 700.0)
+    # nothing left once every cited source is erased: the summary goes, with a tombstone
+    with store.write() as w:
+        receipt = w.erase_id("t", "b", deleted_at=800.0, reason="gone")
+        assert receipt is not None
+        assert receipt.summaries_rewritten == ("S1",)
+        receipt = w.erase_id("t", "c", deleted_at=800.0, reason="gone")
+        assert receipt is not None
+        assert receipt.summaries_removed == ("S1",)
+    assert list(store.iter_memories("t")) == []
+    with pytest.raises(NotFound):
+        store.get("t", "S1")
+
+
+def test_erasing_an_id_compacted_twice_removes_the_outer_summary(store: Store) -> None:
+    with store.write() as w:
+        w.insert(_memory("a", at=100.0, content="the vault code is 4711"))
+        w.insert(_memory("b", at=150.0, content="kafka restarted"))
+        inner = w.insert(_summary_of("S1", ["a", "b"], content="- [a] 4711\n- [b] kafka"))
+        assert w.retire("t", ["a", "b"], summary_rowid=inner, deleted_at=600.0,
+                        reason="compacted") == 2  # fmt: skip
+        outer = w.insert(_summary_of("S2", ["S1"], content="- [S1] 4711 and kafka"))
+        assert w.retire("t", ["S1"], summary_rowid=outer, deleted_at=700.0,
+                        reason="compacted") == 1  # fmt: skip
+    assert store.get("t", "a").id == "S2"
+    with store.write() as w:
+        receipt = w.erase_id("t", "a", deleted_at=800.0, reason="user request")
+    assert receipt is not None
+    assert receipt.ids == ("a", "S2")
+    assert receipt.summaries_removed == ("S2",)
+    assert store.search("t", ["4711"]) == []
+    assert list(store.iter_memories("t")) == []
+
+
+def test_erasing_a_session_unfolds_its_records_from_other_sessions(store: Store) -> None:
+    with store.write() as w:
+        a = w.insert(_memory("a", content="ci key 1111", at=1.0))
+        w.add_aliases([
+            Alias(tenant="t", id="b", rowid=a, status="duplicate", created_at=2.0, session="o"),
+            Alias(tenant="t", id="c", rowid=a, status="duplicate", created_at=3.0, session="s"),
+        ])  # fmt: skip
+        w.update_aggregates(
+            [AggregateUpdate(rowid=a, folded=2, last_seen_at=3.0, latest_content="ci key 2222")]
+        )
+        w.put_token_counts([TokenCount(rowid=a, tokenizer="k", message=5, line=4)])
+    with store.write() as w:
+        receipt = w.erase_session("t", "o", deleted_at=10.0, reason="session deleted")
+    assert (receipt.ids, receipt.aggregates_touched, receipt.rowids) == (("b",), ("a",), ())
+    kept = store.get("t", "a")
+    assert (kept.dup_count, kept.latest_content) == (2, None)
+    assert store.token_counts([a], "k") == {}
+    assert store.get("t", "c").id == "a"  # another session's fold stays
+    with pytest.raises(NotFound):
+        store.get("t", "b")
+    assert ("b", "session deleted") in _tombstones(store)
+
+
 def test_retire_rolls_back_with_its_transaction(store: Store) -> None:
     with store.write() as w:
         w.insert(_memory("a", content="x"))

@@ -50,11 +50,12 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "inclusions_unindexed",
             "end_user",
             "memory_as_data",
+            "alias_session",
         ]
-        assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 12))
+        assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 15))
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == 11
+        assert pg_migrations.current_version(conn) == pg_migrations.MIGRATIONS[-1].version == 14
         indexes = conn.execute(
             "SELECT to_regclass('inclusions') IS NULL, to_regclass('inclusions_memory') IS NULL"
         ).fetchone()

@@ -671,27 +671,33 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     ) -> dict[str, Any]:
         """Delete a memory; a content-free tombstone remains. With ``user`` or ``session``, 404
         unless it is that end user's or session's."""
-        await caller.run(
+        receipt = await caller.run(
             "delete",
             lambda p: engine.delete(memory_id, tenant=p.tenant, user=user, session=session),
         )
-        return {"deleted": memory_id}
+        return {"deleted": memory_id, "receipt": receipt.to_json()}
 
     @app.delete("/v1/sessions/{session}")
     async def delete_session(session: str, caller: CallerCredentials) -> dict[str, Any]:
         """Erase a session: its memories, the summaries built from them, its inclusion log."""
-        deleted = await caller.run(
-            "delete", lambda p: engine.delete_session(session, tenant=p.tenant)
+        receipt = await caller.run(
+            "delete", lambda p: engine.erase_session(session, tenant=p.tenant)
         )
-        return {"session": session, "deleted": deleted}
+        return {"session": session, "deleted": len(receipt.rowids), "receipt": receipt.to_json()}
 
     @app.delete("/v1/tenant")
     async def delete_tenant(caller: CallerCredentials) -> dict[str, Any]:
         """Erase every memory of the caller's tenant and revoke its API keys (this one too)."""
-        return await caller.run(
-            "delete",
-            lambda p: {"tenant": p.tenant, "deleted": engine.delete_tenant(tenant=p.tenant)},
-        )
+
+        def erase(p: Principal) -> dict[str, Any]:
+            receipt = engine.erase_tenant(tenant=p.tenant)
+            return {
+                "tenant": p.tenant,
+                "deleted": len(receipt.rowids),
+                "receipt": receipt.to_json(),
+            }
+
+        return await caller.run("delete", erase)
 
     @app.get("/v1/stats")
     async def stats(

@@ -25,7 +25,9 @@ cluster's summary, deletions and tombstones commit together:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+import logging
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -34,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ctxwarden._fastinit import fast_init
+from ctxwarden.errors import StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.types import Memory
 
@@ -44,6 +47,7 @@ __all__ = [
     "ContextLog",
     "Edit",
     "Edited",
+    "ErasureReceipt",
     "FoldTarget",
     "Inclusion",
     "KeyStore",
@@ -54,7 +58,38 @@ __all__ = [
     "Tombstone",
     "Version",
     "Writer",
+    "scrub_until_done",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErasureReceipt:
+    """What one erasure removed: the ``ids`` that no longer resolve (memories, their aliases,
+    ids compacted into a summary, summaries removed because nothing of theirs was left), the
+    summaries rewritten without the erased sources' lines, the aggregates whose folded
+    duplicates went with them, and how many stored vectors were deleted.
+
+    >>> ErasureReceipt(ids=("m1",), vectors=1).ids
+    ('m1',)
+    """
+
+    ids: tuple[str, ...] = ()
+    summaries_rewritten: tuple[str, ...] = ()
+    summaries_removed: tuple[str, ...] = ()
+    aggregates_touched: tuple[str, ...] = ()
+    vectors: int = 0
+    #: The rows deleted (the store's own keys; for caches and vector indexes).
+    rowids: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The receipt as JSON (``rowids`` left out: they are the store's internals)."""
+        return {
+            "ids": list(self.ids),
+            "summaries_rewritten": list(self.summaries_rewritten),
+            "summaries_removed": list(self.summaries_removed),
+            "aggregates_touched": list(self.aggregates_touched),
+            "vectors": self.vectors,
+        }
 
 
 @fast_init
@@ -136,6 +171,8 @@ class Alias:
     rowid: int
     status: str
     created_at: float
+    #: The session the folded record came from (erasing it takes the record out again).
+    session: str | None = None
 
 
 @fast_init  # an assemble reads a few hundred (~0.5 us each, against ~0.7)
@@ -360,6 +397,22 @@ class Writer(Protocol):
         every summary whose ``source_ids`` name it (transitively), each leaving a content-free
         tombstone; False if there is none in ``tenant``."""
 
+    def erase_id(
+        self, tenant: str, id: str, *, deleted_at: float, reason: str
+    ) -> ErasureReceipt | None:
+        """:meth:`delete`, with a receipt; also erases an id compacted into a summary (its
+        tombstone names the summary): every summary citing an erased id is rewritten without
+        the lines that cite it, or removed (with a tombstone) when no cited line is left.
+        None if ``id`` is neither stored, an alias nor compacted in ``tenant``."""
+
+    def erase_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> ErasureReceipt:
+        """:meth:`delete_session` with a receipt."""
+
+    def erase_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> ErasureReceipt:
+        """:meth:`delete_tenant` with a receipt."""
+
     def delete_session(
         self, tenant: str, session: str, *, deleted_at: float, reason: str
     ) -> list[int]:
@@ -537,7 +590,10 @@ class Store(Protocol):
 
     def scrub(self) -> None:
         """After deletes: make the deleted text unrecoverable from the backend's files where the
-        backend can (SQLite: merge the FTS index, checkpoint and truncate the WAL)."""
+        backend can (SQLite: drop deleted terms from the FTS index, save the vector index files
+        without deleted vectors, checkpoint and truncate the WAL). Raises
+        :class:`~ctxwarden.errors.StoreError` when it could not finish yet: callers that have
+        committed an erasure retry (:func:`scrub_until_done`)."""
 
     # -- vectors (added on branch ``retrieve``) ----------------------------------------------
 
@@ -617,3 +673,46 @@ class Store(Protocol):
         """``message`` memories of ``tenant`` with this ``channel`` and ``author`` (None matches
         None) last seen at or after ``seen_since`` and created at or before ``created_until``,
         each with its ``model`` vector (memories without one are left out), oldest first."""
+
+
+_log = logging.getLogger(__name__)
+
+
+def scrub_until_done(
+    store: Store,
+    *,
+    attempts: int = 200,
+    first_wait: float = 0.01,
+    max_wait: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run ``store.scrub()`` until it succeeds (a reader may keep SQLite's WAL from being
+    truncated for a while): after an erasure has committed, its text must still leave the
+    files, so a failed scrub is retried, waiting ``first_wait`` doubling up to ``max_wait``
+    between attempts (~3 minutes of waits, plus each attempt's own wait for the lock), not
+    reported as the erasure's failure. Returns the attempts taken;
+    re-raises the last :class:`~ctxwarden.errors.StoreError` only when every one failed.
+
+    >>> class Flaky:
+    ...     calls = 0
+    ...     def scrub(self):
+    ...         self.calls += 1
+    ...         if self.calls < 3:
+    ...             raise StoreError("busy")
+    >>> from ctxwarden.errors import StoreError
+    >>> scrub_until_done(Flaky(), sleep=lambda s: None)  # type: ignore[arg-type]
+    3
+    """
+    wait = first_wait
+    for attempt in range(1, attempts + 1):
+        try:
+            store.scrub()
+        except StoreError as exc:
+            if attempt == attempts:
+                raise
+            _log.warning("scrub attempt %d failed (%s): retrying in %.2f s", attempt, exc, wait)
+            sleep(wait)
+            wait = min(max_wait, wait * 2)
+        else:
+            return attempt
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -521,6 +521,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         name="fact_keys",
         statements=_FACT_KEYS,
     ),
+    Migration(
+        version=15,
+        name="alias_session",
+        statements=(
+            # The session a folded record came from, so erasing that session takes the record
+            # out of an aggregate of another session (issue 20). NULL for aliases stored before
+            # and for those of compaction and semantic merges.
+            "ALTER TABLE aliases ADD COLUMN session TEXT",
+            "CREATE INDEX aliases_session ON aliases (tenant, session) WHERE session IS NOT NULL",
+        ),
+    ),
 )
 
 

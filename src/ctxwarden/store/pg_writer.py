@@ -147,11 +147,11 @@ class _PostgresWriter(MemoryWrites):
         # An id another writer stored (as a memory or an alias) since resolve_many is not
         # re-added: it is returned, and the caller reports the record as known.
         rows = self._conn.execute(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "SELECT a.tenant, a.id, a.rowid, a.status, a.at FROM unnest("
-            "%s::text[], %s::text[], %s::bigint[], %s::text[], %s::float8[]) "
-            "AS a(tenant, id, rowid, status, at) WHERE NOT EXISTS (SELECT 1 FROM memories m "
-            "WHERE m.tenant = a.tenant AND m.id = a.id) "
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at, session) "
+            "SELECT a.tenant, a.id, a.rowid, a.status, a.at, a.session FROM unnest("
+            "%s::text[], %s::text[], %s::bigint[], %s::text[], %s::float8[], %s::text[]) "
+            "AS a(tenant, id, rowid, status, at, session) WHERE NOT EXISTS "
+            "(SELECT 1 FROM memories m WHERE m.tenant = a.tenant AND m.id = a.id) "
             "ON CONFLICT (tenant, id) DO NOTHING RETURNING tenant, id",
             (
                 [a.tenant for a in aliases],
@@ -159,6 +159,7 @@ class _PostgresWriter(MemoryWrites):
                 [a.rowid for a in aliases],
                 [a.status for a in aliases],
                 [a.created_at for a in aliases],
+                [a.session for a in aliases],
             ),
         ).fetchall()
         added = {(r[0], r[1]) for r in rows}

@@ -103,6 +103,16 @@ BUSY_SLICE_MS = 10
 _ACCESS_BUMP = access_bump("max")
 
 
+def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
+    """Turn on FTS5's ``secure-delete`` (SQLite >= 3.44: a deleted row's terms leave the index
+    pages at delete time); False where this SQLite lacks it (scrub then merges the index)."""
+    try:
+        conn.execute("INSERT INTO memories_fts (memories_fts, rank) VALUES ('secure-delete', 1)")
+    except sqlite3.DatabaseError:
+        return False
+    return True
+
+
 class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
@@ -141,6 +151,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
             if cause is not None:
                 raise cause from exc
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        self._fts_secure_delete = _enable_fts_secure_delete(self._conn)
         self._closed = False
         self._log_lock = threading.Lock()
         self._pending_logs: list[tuple[ContextLog, list[Exception | None]]] = []
@@ -423,14 +434,26 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
     # -- erasure --------------------------------------------------------------------------------
 
     def scrub(self) -> None:
-        """Make deleted text unrecoverable from the files: merge the full-text index (FTS5 on
-        SQLite < 3.42 keeps a deleted row's terms in old segments until a merge), then
-        checkpoint the WAL and truncate it (its frames hold old page images). With
-        ``secure_delete`` on, freed pages are zeroed. Costs a pass over the FTS index."""
+        """Make deleted text unrecoverable from the files: drop deleted rows' terms from the
+        full-text index (FTS5's ``secure-delete`` option does it at delete time where SQLite
+        has it, >= 3.44; otherwise a merge of every segment rebuilds the index without them),
+        save the vector indexes without deleted vectors, then checkpoint the WAL and truncate
+        it (its frames hold old page images). With ``secure_delete`` on, freed pages are
+        zeroed. Raises :class:`StoreError` when a step could not finish (a reader kept the WAL
+        from being truncated): call it again (:func:`~ctxwarden.store.base.scrub_until_done`)."""
         with self._lock:
             self._check_open()
             try:
-                self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                if not self._fts_secure_delete:
+                    self._conn.execute(
+                        "INSERT INTO memories_fts (memories_fts) VALUES ('optimize')"
+                    )
+                self._vectors.persist_deletions()
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             except sqlite3.DatabaseError as exc:
                 raise self._translate(exc, "scrub") from exc
+            if busy:
+                raise StoreError(
+                    "scrub: a reader kept the WAL from being checkpointed and truncated; "
+                    "retry when it has finished"
+                )

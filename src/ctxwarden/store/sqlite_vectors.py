@@ -197,6 +197,23 @@ class VectorCache:
                 for path in paths:
                     path.unlink(missing_ok=True)
 
+    def persist_deletions(self) -> None:
+        """Bring every index loaded or on disk up to the table and save it, so vectors deleted
+        from the table leave the ``.vectors`` files now, not at close (erasure and compaction
+        call this through the store's scrub). An index neither loaded nor saved has nothing to
+        scrub and is not built."""
+        names = set(self._entries)
+        if self._dir is not None and self._dir.is_dir():
+            for meta in self._dir.glob("*.json"):
+                try:
+                    names.add(str(json.loads(meta.read_text())["model"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # a damaged file is rebuilt on its next load
+        with self._lock:
+            for model in sorted(names):
+                self._entry(model)
+            self.save()
+
     def save(self) -> None:
         """Persist every index that changed since it was loaded or saved."""
         if self._dir is None:

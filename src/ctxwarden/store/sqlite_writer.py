@@ -397,9 +397,9 @@ class _SQLiteWriter(MemoryWrites):
     def add_aliases(self, aliases: Sequence[Alias]) -> list[str]:
         # Writers are serialised: resolve_many saw every id, none can be taken meanwhile.
         self._conn.executemany(
-            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(a.tenant, a.id, a.rowid, a.status, a.created_at) for a in aliases],
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at, session) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [(a.tenant, a.id, a.rowid, a.status, a.created_at, a.session) for a in aliases],
         )
         return []
 

@@ -17,13 +17,21 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ctxwarden.errors import StoreError
 from ctxwarden.store.base import Edit, Edited
+from ctxwarden.store.erasures import ErasureWrites, without_sources
 
-__all__ = ["ACCESS_TAU_SECONDS", "ACCESS_UPSERT", "MemoryWrites", "access_bump", "merge_plan"]
+__all__ = [
+    "ACCESS_TAU_SECONDS",
+    "ACCESS_UPSERT",
+    "MemoryWrites",
+    "access_bump",
+    "merge_plan",
+    "without_sources",
+]
 
 #: Time constant of the decayed access score ``sum exp(-(now - t_i) / tau)``: a week.
 ACCESS_TAU_SECONDS = 7 * 24 * 3600.0
@@ -111,7 +119,7 @@ def merge_plan(
     )
 
 
-class MemoryWrites:
+class MemoryWrites(ErasureWrites):
     """Pins, deletions, compaction's retirements and semantic merges of one write transaction
     (mixed into each backend's writer)."""
 
@@ -119,77 +127,6 @@ class MemoryWrites:
     #: updates: PostgreSQL locks them in rowid order, so two writers never deadlock (SQLite's
     #: BEGIN IMMEDIATE already makes the writer the only one).
     _LOCK_ROWS = ""
-    #: Values per membership test (:meth:`_in`): SQLite binds each value (short statements
-    #: plan faster); PostgreSQL binds one array, so it sets no real limit.
-    _CHUNK = 400
-
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Run one statement written with ``?`` placeholders; its rows."""
-        raise NotImplementedError
-
-    def _run(self, sql: str, params: Sequence[Any]) -> None:
-        """Run one statement written with ``?`` placeholders that returns no rows."""
-        raise NotImplementedError
-
-    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run one statement written with ``?`` placeholders once per row of parameters."""
-        raise NotImplementedError
-
-    def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
-        """``values`` as the right side of a membership test (``IN (?, ?, ...)``) and its
-        parameters; at most :attr:`_CHUNK` values."""
-        return f"IN ({','.join('?' * len(values))})", list(values)
-
-    def _chunks(self, values: Sequence[Any]) -> Iterator[list[Any]]:
-        """``values`` in pieces of at most :attr:`_CHUNK` (none when empty)."""
-        for start in range(0, len(values), self._CHUNK):
-            yield list(values[start : start + self._CHUNK])
-
-    def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
-        """The rowids of ``tenant``'s summaries whose ``source_ids`` name any of ``ids``."""
-        raise NotImplementedError
-
-    def _tombstone_erased(
-        self,
-        tenant: str,
-        rowids: Sequence[int],
-        summaries: Collection[int],
-        *,
-        deleted_at: float,
-        reason: str,
-    ) -> None:
-        """Write (or overwrite, every column) the tombstones of the memories at ``rowids`` (at
-        most :attr:`_CHUNK`), about to be erased: no summary, their hash and time range,
-        ``reason`` (with a note for those in ``summaries``, erased as built from erased
-        memories)."""
-        noted = [r for r in rowids if r in summaries]
-        plain = [r for r in rowids if r not in summaries]
-        for group, why in ((plain, reason), (noted, f"{reason} (summary of erased memories)")):
-            if not group:
-                continue
-            where, params = self._in(group)
-            self._run(
-                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-                "time_start, time_end, reason) SELECT tenant, id, ?, NULL, content_hash, "
-                f"time_start, time_end, ? FROM memories WHERE tenant = ? AND rowid {where} "
-                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-                "summary_id = NULL, content_hash = excluded.content_hash, "
-                "time_start = excluded.time_start, time_end = excluded.time_end, "
-                "reason = excluded.reason",
-                [deleted_at, why, tenant, *params],
-            )
-
-    def _before_delete(self) -> None:
-        """Called before memory rows are deleted (nothing to do unless a backend says)."""
-
-    def _rowid(self, tenant: str, id: str) -> int | None:
-        """The row that holds ``id`` (its own or as an alias), or None."""
-        rows = self._rows(
-            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
-            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
-            (tenant, id, tenant, id),
-        )
-        return int(rows[0][0]) if rows else None
 
     def edit(self, edit: Edit, *, edited_at: float, keep: bool) -> Edited | str | None:
         """Replace the text of the memory ``edit.id`` (see :meth:`.Writer.edit`)."""
@@ -288,96 +225,6 @@ class MemoryWrites:
             (bool(pinned), pin_scope, rowid, tenant),
         )
         return True
-
-    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
-        """Erase the memory holding ``id`` (see :meth:`erase`); False if there is none."""
-        rowid = self._rowid(tenant, id)
-        if rowid is None:
-            return False
-        self.erase(tenant, [rowid], deleted_at=deleted_at, reason=reason)
-        return True
-
-    def erase(
-        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
-    ) -> list[int]:
-        """Delete these memories and every summary built from them (transitively), each leaving
-        a content-free tombstone; the rowids removed (for vector indexes)."""
-        self._before_delete()
-        doomed = set(rowids)
-        frontier = list(doomed)
-        summaries: set[int] = set()
-        while frontier:
-            found = [
-                r
-                for r in self._summaries_citing(tenant, self._ids_of(tenant, frontier))
-                if r not in doomed
-            ]
-            doomed.update(found)
-            summaries.update(found)
-            frontier = found
-        ordered = sorted(doomed)
-        keyed: set[tuple[str, str]] = set()
-        for chunk in self._chunks(ordered):
-            self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
-            # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
-            # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
-            where, params = self._in(chunk)
-            keyed.update(
-                (str(k), str(u))
-                for k, u in self._rows(
-                    "SELECT fact_key, coalesce(end_user, '') FROM memories WHERE tenant = ? "
-                    f"AND fact_key IS NOT NULL AND rowid {where}",
-                    [tenant, *params],
-                )
-            )
-            self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
-        for key, user in sorted(keyed):
-            self._relink(tenant, key, user)  # an erased value no longer supersedes anything
-        return ordered
-
-    def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
-        """Every id that lives in these rows: their own and their aliases."""
-        out: list[str] = []
-        for chunk in self._chunks(rowids):
-            where, params = self._in(chunk)
-            out.extend(
-                r[0]
-                for r in self._rows(
-                    f"SELECT id FROM memories WHERE tenant = ? AND rowid {where} UNION ALL "
-                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid {where}",
-                    [tenant, *params, tenant, *params],
-                )
-            )
-        return out
-
-    def delete_session(
-        self, tenant: str, session: str, *, deleted_at: float, reason: str
-    ) -> list[int]:
-        """Erase every memory of ``session`` and its inclusion logs; the rowids removed."""
-        rowids = [
-            int(r[0])
-            for r in self._rows(
-                "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
-            )
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
-        return erased
-
-    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
-        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys;
-        the rowids removed."""
-        rowids = [
-            int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
-        ]
-        erased = self.erase(tenant, rowids, deleted_at=deleted_at, reason=reason)
-        self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
-        # A deleted tenant's API keys must stop working in the same transaction.
-        self._run(
-            "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
-            (deleted_at, tenant),
-        )
-        return erased
 
     def retire(
         self,

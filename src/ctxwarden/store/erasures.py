@@ -1,0 +1,419 @@
+"""Erasure's writes, shared by the SQL backends (the base of
+:class:`~ctxwarden.store.writes.MemoryWrites`): deleting memories, sessions and tenants with
+content-free tombstones, rewriting the summaries built from erased memories without the lines
+that cite them, erasing ids compacted into a summary, and taking a session's folded records out
+of other sessions' aggregates. Each erasure returns an
+:class:`~ctxwarden.store.base.ErasureReceipt`.
+
+Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.writes` is; the primitives
+(:meth:`ErasureWrites._rows` and the rest) are each backend writer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any
+
+from ctxwarden.store.base import ErasureReceipt
+from ctxwarden.summary import line_sources
+
+__all__ = ["ErasureWrites", "without_sources"]
+
+_HEADER = re.compile(r"^Summary of \d+ messages?")
+
+
+def without_sources(content: str, erased: Collection[str], remaining: int) -> str | None:
+    r"""A rendered summary (:meth:`ctxwarden.summary.Summary.render`) without the text of the
+    ``erased`` sources: only item lines that cite sources, none of them erased, stay (an
+    uncited line, the entities line included, cannot be told apart from an erased source's
+    text), with their section titles; the header counts ``remaining`` sources. None when no
+    item is left (the summary goes).
+
+    >>> text = "Summary of 2 messages\nEntities: Ana\nEvents:\n- [m1] a\n- [m2] b"
+    >>> print(without_sources(text, {"m2"}, 1))
+    Summary of 1 message
+    Events:
+    - [m1] a
+    >>> without_sources("free text about m1", {"m1"}, 0) is None
+    True
+    """
+    lines = content.split("\n")
+    out: list[str] = []
+    title: str | None = None
+    kept = 0
+    for line in lines:
+        if line.startswith("- "):
+            cited = line_sources(line[2:])
+            if cited and not any(c in erased for c in cited):
+                if title is not None:
+                    out.append(title)
+                    title = None
+                out.append(line)
+                kept += 1
+        elif line.endswith(":") and line[:-1].replace(" ", "").isalpha():
+            title = line
+        # anything else (the header, entities, free text) is dropped
+    if not kept:
+        return None
+    header = _HEADER.match(lines[0])
+    if header is not None:
+        rest = lines[0][header.end() :]
+        out.insert(0, f"Summary of {remaining} message{'' if remaining == 1 else 's'}{rest}")
+    return "\n".join(out)
+
+
+class ErasureWrites:
+    """The erasures of one write transaction, and the statement primitives every write of
+    :class:`~ctxwarden.store.writes.MemoryWrites` uses (mixed into each backend's writer)."""
+
+    #: Values per membership test (:meth:`_in`): SQLite binds each value (short statements
+    #: plan faster); PostgreSQL binds one array, so it sets no real limit.
+    _CHUNK = 400
+
+    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Run one statement written with ``?`` placeholders; its rows."""
+        raise NotImplementedError
+
+    def _run(self, sql: str, params: Sequence[Any]) -> None:
+        """Run one statement written with ``?`` placeholders that returns no rows."""
+        raise NotImplementedError
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement written with ``?`` placeholders once per row of parameters."""
+        raise NotImplementedError
+
+    def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``values`` as the right side of a membership test (``IN (?, ?, ...)``) and its
+        parameters; at most :attr:`_CHUNK` values."""
+        return f"IN ({','.join('?' * len(values))})", list(values)
+
+    def _chunks(self, values: Sequence[Any]) -> Iterator[list[Any]]:
+        """``values`` in pieces of at most :attr:`_CHUNK` (none when empty)."""
+        for start in range(0, len(values), self._CHUNK):
+            yield list(values[start : start + self._CHUNK])
+
+    def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
+        """The rowids of ``tenant``'s summaries whose ``source_ids`` name any of ``ids``."""
+        raise NotImplementedError
+
+    def _tombstone_erased(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        summaries: Collection[int],
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> None:
+        """Write (or overwrite, every column) the tombstones of the memories at ``rowids`` (at
+        most :attr:`_CHUNK`), about to be erased: no summary, their hash and time range,
+        ``reason`` (with a note for those in ``summaries``, erased as built from erased
+        memories)."""
+        noted = [r for r in rowids if r in summaries]
+        plain = [r for r in rowids if r not in summaries]
+        for group, why in ((plain, reason), (noted, f"{reason} (summary of erased memories)")):
+            if not group:
+                continue
+            where, params = self._in(group)
+            self._run(
+                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+                "time_start, time_end, reason) SELECT tenant, id, ?, NULL, content_hash, "
+                f"time_start, time_end, ? FROM memories WHERE tenant = ? AND rowid {where} "
+                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+                "summary_id = NULL, content_hash = excluded.content_hash, "
+                "time_start = excluded.time_start, time_end = excluded.time_end, "
+                "reason = excluded.reason",
+                [deleted_at, why, tenant, *params],
+            )
+
+    def _before_delete(self) -> None:
+        """Called before memory rows are deleted (nothing to do unless a backend says)."""
+
+    def _relink(self, tenant: str, key: str, user: str) -> list[str]:
+        """Re-link the keyed facts ``key`` of ``user`` after some were erased (the writes
+        class that holds the fact keys provides it)."""
+        raise NotImplementedError
+
+    def _rowid(self, tenant: str, id: str) -> int | None:
+        """The row that holds ``id`` (its own or as an alias), or None."""
+        rows = self._rows(
+            "SELECT rowid FROM memories WHERE tenant = ? AND id = ? UNION ALL "
+            "SELECT memory_rowid FROM aliases WHERE tenant = ? AND id = ? LIMIT 1",
+            (tenant, id, tenant, id),
+        )
+        return int(rows[0][0]) if rows else None
+
+    def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
+        """Erase the memory holding ``id`` (see :meth:`erase_id`); False if there is none."""
+        return self.erase_id(tenant, id, deleted_at=deleted_at, reason=reason) is not None
+
+    def erase_id(
+        self, tenant: str, id: str, *, deleted_at: float, reason: str
+    ) -> ErasureReceipt | None:
+        """Erase ``id``: the memory holding it (its own id or an alias), or, when it was
+        compacted, its lines in the summary its tombstone names; None if it is none of these."""
+        rowid = self._rowid(tenant, id)
+        if rowid is not None:
+            return self.erase_receipt(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+        found = self._rows(
+            "SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ? "
+            "AND summary_id IS NOT NULL",
+            (tenant, id),
+        )
+        if not found:
+            return None
+        # Compacted: the id itself goes (its tombstone no longer names a summary), and its
+        # text with the summary lines that cite it.
+        self._run(
+            "UPDATE tombstones SET summary_id = NULL, deleted_at = ?, reason = ? "
+            "WHERE tenant = ? AND id = ?",
+            (deleted_at, reason, tenant, id),
+        )
+        holder = self._rows(
+            "SELECT rowid, source_ids FROM memories WHERE tenant = ? AND id = ?",
+            (tenant, str(found[0][0])),
+        )
+        if holder and id not in json.loads(holder[0][1] or "[]"):
+            # Compacted into a summary that was compacted in turn: which of the summary's lines
+            # came through the erased one is unknown, so the summary goes whole.
+            return self.erase_receipt(
+                tenant, [int(holder[0][0])], deleted_at=deleted_at, reason=reason, ids=[id]
+            )
+        return self.erase_receipt(tenant, [], deleted_at=deleted_at, reason=reason, ids=[id])
+
+    def erase(
+        self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Delete these memories (see :meth:`erase_receipt`); the rowids removed."""
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
+
+    def erase_receipt(
+        self,
+        tenant: str,
+        rowids: Sequence[int],
+        *,
+        deleted_at: float,
+        reason: str,
+        ids: Sequence[str] = (),
+    ) -> ErasureReceipt:
+        """Delete these memories (and erase ``ids``, compacted ones, too), each leaving a
+        content-free tombstone, and every summary built from them (transitively) loses the
+        lines that cite them: rewritten, or removed when no cited line is left."""
+        self._before_delete()
+        doomed = set(rowids)
+        erased_ids = [*ids, *self._ids_of(tenant, sorted(doomed))]
+        aggregates = [
+            r[0]
+            for chunk in self._chunks(sorted(doomed))
+            for r in self._rows(
+                f"SELECT id FROM memories WHERE tenant = ? AND rowid {self._in(chunk)[0]} "
+                "AND dup_count > 1 ORDER BY rowid",
+                [tenant, *self._in(chunk)[1]],
+            )
+        ]
+        removed: set[int] = set()
+        rewritten: dict[int, str] = {}
+        gone = set(erased_ids)  # ids whose text must leave every summary
+        frontier = list(gone)
+        while frontier:
+            found = [
+                r
+                for r in self._summaries_citing(tenant, frontier)
+                if r not in doomed and r not in removed
+            ]
+            frontier = []
+            for rowid in found:
+                row = self._rows(
+                    "SELECT id, content, source_ids FROM memories WHERE rowid = ?", (rowid,)
+                )[0]
+                sources = [str(s) for s in json.loads(row[2] or "[]")]
+                kept_sources = [s for s in sources if s not in gone]
+                content = without_sources(str(row[1]), gone, len(kept_sources))
+                if content is None or not kept_sources:
+                    removed.add(rowid)
+                    rewritten.pop(rowid, None)
+                    summary_ids = self._ids_of(tenant, [rowid])
+                    gone.update(summary_ids)
+                    frontier.extend(summary_ids)
+                elif content != row[1] or kept_sources != sources:
+                    self._rewrite_summary(rowid, content, kept_sources)
+                    rewritten[rowid] = str(row[0])
+                    # A summary of this summary may quote the dropped lines: its lines citing
+                    # this one go too (the id stays: the summary does).
+                    gone.add(str(row[0]))
+                    frontier.append(str(row[0]))
+        everything = doomed | removed
+        ordered = sorted(everything)
+        vectors = 0
+        removed_ids = self._ids_of(tenant, sorted(removed))
+        summaries_removed = [
+            r[0]
+            for chunk in self._chunks(ordered)
+            for r in self._rows(
+                f"SELECT id FROM memories WHERE tenant = ? AND rowid {self._in(chunk)[0]} "
+                "AND kind = 'summary' ORDER BY rowid",
+                [tenant, *self._in(chunk)[1]],
+            )
+        ]
+        keyed: set[tuple[str, str]] = set()
+        for chunk in self._chunks(ordered):
+            self._tombstone_erased(tenant, chunk, removed, deleted_at=deleted_at, reason=reason)
+            where, params = self._in(chunk)
+            keyed.update(
+                (str(k), str(u))
+                for k, u in self._rows(
+                    "SELECT fact_key, coalesce(end_user, '') FROM memories WHERE tenant = ? "
+                    f"AND fact_key IS NOT NULL AND rowid {where}",
+                    [tenant, *params],
+                )
+            )
+            vectors += int(
+                self._rows(
+                    f"SELECT count(*) FROM memory_vectors WHERE memory_rowid {where}", params
+                )[0][0]
+            )
+            # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
+            # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
+            self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
+        for key, user in sorted(keyed):
+            self._relink(tenant, key, user)  # an erased value no longer supersedes anything
+        vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
+        return ErasureReceipt(
+            ids=tuple(dict.fromkeys([*erased_ids, *removed_ids])),
+            summaries_rewritten=tuple(rewritten[r] for r in sorted(rewritten)),
+            summaries_removed=tuple(summaries_removed),
+            aggregates_touched=tuple(aggregates),
+            vectors=vectors,
+            rowids=tuple(ordered),
+        )
+
+    def _rewrite_summary(self, rowid: int, content: str, sources: Sequence[str]) -> None:
+        """Replace a summary's text and sources; what was derived from its old text (token
+        counts, its vector) goes, to be computed again from the new."""
+        self._run(
+            "UPDATE memories SET content = ?, latest_content = NULL, source_ids = ?, "
+            "content_hash = ? WHERE rowid = ?",
+            (
+                content,
+                json.dumps(list(sources)),
+                "summary-" + hashlib.sha256(content.encode()).hexdigest()[:32],
+                rowid,
+            ),
+        )
+        self._run("DELETE FROM token_counts WHERE memory_rowid = ?", (rowid,))
+        self._run("DELETE FROM memory_vectors WHERE memory_rowid = ?", (rowid,))
+
+    def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:
+        """Every id that lives in these rows: their own and their aliases."""
+        out: list[str] = []
+        for chunk in self._chunks(rowids):
+            where, params = self._in(chunk)
+            out.extend(
+                r[0]
+                for r in self._rows(
+                    f"SELECT id FROM memories WHERE tenant = ? AND rowid {where} UNION ALL "
+                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid {where}",
+                    [tenant, *params, tenant, *params],
+                )
+            )
+        return out
+
+    def erase_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> ErasureReceipt:
+        """Erase every memory of ``session`` and its inclusion logs, with a receipt."""
+        rowids = [
+            int(r[0])
+            for r in self._rows(
+                "SELECT rowid FROM memories WHERE tenant = ? AND session = ?", (tenant, session)
+            )
+        ]
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        receipt = self._unfold_session(
+            tenant, session, receipt, deleted_at=deleted_at, reason=reason
+        )
+        self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
+        return receipt
+
+    def _unfold_session(
+        self,
+        tenant: str,
+        session: str,
+        receipt: ErasureReceipt,
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> ErasureReceipt:
+        """Take the records of ``session`` out of the aggregates of other sessions they were
+        folded into: their aliases go (tombstoned), the aggregate's count drops, and its latest
+        variant (which may be this session's text) is cleared, with the token counts cached
+        for renderings of it."""
+        folded = self._rows(
+            "SELECT a.id, a.memory_rowid, m.id FROM aliases a JOIN memories m "
+            "ON m.rowid = a.memory_rowid WHERE a.tenant = ? AND a.session = ? "
+            "ORDER BY a.memory_rowid, a.id",
+            (tenant, session),
+        )
+        if not folded:
+            return receipt
+        per_row: dict[int, int] = {}
+        for _, rowid, _ in folded:
+            per_row[int(rowid)] = per_row.get(int(rowid), 0) + 1
+        self._run_many(
+            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, "
+            "created_at, created_at, ? FROM memories WHERE rowid = ? "
+            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+            "summary_id = NULL, content_hash = excluded.content_hash, "
+            "time_start = excluded.time_start, time_end = excluded.time_end, "
+            "reason = excluded.reason",
+            [(alias, deleted_at, reason, rowid) for alias, rowid, _ in folded],
+        )
+        self._run_many(
+            "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a, _, _ in folded]
+        )
+        self._run_many(
+            "UPDATE memories SET dup_count = CASE WHEN dup_count > ? THEN dup_count - ? "
+            "ELSE 1 END, latest_content = NULL WHERE rowid = ?",
+            [(n, n, rowid) for rowid, n in per_row.items()],
+        )
+        self._run_many("DELETE FROM token_counts WHERE memory_rowid = ?", [(r,) for r in per_row])
+        touched = list(dict.fromkeys(str(m) for _, _, m in folded))
+        return dataclasses.replace(
+            receipt,
+            ids=tuple(dict.fromkeys([*receipt.ids, *(a for a, _, _ in folded)])),
+            aggregates_touched=tuple(dict.fromkeys([*receipt.aggregates_touched, *touched])),
+        )
+
+    def delete_session(
+        self, tenant: str, session: str, *, deleted_at: float, reason: str
+    ) -> list[int]:
+        """Erase every memory of ``session`` and its inclusion logs; the rowids removed."""
+        receipt = self.erase_session(tenant, session, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
+
+    def erase_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> ErasureReceipt:
+        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys,
+        with a receipt."""
+        rowids = [
+            int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
+        ]
+        receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
+        # A deleted tenant's API keys must stop working in the same transaction.
+        self._run(
+            "UPDATE api_keys SET revoked_at = ? WHERE tenant = ? AND revoked_at IS NULL",
+            (deleted_at, tenant),
+        )
+        return receipt
+
+    def delete_tenant(self, tenant: str, *, deleted_at: float, reason: str) -> list[int]:
+        """Erase every memory of ``tenant`` and its inclusion logs, and revoke its API keys;
+        the rowids removed."""
+        receipt = self.erase_tenant(tenant, deleted_at=deleted_at, reason=reason)
+        return list(receipt.rowids)
