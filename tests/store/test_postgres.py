@@ -50,6 +50,8 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "inclusions_unindexed",
             "end_user",
             "memory_as_data",
+            "memory_versions",
+            "fact_keys",
             "alias_session",
         ]
         assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 15))
