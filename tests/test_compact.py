@@ -47,7 +47,9 @@ def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> li
                     f"{WORDS[(n * 3) % 10]} meeting with {['Omar', 'Ines'][n % 2]}"
                     if n % 3 == 0
                     else f"{channel}: the {WORDS[n % 10]} chat went fine, nothing new on the "
-                    f"{WORDS[(n * 3) % 10]} side honestly",
+                    f"{WORDS[(n * 3) % 10]} side honestly, just the usual back and forth about "
+                    "who reads which doc first and whether the notes should be longer or shorter, "
+                    "nobody minded much either way and we moved on to lunch plans after that",
                     "created_at": start + d * DAY + i * 600,
                 }
             )
@@ -62,6 +64,7 @@ def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> li
         ("time_window", -5),
         ("max_cluster_tokens", 0),
         ("summary_ratio", 1.5),
+        ("max_summary_share", 1.0),
         ("access_threshold", float("nan")),
         ("min_cluster_size", 0),
     ],
@@ -234,7 +237,7 @@ def test_sliding_window_summarises_before_overflow(clock: Clock) -> None:
         assert summary.source_ids[0] == "dev-0"
         # Originals stay (retrieval still finds them); the summary is in the summaries block.
         assert engine.get("dev-0").id == "dev-0"
-        context = engine.assemble(session="team", model="gpt-4o", budget=1500)
+        context = engine.assemble(session="team", model="gpt-4o", budget=4000)
         assert written[0] in context.included
         # a summary is retrieved content: quoted data in the user-role memory message, never
         # in the system message
@@ -365,7 +368,7 @@ def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) ->
         summary = engine.get(written[0])
         when = format_time(records[3]["created_at"], precision="minutes")[11:16]
         assert f"[dev-3] {when} {records[3]['author']}: {fact}" in summary.content
-        context = engine.assemble(session="team", model="gpt-4o", budget=3000)
+        context = engine.assemble(session="team", model="gpt-4o", budget=8000)
         assert written[0] in context.included
         data = context.messages[0]  # no system prompt: memory is data, never the system
         assert data["role"] == "user"

@@ -81,6 +81,9 @@ class CompactionPolicy:
       target is ``ratio x cluster tokens`` clamped to [min, max].
     - ``topic_threshold``: with embeddings, a memory joins a topic group when its cosine
       similarity to the group's first member is at least this.
+    - ``max_summary_share``: a summary keeps at most this share of its cluster's tokens; a
+      cluster whose facts need more is left alone (a summary that keeps more is not worth what
+      it drops).
 
     >>> CompactionPolicy(older_than=-1)
     Traceback (most recent call last):
@@ -98,6 +101,7 @@ class CompactionPolicy:
     min_summary_tokens: int = 64
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
+    max_summary_share: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -120,6 +124,8 @@ class CompactionPolicy:
             raise bad("min_cluster_size", "must be 1 or more")
         if not _number(self.summary_ratio) or not 0 < self.summary_ratio < 1:
             raise bad("summary_ratio", "must be between 0 and 1 (exclusive)")
+        if not _number(self.max_summary_share) or not 0 < self.max_summary_share < 1:
+            raise bad("max_summary_share", "must be between 0 and 1 (exclusive)")
         if self.max_summary_tokens < self.min_summary_tokens:
             raise bad(
                 "max_summary_tokens", f"is below min_summary_tokens ({self.min_summary_tokens})"
@@ -319,19 +325,25 @@ def summarise_cluster(
     sources: Sequence[Memory],
     summarizer: Summarizer,
     tokenizer: TokenCounter,
+    max_tokens: int | None = None,
+    max_share: float = 0.5,
 ) -> ClusterSummary:
     """The summary ``cluster`` gets, or why it is left alone.
 
-    The token target grows to hold every fact of the originals (see
-    :func:`ctxwarden.sentences.fact_values`); a cluster whose facts fill as many tokens as the
-    originals themselves is left alone (a summary would save nothing). A summary that loses a
+    The token target is the policy's plus what every fact of the originals needs (see
+    :func:`ctxwarden.sentences.fact_values`), up to ``max_tokens`` (a summary too big for a
+    context's summaries or related block would never be shown) and half the cluster's tokens (a
+    summary that keeps more is not worth what it drops; ``max_share``); a cluster whose facts
+    need more is left alone. A summary that loses a
     fact (:func:`lost_facts`) is replaced by the extractive one; when that loses one too, the
     cluster is left alone.
     """
     items = [SummaryItem.of(m) for m in sources]
     facts = len(_facts(items))
-    target = max(cluster.target_tokens, _fact_tokens(items, tokenizer))
-    if target >= cluster.tokens:
+    # The facts come on top of the policy's target, which stays for the best of the rest.
+    target = cluster.target_tokens + _fact_tokens(items, tokenizer)
+    limit = min(int(cluster.tokens * max_share), max_tokens or cluster.tokens)
+    if target > limit:
         return ClusterSummary(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts,
             reason=f"its {facts} facts need {target} of its {cluster.tokens} tokens",
@@ -345,10 +357,10 @@ def summarise_cluster(
     for _ in range(2):
         # The fact estimate leaves out the entities line and section titles: grow the target
         # by what was lost, while the summary still saves tokens.
-        if not lost or target >= cluster.tokens - 1:
+        if not lost or target >= limit:
             break
         missing = tokenizer.count("\n".join(f"- [{i}] 00:00 {s}" for i, s in lost))
-        target = min(cluster.tokens - 1, int(target * 1.15) + missing)
+        target = min(limit, int(target * 1.15) + missing)
         text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
         lost = lost_facts(items, text)
     if lost:
@@ -632,7 +644,8 @@ def preview(
     for cluster in compaction.clusters:
         sources, outcome = _sources(store, cluster)
         if outcome == "compacted":
-            out.append(summarise_cluster(cluster, sources, summarizer, tokenizer))
+            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
+            out.append(summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share))
     return tuple(out)
 
 
@@ -662,7 +675,8 @@ def apply(
         sources, outcome = _sources(store, cluster)
         summary = None
         if outcome == "compacted":
-            summary = summarise_cluster(cluster, sources, summarizer, tokenizer)
+            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
+            summary = summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share)
             if summary.text is None:
                 outcome = "left_alone"
         if outcome == "compacted" and summary is not None and summary.text is not None:
