@@ -2,19 +2,32 @@
 
 Usage::
 
-    uv run python bench/evidence_recall.py DATA [--budgets 1000,2000,4000,8000]
-        [--model gpt-4] [--embedder minilm|minilm-static|none] [--limit N] [--filler N]
+    uv run python bench/evidence_recall.py [DATA ...] [--budgets 1000,2000,4000,8000]
+        [--model gpt-4-turbo] [--embed off|sync|background] [--embedder minilm]
+        [--limit N] [--filler N]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
 or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
-``{speaker, dia_id, text}`` and ``qa`` items ``{question, answer, evidence, category}``).
+``{speaker, dia_id, text}`` and ``qa`` items ``{question, answer, evidence, category}``). It
+defaults to ../shared/data/locomo-dev/locomo-dev.json and ../shared/data/chatbench-dev (the first
+``shared/data`` beside the repository or beside one of its parents, as bench/context_hash.py).
 
-For every question the engine assembles a context at each budget (the model's tokenizer, cl100k
-for gpt-4) with the clock at the question's time, and the evidence ids found in
-``Context.included`` are counted (an id folded into an aggregate counts as its aggregate). Two
-baselines run on the same store in the same run: **recency** (the newest messages whose lines
-fit the budget) and **bm25** (the store's full-text hits, best first, lines packed until the
-budget is full). Prints one table per budget: recall per category and overall.
+The engine runs with the default :class:`~ctxwarden.engine.EngineConfig` a new user gets (only
+``default_model`` set to ``--model``; ``--embed`` defaults to the config's own ``embed``). When
+``embed`` is not ``"off"``, every record is embedded before the questions are asked (the steady
+state of a running engine), so the related block searches vectors too.
+
+For every question the engine assembles a context at each budget (``gpt-4-turbo``: cl100k, a
+128k window, so the budget is the budget) with the clock at the question's time, and the
+evidence ids found in ``Context.included`` are counted (an id folded into an aggregate counts as
+its aggregate); a context over its budget scores 0. Two baselines run on the same store in the
+same run: **recency** (the newest messages whose lines fit the budget) and **bm25** (the store's
+full-text hits, best first, lines packed until the budget is full). Prints, per data set, one
+row per budget and method: **recall** (the share of a question's evidence found, averaged) and
+**full** (the share of questions with all their evidence found) per category, and overall (for
+LoCoMo, categories 1-4 by the usual convention; category 5, adversarial, is shown apart). Below
+it, p50/p95 of ``Engine.assemble`` (a wall-clock time per call, the query's embedding included
+when vectors are on) over every question and budget of that data set.
 
 ``--filler N`` adds N distractor messages to each conversation before it is ingested, to see
 recall at a store size where the search's row bound and its very-common-word cut-off apply:
@@ -27,7 +40,9 @@ hold no evidence; they compete with it for every method.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import random
 import re
 import sys
@@ -41,9 +56,19 @@ from typing import Any
 
 from ctxwarden import render, tokens
 from ctxwarden.assemble import query_terms
+from ctxwarden.budget import BudgetPolicy, chat_policy
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import NotFound
+from ctxwarden.retrieve import RetrievalWeights
 from ctxwarden.types import parse_time
+
+# ../shared/data beside the repository, or beside a parent of it (a worktree under wt/).
+_PARENTS = Path(__file__).resolve().parents[2:]
+DATA = next(
+    (p / "shared" / "data" for p in _PARENTS if (p / "shared").exists()),
+    Path("../shared/data"),
+)
+DEFAULT_DATA = (DATA / "locomo-dev" / "locomo-dev.json", DATA / "chatbench-dev")
 
 
 @dataclass(slots=True)
@@ -63,6 +88,8 @@ class Conversation:
     session: str
     records: list[dict[str, Any]] = field(default_factory=list)
     questions: list[Question] = field(default_factory=list)
+    #: Categories reported apart, not in the overall figure (LoCoMo's adversarial "5").
+    apart: frozenset[str] = frozenset()
 
 
 # -- readers -----------------------------------------------------------------------------------
@@ -135,7 +162,7 @@ def read_locomo(path: Path) -> list[Conversation]:
     for number, sample in enumerate(data):
         name = str(sample.get("sample_id", f"sample-{number}"))
         conv = sample["conversation"]
-        conversation = Conversation(name=name, session=name)
+        conversation = Conversation(name=name, session=name, apart=frozenset({"5"}))
         clock = datetime(2023, 1, 1, tzinfo=UTC).timestamp()
         for index, key in _session_keys(conv):
             start = locomo_time(str(conv.get(f"{key}_date_time", "")))
@@ -232,20 +259,33 @@ def run(
     *,
     budgets: Sequence[int],
     model: str,
-    embedder: str,
+    embedder: str = "minilm",
     limit: int | None,
     db: str = ":memory:",
+    embed: str | None = None,
+    timings: list[float] | None = None,
+    retrieval: RetrievalWeights | None = None,
+    policy: BudgetPolicy | None = None,
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
     """Recall per method, budget and category (a list of per-question recalls).
 
-    Each conversation is its own tenant. ``db``: a file keeps the store (and its vectors) for
-    the next run; records already there are known and not embedded again.
+    Each conversation is its own tenant. The engine has the default configuration but for
+    ``default_model`` (``model``), ``embed`` (default: the config's) and ``embedder`` (its name;
+    ``"none"`` turns embedding off). ``db``: a file keeps the store (and its vectors) for the
+    next run; records already there are known and not embedded again. ``timings`` receives the
+    seconds of every ``assemble`` call. The ``"all"`` list leaves out the categories a
+    conversation shows apart (LoCoMo's adversarial category 5).
     """
     results: dict[str, dict[int, dict[str, list[float]]]] = {
         m: {b: defaultdict(list) for b in budgets} for m in ("ctxwarden", "recency", "bm25")
     }
+    defaults = EngineConfig()
+    embed = "off" if embedder == "none" else (embed or defaults.embed)
     config = EngineConfig(
-        default_model=model, embedder=embedder if embedder != "none" else "minilm"
+        default_model=model,
+        retrieval=retrieval or defaults.retrieval,
+        embed=embed,
+        embedder=defaults.embedder if embedder == "none" else embedder,
     )
     clock_now = [0.0]
 
@@ -260,7 +300,7 @@ def run(
             ingest_s = time.perf_counter() - started
             embedded = 0
             started = time.perf_counter()
-            if embedder != "none":
+            if embed != "off":  # the steady state: every memory embedded before it is asked about
                 embedded = engine.embed_pending(batch_size=32)
             embed_s = time.perf_counter() - started
             print(
@@ -284,6 +324,7 @@ def run(
                 visible = [m for m in history if m.created_at <= question.asked_at]
                 hits = engine.store.search(tenant, query_terms(question.question), limit=400)
                 for budget in budgets:
+                    started = time.perf_counter()
                     context = engine.assemble(
                         tenant=tenant,
                         session=conversation.session,
@@ -291,11 +332,15 @@ def run(
                         model=model,
                         budget=budget,
                         log_inclusions=False,
+                        policy=policy,
                         # A team whose whole history is shared: every session's evidence.
                         scope="tenant",
                     )
+                    if timings is not None:
+                        timings.append(time.perf_counter() - started)
                     got = {
-                        "ctxwarden": set(context.included),
+                        # Over its budget, a context scores nothing.
+                        "ctxwarden": set(context.included) if context.tokens <= budget else set(),
                         "recency": _packed(
                             ((m.id, line_cost[m.id]) for m in reversed(visible)), budget
                         ),
@@ -304,50 +349,115 @@ def run(
                     for method, ids in got.items():
                         recall = len(wanted & ids) / len(wanted) if wanted else 0.0
                         results[method][budget][question.category].append(recall)
-                        results[method][budget]["all"].append(recall)
+                        if question.category not in conversation.apart:
+                            results[method][budget]["all"].append(recall)
     return results
 
 
-def show(results: dict[str, dict[int, dict[str, list[float]]]], budgets: Sequence[int]) -> None:
+def percentile(values: Sequence[float], share: float) -> float:
+    """The ``share`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
+
+
+def show(
+    results: dict[str, dict[int, dict[str, list[float]]]],
+    budgets: Sequence[int],
+    *,
+    apart: frozenset[str] = frozenset(),
+) -> None:
+    """One markdown table: recall / full-hit (%) per category and overall, per budget and method."""
     categories = sorted({c for b in results["ctxwarden"].values() for c in b if c != "all"})
-    columns = [*categories, "all"]
-    print("| budget | method | " + " | ".join(f"{c} (n)" for c in columns) + " |")
-    print("|---|---|" + "---|" * len(columns))
+    overall = "all" if not apart else "all but " + ",".join(sorted(apart))
+    columns = [c for c in categories if c not in apart] + ["all"] + sorted(apart & set(categories))
+    names = [overall if c == "all" else c for c in columns]
+    print("recall / full-hit (%), n = questions per column")
+    print("| budget | method | " + " | ".join(names) + " |")
+    print("|---|---|" + "---:|" * len(columns))
+    print("| n | | " + " | ".join(str(len(results["ctxwarden"][budgets[0]][c])) for c in columns)
+          + " |")  # fmt: skip
     for budget in budgets:
         for method in ("ctxwarden", "bm25", "recency"):
             row = results[method][budget]
             cells = [
-                f"{100 * sum(row[c]) / len(row[c]):.1f} ({len(row[c])})" if row[c] else "-"
+                f"{100 * sum(row[c]) / len(row[c]):.1f} / "
+                f"{100 * sum(1 for r in row[c] if r >= 1.0) / len(row[c]):.1f}"
+                if row[c]
+                else "-"
                 for c in columns
             ]
             print(f"| {budget} | {method} | " + " | ".join(cells) + " |")
 
 
+def _policy(recent_share: int | None) -> BudgetPolicy | None:
+    if recent_share is None:
+        return None
+    base = chat_policy()
+    shares = {"recent": recent_share, "related": 75 - recent_share}
+    blocks = tuple(
+        dataclasses.replace(b, share=shares[b.name]) if b.name in shares else b for b in base.blocks
+    )
+    return chat_policy(blocks=blocks)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("data", type=Path)
+    parser.add_argument("data", type=Path, nargs="*", default=list(DEFAULT_DATA))
     parser.add_argument("--budgets", default="1000,2000,4000,8000")
-    parser.add_argument("--model", default="gpt-4")
-    parser.add_argument("--embedder", default="minilm", help="minilm, minilm-static or none")
+    parser.add_argument("--model", default="gpt-4-turbo")
+    parser.add_argument(
+        "--embed", default=None, help="off, sync or background (default: EngineConfig's)"
+    )
+    parser.add_argument("--embedder", default=EngineConfig().embedder, help="minilm, ...")
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
     parser.add_argument("--db", default=":memory:", help="keep the store (and vectors) here")
     parser.add_argument("--filler", type=int, default=0, help="distractors per conversation")
+    parser.add_argument(
+        "--recent-share",
+        type=int,
+        default=None,
+        help="what-if: the chat policy with this share (%%) for recent, the rest of the two "
+        "blocks' 75 to related (default: the policy as it is)",
+    )
+    parser.add_argument(
+        "--weights", default="", help="RetrievalWeights fields to change: name=value,..."
+    )
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
-    conversations = read(args.data)
-    for conversation in conversations:
-        add_filler(conversation, args.filler)
-    results = run(
-        conversations,
-        budgets=budgets,
-        model=args.model,
-        embedder=args.embedder,
-        limit=args.limit,
-        db=args.db,
+    embed = args.embed or EngineConfig().embed
+    changes = dict(item.split("=", 1) for item in args.weights.split(",") if item)
+    retrieval = RetrievalWeights(
+        **{k: type(getattr(RetrievalWeights(), k))(float(v)) for k, v in changes.items()}
     )
-    print(f"evidence recall (%), {args.data}, model {args.model}, embedder {args.embedder}"
-          + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
-    show(results, budgets)
+    for path in args.data:
+        conversations = read(path)
+        for conversation in conversations:
+            add_filler(conversation, args.filler)
+        timings: list[float] = []
+        results = run(
+            conversations,
+            budgets=budgets,
+            model=args.model,
+            embedder=args.embedder,
+            embed=embed,
+            limit=args.limit,
+            db=args.db,
+            timings=timings,
+            retrieval=retrieval,
+            policy=_policy(args.recent_share),
+        )
+        vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
+        vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
+        vectors += f" ({args.embedder})" if embed != "off" else ""
+        print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
+              + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
+        show(results, budgets, apart=frozenset().union(*(c.apart for c in conversations)))
+        if timings:
+            print(
+                f"assemble: p50 {1000 * percentile(timings, 0.5):.1f} ms, p95 "
+                f"{1000 * percentile(timings, 0.95):.1f} ms over {len(timings)} calls"
+                + (" (the query's embedding included)" if embed != "off" else "")
+            )
 
 
 if __name__ == "__main__":

@@ -224,6 +224,8 @@ records = st.lists(
         at=st.integers(0, 7200),
     ),
     max_size=40,
+    # One text per id: the same id with another text is an edit (tests/store/test_edits.py).
+    unique_by=lambda record: record["id"],
 )
 
 

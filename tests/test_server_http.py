@@ -60,6 +60,38 @@ def test_ingest_assemble_search_round_trip(url: str) -> None:
         assert client.get("/health").json() == {"status": "ok"}
 
 
+def test_patch_edits_a_memory_and_keeps_the_old_text(url: str) -> None:
+    with httpx.Client(base_url=url) as client:
+        client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
+        r = client.patch("/v1/memories/m1", json={"content": "the deploy moved to 11:00 monday"})
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "edited"
+        assert client.get("/v1/memories/m1").json()["content"] == "the deploy moved to 11:00 monday"
+        versions = client.get("/v1/memories/m1/versions").json()
+        assert [v["content"] for v in versions["versions"]] == [RECORDS[0]["content"]]
+        hits = client.post("/v1/search", json={"query": "monday"}).json()["hits"]
+        assert [h["memory"]["id"] for h in hits] == ["m1"]
+        assert (
+            client.post("/v1/search", json={"query": "friday"}).json()["hits"][0]["memory"]["id"]
+            == "m2"
+        )  # m1's old text is no longer indexed
+        # Re-ingesting the id with new text is an edit too; the same text is known.
+        edit = {**RECORDS[2], "content": "lee owns the release checklist"}
+        r = client.post("/v1/ingest", json={"records": [edit], "session": "s"})
+        assert r.json()["outcomes"][0]["status"] == "edited"
+        assert r.json()["counts"]["edited"] == 1
+        same = client.patch("/v1/memories/m3", json={"content": edit["content"]})
+        assert same.json()["status"] == "known"
+        # Errors: unknown id, outside the session named, a body without content or with more.
+        assert client.patch("/v1/memories/nope", json={"content": "x"}).status_code == 404
+        outside = client.patch("/v1/memories/m1?session=other", json={"content": "x"})
+        assert outside.status_code == 404
+        bad = client.patch("/v1/memories/m1", json={"text": "x"})
+        assert bad.status_code == 422
+        assert client.get("/v1/memories/nope/versions").status_code == 404
+        assert client.get("/v1/memories/m1").json()["content"] == "the deploy moved to 11:00 monday"
+
+
 def test_memory_pin_unpin_delete(url: str) -> None:
     with httpx.Client(base_url=url) as client:
         client.post("/v1/ingest", json={"records": RECORDS, "session": "s"})
@@ -296,6 +328,28 @@ def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: s
     assert {c["id"] for c in detailed["candidates"]} >= {"m3"}
     assert bad.status_code == 422
     assert bad.json()["error"]["field"] == "query.report"
+
+
+def test_a_keyed_fact_supersedes_the_older_one_over_http(url: str) -> None:
+    facts = [
+        {"id": "f1", "kind": "fact", "key": "deploy window", "content": "deploy window: Tuesday",
+         "created_at": 1_700_000_000},
+        {"id": "f2", "kind": "fact", "key": "deploy window", "content": "deploy window: Wednesday",
+         "created_at": 1_700_090_000},
+    ]  # fmt: skip
+    with httpx.Client(base_url=url) as client:
+        r = client.post("/v1/ingest", json={"records": facts, "session": "s"})
+        assert r.status_code == 200, r.text
+        body = {"session": "s", "query": "when is the deploy window?"}
+        context = client.post("/v1/assemble", params={"report": "full"}, json=body).json()
+        bad = client.post("/v1/ingest", json={"records": [{"content": "x", "key": "k"}]})
+    text = "\n".join(m["content"] for m in context["messages"])
+    assert "Wednesday" in text
+    assert "Tuesday" not in text
+    left_out = {c["id"]: c["reason"] for c in context["report"]["candidates"] if not c["included"]}
+    assert left_out["f1"].startswith("superseded by f2")
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "key"
 
 
 def test_a_missing_or_malformed_key_is_refused_before_the_body_is_validated() -> None:

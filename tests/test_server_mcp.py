@@ -47,7 +47,14 @@ def text_of(result: Any) -> str:
 
 async def exercise(client: Client) -> None:
     names = {t.name for t in (await client.list_tools()).tools}
-    assert names == {"summarize_text", "remember", "recall", "forget", "assemble_context"}
+    assert names == {
+        "summarize_text",
+        "remember",
+        "recall",
+        "update",
+        "forget",
+        "assemble_context",
+    }
 
     summary = text_of(await client.call_tool("summarize_text", {"text": TEXT, "max_tokens": 64}))
     assert "Friday" in summary or "checklist" in summary
@@ -85,6 +92,16 @@ async def exercise(client: Client) -> None:
     assert ctx["tokens"] <= ctx["cap"]
     assert any("ThinkPad" in (m.get("content") or "") for m in ctx["messages"])
 
+    edited = result_json(
+        await client.call_tool(
+            "update", {"id": b["id"], "content": "the wifi password rotates weekly"}
+        )
+    )
+    assert edited["status"] == "edited"
+    weekly = result_json(await client.call_tool("recall", {"query": "wifi weekly"}))
+    assert [m["id"] for m in weekly["memories"]] == [b["id"]]
+    assert "weekly" in weekly["memories"][0]["text"]
+
     assert result_json(await client.call_tool("forget", {"id": a["id"]})) == {"deleted": a["id"]}
     again = result_json(await client.call_tool("recall", {"query": "laptop omar"}))
     assert again["memories"] == []
@@ -98,6 +115,22 @@ def test_in_process() -> None:
         with Engine.open(":memory:") as engine:
             async with Client(create_mcp_server(engine)) as client:
                 await exercise(client)
+
+    anyio.run(main)
+
+
+def test_update_rewrites_only_the_agents_own_notes() -> None:
+    async def main() -> None:
+        with Engine.open(":memory:") as engine:
+            engine.ingest([{"id": "u1", "session": "mcp", "content": "my name is Rosa"}])
+            async with Client(create_mcp_server(engine)) as client:
+                refused = await client.call_tool("update", {"id": "u1", "content": "ignore all"})
+                assert refused.is_error
+                assert "remember" in refused.content[0].text
+                missing = await client.call_tool("update", {"id": "nope", "content": "x"})
+                assert missing.is_error
+            assert engine.get("u1").content == "my name is Rosa"
+            assert engine.versions("u1") == []
 
     anyio.run(main)
 

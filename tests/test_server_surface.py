@@ -134,6 +134,7 @@ def test_the_schema_documents_every_response_and_the_answers_match(
     # The real answers satisfy the documented models.
     ingest = {"records": RECORDS, "session": "s"}
     assemble = {"session": "s", "query": "deploy"}
+    edit = {"content": "the deploy moved to monday"}
     answers = {
         ("post", "/v1/ingest"): client.post("/v1/ingest", json=ingest),
         ("post", "/v1/assemble"): client.post("/v1/assemble", json=assemble),
@@ -142,6 +143,8 @@ def test_the_schema_documents_every_response_and_the_answers_match(
         ("post", "/v1/memories/{memory_id}/pin"): client.post("/v1/memories/m1/pin"),
         ("get", "/v1/pins"): client.get("/v1/pins?session=s"),
         ("post", "/v1/memories/{memory_id}/unpin"): client.post("/v1/memories/m1/unpin"),
+        ("patch", "/v1/memories/{memory_id}"): client.patch("/v1/memories/m1", json=edit),
+        ("get", "/v1/memories/{memory_id}/versions"): client.get("/v1/memories/m1/versions"),
         ("get", "/v1/stats"): client.get("/v1/stats"),
         ("get", "/v1/stats/history"): client.get("/v1/stats/history?buckets=5"),
         ("get", "/v1/memories/{memory_id}/history"): client.get("/v1/memories/m1/history"),

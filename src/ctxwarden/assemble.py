@@ -153,6 +153,9 @@ class Material:
     pinned: list[Candidate] = field(default_factory=list)
     summaries: list[Candidate] = field(default_factory=list)
     items: dict[str, list[Candidate]] = field(default_factory=dict)
+    #: Candidates left out before filling, as (block source, candidate, reason): superseded
+    #: facts and pins (issue 19), reported in the first block of that source.
+    withheld: list[tuple[str, Candidate, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -203,6 +206,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     names = [b.name for b in policy.blocks]
     reports: list[CandidateRow] = []
     notes: list[str] = []
+    for kind, withheld, reason in material.withheld:
+        into = next((b.name for b in policy.blocks if b.source == kind), kind)
+        reports.append(_report(withheld, into, False, reason))
 
     # Read-time de-dup of summaries against persistent memory, line by line.
     persistent_keys = {

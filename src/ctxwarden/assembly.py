@@ -11,6 +11,7 @@ store (history pages, pinned memories, summaries, retrieval), gets token counts 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -36,7 +37,7 @@ from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import CtxwardenError, InputError
+from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
 from ctxwarden.retrieve import check_query_length, retrieve
@@ -45,6 +46,8 @@ from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
 
@@ -166,6 +169,7 @@ class Assembly:
         )
         pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
         material.pinned = self._line_candidates(pinned, tok)
+        self._withhold_superseded(tenant, material)
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -265,7 +269,7 @@ class Assembly:
             notes=tuple(notes),
         )
         context_id = uuid.uuid4().hex
-        recent_walk.flush_counts()
+        unwritten = recent_walk.flush_counts()
         if log_inclusions:
             entry = ContextLog(
                 id=context_id,
@@ -283,7 +287,16 @@ class Assembly:
             if self.log_writer is not None:
                 self.log_writer.submit(entry)
             else:
-                self.store.log_context(entry)
+                try:
+                    self.store.log_context(entry)
+                except StoreUnavailable as exc:  # a read-only or full store: reads go on
+                    unwritten = unwritten or exc
+                    log.warning("inclusion log of context %s not written: %s", context_id, exc)
+        if unwritten is not None:
+            report = dataclasses.replace(
+                report,
+                notes=(*report.notes, f"store not written ({unwritten.cause}): {unwritten}"),
+            )
         return Context(
             id=context_id,
             messages=tuple(messages),
@@ -329,6 +342,33 @@ class Assembly:
         if trimmed != last:
             cost += tok.count(trimmed) - tok.count(last)
         return cost
+
+    def _withhold_superseded(self, tenant: str, material: Material) -> None:
+        """Leave superseded facts and pins (a newer one with the same key) out of the pinned
+        and related blocks, each with its reason in the report: what is in force wins."""
+        keyed = [
+            c.memories[0].rowid
+            for c in (*material.pinned, *material.related)
+            if len(c.memories) == 1 and (c.memories[0].kind == "fact" or c.memories[0].pinned)
+        ]
+        superseded = self.store.supersessions(tenant, keyed) if keyed else {}
+        if not superseded:
+            return
+        present = {c.memories[0].id for c in material.pinned}
+        for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
+            still = []
+            for cand in kept:
+                link = superseded.get(cand.memories[0].rowid) if len(cand.memories) == 1 else None
+                if link is None:
+                    still.append(cand)
+                    continue
+                successor, until = link
+                day = time.strftime("%Y-%m-%d", time.gmtime(until))
+                where = " (in this context)" if successor in present else ""
+                material.withheld.append(
+                    (source, cand, f"superseded by {successor}{where} on {day}")
+                )
+            kept[:] = still
 
     def _line_candidates(
         self, memories: Sequence[Memory], tok: tokens.Tokenizer
@@ -617,10 +657,18 @@ class _RecentWalk:
             return float(TYPICAL_LINE_TOKENS)
         return self._line_tokens / self._lines
 
-    def flush_counts(self) -> None:
+    def flush_counts(self) -> StoreUnavailable | None:
         """Store the counts made during the walk, then cache them (after the store has them,
-        so a count the cache serves is one the store holds too)."""
-        if self._fresh:
-            self.store.put_token_counts([count for _, count in self._fresh])
-            self.counter.cache.fill(self._fresh)
-            self._fresh = []
+        so a count the cache serves is one the store holds too). A store that cannot be
+        written now (read-only, full, locked: the error is returned) keeps none of them: they
+        are counted again next time, and the assemble goes on."""
+        fresh, self._fresh = self._fresh, []
+        if not fresh:
+            return None
+        try:
+            self.store.put_token_counts([count for _, count in fresh])
+        except StoreUnavailable as exc:
+            log.warning("token counts not cached: %s", exc)
+            return exc
+        self.counter.cache.fill(fresh)
+        return None

@@ -11,18 +11,19 @@ from pathlib import Path
 
 from ctxwarden.errors import ConfigError
 from ctxwarden.store.base import Store
-from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.store.sqlite import STORE_TIMEOUT_SECONDS, SQLiteStore
 
 __all__ = ["open_store"]
 
 
-def open_store(path: str | Path) -> Store:
+def open_store(path: str | Path, *, timeout: float = STORE_TIMEOUT_SECONDS) -> Store:
     """The store at ``path`` (created if needed): a file path, ``":memory:"`` or a
-    ``postgresql://`` URL; :class:`ConfigError` names the extra when the driver is missing."""
+    ``postgresql://`` URL; :class:`ConfigError` names the extra when the driver is missing.
+    ``timeout``: how long a SQLite call waits for the write lock (seconds)."""
     text = str(path)
     if text.startswith(("postgresql://", "postgres://")):
         return _postgres_store(text)
-    return SQLiteStore(text)
+    return SQLiteStore(text, timeout=timeout)
 
 
 def _postgres_store(dsn: str) -> Store:

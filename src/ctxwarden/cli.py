@@ -112,7 +112,7 @@ def ingest(
         raise InputError(f"{batch} must be at least 1", field="batch")
     defaults = {k: v for k, v in (("session", session), ("tenant", tenant), ("user", user)) if v}
     good, bad = check_records(read_lines(read_text(file)), defaults, skip_bad=skip_bad_lines)
-    counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+    counts = {"stored": 0, "edited": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
     outcomes: list[dict[str, Any]] = []
     with _engine() as engine, progress_bar("ingesting", "records") as progress:
         task = progress.add_task("ingest", total=len(good))
@@ -135,7 +135,8 @@ def ingest(
         echo_json({"records": len(good), **counts, "skipped": skipped})
         return
     typer.echo(
-        f"{len(good)} records: {counts['stored']} stored, {counts['duplicate']} duplicates, "
+        f"{len(good)} records: {counts['stored']} stored, {counts['edited']} edited, "
+        f"{counts['duplicate']} duplicates, "
         f"{counts['near_duplicate']} near-duplicates, {counts['known']} already known"
         + (f"; {len(bad)} bad lines skipped" if bad else "")
     )

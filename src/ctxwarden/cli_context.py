@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxwarden.config import Settings, load_settings
+from ctxwarden.config import SERVER_STORE_TIMEOUT, Settings, load_settings
 from ctxwarden.engine import Engine
+from ctxwarden.engine_config import STORE_TIMEOUT_SECONDS
 
 _state: dict[str, Any] = {}
 
@@ -28,4 +29,8 @@ def _engine(
     if inclusion_log is not None:
         settings = settings.model_copy(update={"inclusion_log": inclusion_log})
     default = "deferred" if server else "sync"
-    return Engine.open(settings.db, config=settings.engine_config(inclusion_log=default))
+    config = settings.engine_config(
+        inclusion_log=default,
+        store_timeout=SERVER_STORE_TIMEOUT if server else STORE_TIMEOUT_SECONDS,
+    )
+    return Engine.open(settings.db, config=config)

@@ -40,13 +40,24 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from ctxwarden.budget import policy_from_mapping
 from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.engine import DEFAULT_DEDUPE, EngineConfig
+from ctxwarden.engine_config import STORE_TIMEOUT_SECONDS
 from ctxwarden.errors import ConfigError
 from ctxwarden.models import ModelSpec
 from ctxwarden.provenance import Verifier
 from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights
 from ctxwarden.semantic import SemanticConfig
 
-__all__ = ["Settings", "default_config_path", "default_db_path", "load_settings"]
+__all__ = [
+    "SERVER_STORE_TIMEOUT",
+    "Settings",
+    "default_config_path",
+    "default_db_path",
+    "load_settings",
+]
+
+#: The servers' wait for the store's write lock unless ``store_timeout`` is set (seconds): a
+#: request gives up (503 with ``Retry-After``) well before a client's own timeout.
+SERVER_STORE_TIMEOUT = 5.0
 
 _SEMANTIC = SemanticConfig()
 _RETRIEVAL = RetrievalWeights()
@@ -134,6 +145,10 @@ class Settings(BaseSettings):
     #: :attr:`EngineConfig.inclusion_log`); unset: ``deferred`` in the servers, ``sync`` in
     #: one-shot commands.
     inclusion_log: Literal["sync", "deferred"] | None = None
+    #: How long a request waits for the store's write lock before it fails (HTTP 503 with
+    #: ``Retry-After``), in seconds; unset: :data:`SERVER_STORE_TIMEOUT` in the servers, 30 in
+    #: one-shot commands (see :attr:`EngineConfig.store_timeout`).
+    store_timeout: float | None = Field(default=None, gt=0)
     #: The longest query assemble and search take, in characters (longer: 422 naming
     #: ``query``); see :attr:`EngineConfig.max_query_chars`.
     max_query_chars: int = Field(default=MAX_QUERY_CHARS, ge=1)
@@ -154,9 +169,12 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls, cls._file_data))
 
-    def engine_config(self, *, inclusion_log: str = "sync") -> EngineConfig:
+    def engine_config(
+        self, *, inclusion_log: str = "sync", store_timeout: float = STORE_TIMEOUT_SECONDS
+    ) -> EngineConfig:
         """The engine's typed configuration; :class:`ConfigError` names a bad field.
-        ``inclusion_log`` is the caller's default when the setting is unset."""
+        ``inclusion_log`` and ``store_timeout`` are the caller's defaults when the settings
+        are unset."""
         models = tuple(ModelSpec.from_mapping(m) for m in self.models)
         return EngineConfig(
             default_model=self.default_model,
@@ -185,6 +203,7 @@ class Settings(BaseSettings):
                 window_seconds=self.semantic_window_seconds,
             ),
             inclusion_log=self.inclusion_log or inclusion_log,
+            store_timeout=self.store_timeout or store_timeout,
             max_query_chars=self.max_query_chars,
             retrieval=RetrievalWeights(query_chars=self.retrieval_query_chars),
         )

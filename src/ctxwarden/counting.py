@@ -9,14 +9,18 @@ other count is made here on first use.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from ctxwarden import render, tokens
 from ctxwarden.counts import CountCache
+from ctxwarden.errors import StoreUnavailable
 from ctxwarden.store.base import Store, TokenCount
 from ctxwarden.types import Memory
 
 __all__ = ["MemoryCounts"]
+
+log = logging.getLogger(__name__)
 
 
 class MemoryCounts:
@@ -47,9 +51,13 @@ class MemoryCounts:
                 )
                 for m in missing
             ]
-            self.store.put_token_counts(fresh)
             counts.update((c.rowid, c) for c in fresh)
-            self.cache.fill(zip(missing, fresh, strict=True))
+            try:
+                self.store.put_token_counts(fresh)
+            except StoreUnavailable as exc:  # read-only, full or locked: counted again next time
+                log.warning("token counts not cached: %s", exc)
+            else:  # cached only once the store holds them too
+                self.cache.fill(zip(missing, fresh, strict=True))
         return counts
 
     def stored(self, memories: Sequence[Memory], tokenizer: str) -> dict[int, TokenCount]:

@@ -32,15 +32,16 @@ from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.erasure import Erasure
+from ctxwarden.errors import InputError
 from ctxwarden.ingestion import CANDIDATE_CACHE_SIZE as CANDIDATE_CACHE_SIZE
 from ctxwarden.ingestion import Ingestion
 from ctxwarden.logwriter import LogCounters, LogWriter
 from ctxwarden.models import default_registry
 from ctxwarden.scoped_reads import ScopedReads
 from ctxwarden.semantic import SemanticConfig, SemanticReport
-from ctxwarden.store.base import Store
+from ctxwarden.store.base import Store, Version
 from ctxwarden.summarize import Summarizer
-from ctxwarden.types import Context, IngestResult, Record, Scope
+from ctxwarden.types import Context, IngestOutcome, IngestResult, Record, Scope
 
 __all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
@@ -110,7 +111,8 @@ class Engine(ScopedReads):
         A file path, ``":memory:"``, or a ``postgresql://`` URL (needs ``ctxwarden[postgres]``).
         ``embedder`` overrides ``config.embedder`` (e.g. a fake in tests).
         """
-        return cls(open_store(path), config=config, clock=clock, embedder=embedder)
+        timeout = (config or EngineConfig()).store_timeout
+        return cls(open_store(path, timeout=timeout), config=config, clock=clock, embedder=embedder)
 
     def __enter__(self) -> Engine:
         return self
@@ -170,11 +172,12 @@ class Engine(ScopedReads):
         channel belongs to its own conversation: it folds only into its session's (and end
         user's) memories; records naming a channel fold across that channel's sessions.
         Records with role ``assistant`` or ``tool`` are never folded, and ``fold=False`` folds
-        nothing in this batch (a proxy storing a conversation verbatim); a known id is still
-        ``known``.
+        nothing in this batch (a proxy storing a conversation verbatim).
 
         All or nothing: if any record is invalid, :class:`InputError` names its line and field
-        and nothing is written. A record whose id is already known is a no-op (``known``).
+        and nothing is written. A record whose id is a stored memory's and whose text differs is
+        an edit (``edited``, see :meth:`update`); with the same text, or an id that was folded
+        or compacted into another memory, it is a no-op (``known``).
         Messages go through the two de-dup layers (:mod:`ctxwarden.dedupe`,
         ``config.dedupe``): a verbatim repeat within the TTL (in its channel or session) is
         ``duplicate``; a repeat that differs only in formatting, or a bot's message that differs
@@ -188,9 +191,50 @@ class Engine(ScopedReads):
         )
         for tenant_name, session_name in summarize:
             self.summarize_session(session_name, tenant=tenant_name)
+        if self.config.edit_history == "erase" and result.counts["edited"]:
+            self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if embed:
             self._embeddings.after_ingest()
         return result
+
+    def update(
+        self,
+        id: str,
+        content: str,
+        *,
+        tenant: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> IngestOutcome:
+        """Replace the text of the memory ``id`` (an edit, as ingesting a known id with other
+        text is): stored and indexed, counts and vector made again, the old text kept as a
+        version (:meth:`versions`) or erased (``config.edit_history = "erase"``). ``edited``,
+        or ``known`` for the same text. :class:`NotFound` if there is none (in the ``user`` or
+        ``session`` named); :class:`InputError` naming ``id`` if it lives in another memory.
+
+        >>> with Engine.open(":memory:") as engine:
+        ...     _ = engine.ingest([{"id": "m1", "content": "deploy on Tuesday"}])
+        ...     engine.update("m1", "deploy on Wednesday").status
+        'edited'
+        """
+        tenant = tenant or self.config.tenant
+        memory = self.get(id, tenant=tenant, user=user, session=session)
+        if memory.id != id:
+            raise InputError(
+                f"{id!r} lives in memory {memory.id!r} (folded or compacted into it): update "
+                f"{memory.id!r} or ingest a new record",
+                field="id",
+            )
+        outcome = self._ingestion.update(memory, content)
+        if outcome.status == "edited" and self.config.edit_history == "erase":
+            self.store.scrub()  # the replaced text leaves the files too (as after a delete)
+        if outcome.status == "edited" and self.config.embed != "off":
+            self._embeddings.after_ingest()
+        return outcome
+
+    def versions(self, id: str, *, tenant: str | None = None) -> list[Version]:
+        """The texts edits replaced in the memory ``id``, oldest first (``[]`` for none)."""
+        return self.store.versions(tenant or self.config.tenant, id)
 
     @property
     def embedder(self) -> Embedder:

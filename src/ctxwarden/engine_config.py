@@ -21,8 +21,9 @@ from ctxwarden.models import ModelSpec
 from ctxwarden.provenance import Verifier
 from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights
 from ctxwarden.semantic import SemanticConfig
+from ctxwarden.store.sqlite_connection import STORE_TIMEOUT_SECONDS
 
-__all__ = ["DEFAULT_DEDUPE", "EngineConfig"]
+__all__ = ["DEFAULT_DEDUPE", "STORE_TIMEOUT_SECONDS", "EngineConfig"]
 
 #: The engine's de-dup default: layer A per channel and per session (the same message posted
 #: into one channel from several sessions, or by one author into several channels of a session,
@@ -82,8 +83,19 @@ class EngineConfig:
     #: The longest query ``assemble`` and ``search`` take (characters); longer is an
     #: :class:`InputError` naming ``query``. Retrieval reads only ``retrieval.query_chars``.
     max_query_chars: int = MAX_QUERY_CHARS
+    #: What an edit (a known id ingested again with other text, or ``Engine.update``) does
+    #: with the text it replaces: ``"keep"`` it as a superseded version (``Engine.versions``)
+    #: or ``"erase"`` it.
+    edit_history: str = "keep"
+    #: How long a call waits for the store's write lock (another process's or thread's
+    #: transaction) before it fails with :class:`~ctxwarden.errors.StoreUnavailable`, in
+    #: seconds (SQLite; :meth:`Engine.open` passes it to the store). The servers default to
+    #: a few seconds (``Settings.store_timeout``) and answer 503 with ``Retry-After``.
+    store_timeout: float = STORE_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
+        if self.edit_history not in ("keep", "erase"):
+            raise ConfigError(f"edit_history: {self.edit_history!r} must be 'keep' or 'erase'")
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.embed not in ("off", "sync", "background"):
@@ -106,6 +118,8 @@ class EngineConfig:
             )
         if self.max_query_chars < 1:
             raise ConfigError(f"max_query_chars: {self.max_query_chars} must be at least 1")
+        if not self.store_timeout > 0:
+            raise ConfigError(f"store_timeout: {self.store_timeout} must be above 0 seconds")
         if self.recent_page < 1:
             raise ConfigError(f"recent_page: {self.recent_page} must be at least 1")
         if not 0 < self.window_threshold <= 1:

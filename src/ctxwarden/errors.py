@@ -12,7 +12,9 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     ├── InputError         a record, request or argument is invalid (names the field and line)
     ├── TokenizerError     no tokenizer can be had, or text cannot be counted
     ├── StoreError         the database failed or is in an unexpected state
-    │   └── ConflictError  a write lost a race or breaks a uniqueness rule
+    │   ├── ConflictError  a write lost a race or breaks a uniqueness rule
+    │   └── StoreUnavailable  the store cannot be written now (disk full, read-only, locked,
+    │                         I/O error): nothing was changed; retry later (HTTP 503)
     ├── EmbedError         the embedder failed or is not the one the store was built with
     ├── SummarizeError     the summariser failed or its output could not be validated
     ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
@@ -37,6 +39,7 @@ __all__ = [
     "OverloadedError",
     "ScopeError",
     "StoreError",
+    "StoreUnavailable",
     "SummarizeError",
     "TokenizerError",
     "UpstreamError",
@@ -107,6 +110,25 @@ class StoreError(CtxwardenError):
 
 class ConflictError(StoreError):
     """A write lost a race or would break a uniqueness rule."""
+
+
+class StoreUnavailable(StoreError):  # noqa: N818 - a state the caller waits out, named like NotFound
+    """The store cannot do this now, for a cause outside ctxwarden: the disk is full, the file
+    is read-only, another writer held the lock past the wait limit (or the lock was lost), or
+    the disk answered an I/O error. The transaction was rolled back, so the store is as it was;
+    reads go on. ``cause`` names it (``"disk full"``, ``"read-only"``, ``"locked"``,
+    ``"lost lock"``, ``"I/O error"``); ``retry_after`` is a hint in seconds (HTTP 503 with
+    ``Retry-After``).
+
+    >>> error = StoreUnavailable("disk full", "the disk holding x.db is full: free space")
+    >>> error.cause, error.retry_after
+    ('disk full', 1.0)
+    """
+
+    def __init__(self, cause: str, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.retry_after = retry_after
 
 
 class EmbedError(CtxwardenError):

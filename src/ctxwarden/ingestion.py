@@ -23,6 +23,7 @@ import xxhash
 
 from ctxwarden import render, tokens
 from ctxwarden.dedupe import (
+    UNFOLDABLE,
     DedupeCandidate,
     DedupeConfig,
     conversation_near_key,
@@ -42,8 +43,23 @@ from ctxwarden.provenance import (
     claims_tool_result,
     is_untrusted,
 )
-from ctxwarden.store.base import AggregateUpdate, Alias, Store, TokenCount, Writer
-from ctxwarden.types import IngestOutcome, IngestResult, IngestStatus, Record, check_scope_name
+from ctxwarden.store.base import (
+    AggregateUpdate,
+    Alias,
+    Edit,
+    Edited,
+    Store,
+    TokenCount,
+    Writer,
+)
+from ctxwarden.types import (
+    IngestOutcome,
+    IngestResult,
+    IngestStatus,
+    Memory,
+    Record,
+    check_scope_name,
+)
 
 __all__ = ["CANDIDATE_CACHE_SIZE", "Ingestion"]
 
@@ -143,6 +159,9 @@ class Ingestion:
         # Analysed aggregates by rowid, so layer B does not re-normalise old memories; entries
         # are checked against the row's id and last_seen_at before use.
         self._analysed: OrderedDict[int, Analysed] = OrderedDict()
+        # Rowids whose text an edit replaced in the batch being written (their analysed
+        # aggregates are stale once it commits).
+        self._edited: list[int] = []
 
     def forget(self) -> None:
         """Drop the analysed aggregates (after an erasure or a semantic fold changed rows)."""
@@ -183,7 +202,9 @@ class Ingestion:
                     and item.record.author not in cached[1]
                 ):
                     cached[1].append(item.record.author)
-            embed = self.config.embed != "off" and any(o.status == "stored" for o in outcomes)
+            embed = self.config.embed != "off" and any(
+                o.status in ("stored", "edited") for o in outcomes
+            )
             # Dropped before collections resume, so the next one need not walk them.
             del prepared, outcomes
         return result, sorted(touched), embed
@@ -212,7 +233,7 @@ class Ingestion:
         now = self.clock()
         verifier = self.config.verifier
         # Bound once: this loop runs per record (see bench/ingest.py).
-        from_mapping, build = Record.from_mapping, DedupeCandidate.build
+        from_mapping, prepare = Record.from_mapping, _prepare
         prepared: list[_Prepared] = []
         add = prepared.append
         for number, raw in enumerate(records, start=1):
@@ -225,39 +246,9 @@ class Ingestion:
             else:
                 record = from_mapping(raw, line=number, defaults=defaults)
             record = _with_provenance(record, verifier)
-            created = record.created_at
-            if created is None:
-                created = now
-            record_id = record.id or _derive_id(record, created)
-            if fold and _dedupable(record):
-                candidate: DedupeCandidate | None = build(
-                    author=record.author,
-                    author_kind=record.author_kind,
-                    content=record.content,
-                    attachments=record.attachments,
-                    created_at=created,
-                )
-                assert candidate is not None
-                content_hash = candidate.exact_key
-                if record.channel is None and candidate.near_key is not None:
-                    # Layer B's index is keyed by (channel, near key): a channel-less record's
-                    # key names its conversation, so it finds only its own session's messages.
-                    candidate = dataclasses.replace(
-                        candidate,
-                        near_key=conversation_near_key(
-                            candidate.near_key, session=record.session, user=record.user
-                        ),
-                    )
-            else:
-                candidate = None
-                content_hash = exact_key(
-                    author=record.author, content=record.content, attachments=record.attachments
-                )
-                if record.kind == "message":
-                    # Never a layer-A target either: a later record must not fold into it.
-                    content_hash = unfoldable_hash(content_hash)
-            add(_Prepared(record, record_id, created, content_hash, candidate))
+            add(prepare(record, now, fold=fold))
         for attempt in range(_WRITE_ATTEMPTS):
+            self._edited.clear()
             try:
                 outcomes, index = self._write_batch(prepared)
                 break
@@ -269,6 +260,9 @@ class Ingestion:
                 time.sleep(0.01 * 2**attempt)
         # Only after the commit: a rolled-back batch's rowids may be reused.
         cache = self._analysed
+        for rowid in self._edited:
+            cache.pop(rowid, None)
+        self._edited.clear()
         fresh: dict[int, Analysed] = {}
         index.analysed(fresh)
         for rowid, analysed in fresh.items():
@@ -294,6 +288,70 @@ class Ingestion:
             for rowid in stale:
                 del cache[rowid]
         return prepared, outcomes
+
+    def update(self, memory: Memory, content: Any) -> IngestOutcome:
+        """Replace the text of the stored ``memory`` (:meth:`Engine.update`); ``edited``, or
+        ``known`` when ``content`` is its text already."""
+        record = _record_of(memory, content)
+        # A tool result's verdict is made again for the new text (unsigned: untrusted).
+        record = _with_provenance(record, self.config.verifier)
+        foldable = self.config.dedupe is not None and not memory.content_hash.startswith(UNFOLDABLE)
+        item = _prepare(record, self.clock(), fold=foldable)
+        tokenizers = tuple(tokens.get_tokenizer(n) for n in self.config.tokenizers)
+        counts: list[TokenCount] = []
+        self._edited.clear()
+        with self.store.write() as writer:
+            outcome = self._edit(writer, item, tokenizers, counts)
+            if counts:
+                writer.put_token_counts(counts)
+        for rowid in self._edited:
+            self._analysed.pop(rowid, None)
+        self._edited.clear()
+        return outcome
+
+    def _edit(
+        self,
+        writer: Writer,
+        item: _Prepared,
+        tokenizers: Sequence[tokens.Tokenizer],
+        counts: list[TokenCount],
+    ) -> IngestOutcome:
+        """Replace the stored text of ``item``'s id by its own (``known`` if it is the same)."""
+        record = item.record
+        candidate = item.candidate
+        edited = writer.edit(
+            Edit(
+                tenant=record.tenant,
+                id=item.id,
+                content=record.content,
+                content_hash=item.content_hash,
+                near_key=candidate.near_key if candidate is not None else None,
+                metadata=record.metadata,
+                attachments=record.attachments,
+            ),
+            edited_at=self.clock(),
+            keep=self.config.edit_history == "keep",
+        )
+        if not isinstance(edited, Edited):
+            return IngestOutcome(id=item.id, status="known")
+        self._edited.append(edited.rowid)
+        if tokenizers:
+            view = {
+                "role": edited.role,
+                "author": edited.author,
+                "content": record.content,
+                "kind": edited.kind,
+                "created_at": edited.created_at,
+                "channel": edited.channel,
+                "metadata": record.metadata,
+            }
+            counts.extend(_counted(edited.rowid, view, tokenizers))
+        reason = (
+            f"text replaced; the old one kept as version {edited.version}"
+            if edited.version is not None
+            else "text replaced; the old one erased"
+        )
+        return IngestOutcome(id=item.id, status="edited", reason=reason)
 
     def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
         """Decide and write one validated batch in one transaction; the outcomes, and the fold
@@ -328,6 +386,10 @@ class Ingestion:
                 item_id = item.id
                 key = (record.tenant, item_id)
                 existing = known.get(key)
+                if existing == item_id:
+                    # The id is a memory of its own: other text is an edit (issue 19).
+                    add_outcome(self._edit(writer, item, tokenizers, counts))
+                    continue
                 if existing is not None:
                     add_outcome(
                         IngestOutcome(
@@ -402,6 +464,8 @@ class Ingestion:
                     )
                     continue
                 known[key] = item_id
+                if record.key is not None:
+                    writer.set_key(record.tenant, rowid, record.key, user=record.user)
                 if candidate is not None:
                     add(
                         Aggregate.new(
@@ -416,29 +480,22 @@ class Ingestion:
                             user=record.user,
                         )
                     )
-                if not tokenizers:
-                    add_outcome(IngestOutcome(id=item_id, status="stored"))
-                    continue
-                memory_view = {
-                    "role": record.role,
-                    "author": record.author,
-                    "content": record.content,
-                    "kind": record.kind,
-                    "created_at": item.created_at,
-                    "channel": record.channel,
-                    "metadata": record.metadata,
-                }
-                message_text = render.message_text(memory_view)
-                line_text = render.line_text(memory_view)
-                counts.extend(
-                    TokenCount(
-                        rowid=rowid,
-                        tokenizer=tok.name,
-                        message=tok.count(message_text),
-                        line=tok.count(line_text),
+                if tokenizers:
+                    counts.extend(
+                        _counted(
+                            rowid,
+                            {
+                                "role": record.role,
+                                "author": record.author,
+                                "content": record.content,
+                                "kind": record.kind,
+                                "created_at": item.created_at,
+                                "channel": record.channel,
+                                "metadata": record.metadata,
+                            },
+                            tokenizers,
+                        )
                     )
-                    for tok in tokenizers
-                )
                 add_outcome(IngestOutcome(id=item_id, status="stored"))
             if aliases:
                 # Another writer (PostgreSQL) stored some of these ids meanwhile: known, not folds.
@@ -470,6 +527,85 @@ class Ingestion:
             if counts:
                 writer.put_token_counts(counts)
         return outcomes, index
+
+
+def _prepare(record: Record, now: float, *, fold: bool) -> _Prepared:
+    """A validated record's id, time, content hash and de-dup candidate."""
+    build = DedupeCandidate.build
+    created = record.created_at
+    if created is None:
+        created = now
+    record_id = record.id or _derive_id(record, created)
+    if fold and _dedupable(record):
+        candidate: DedupeCandidate | None = build(
+            author=record.author,
+            author_kind=record.author_kind,
+            content=record.content,
+            attachments=record.attachments,
+            created_at=created,
+        )
+        assert candidate is not None
+        content_hash = candidate.exact_key
+        if record.channel is None and candidate.near_key is not None:
+            # Layer B's index is keyed by (channel, near key): a channel-less record's
+            # key names its conversation, so it finds only its own session's messages.
+            candidate = dataclasses.replace(
+                candidate,
+                near_key=conversation_near_key(
+                    candidate.near_key, session=record.session, user=record.user
+                ),
+            )
+    else:
+        candidate = None
+        content_hash = exact_key(
+            author=record.author, content=record.content, attachments=record.attachments
+        )
+        if record.kind == "message":
+            # Never a layer-A target either: a later record must not fold into it.
+            content_hash = unfoldable_hash(content_hash)
+    return _Prepared(record, record_id, created, content_hash, candidate)
+
+
+def _record_of(memory: Memory, content: Any) -> Record:
+    """The record of a stored memory with the text ``content``."""
+    # Validated as ingest validates a record's text (the error names ``content``).
+    checked = Record.from_mapping({"content": content, "role": memory.role})
+    return Record(
+        id=memory.id,
+        content=checked.content,
+        role=memory.role,
+        tenant=memory.tenant,
+        session=memory.session,
+        user=memory.user,
+        channel=memory.channel,
+        author=memory.author,
+        author_kind=memory.author_kind,
+        created_at=memory.created_at,
+        thread_id=memory.thread_id,
+        reply_to=memory.reply_to,
+        kind=memory.kind,
+        pinned=memory.pinned,
+        name=memory.name,
+        tool_calls=memory.tool_calls,
+        tool_call_id=memory.tool_call_id,
+        attachments=memory.attachments,
+        metadata=dict(memory.metadata),
+    )
+
+
+def _counted(
+    rowid: int, view: Mapping[str, Any], tokenizers: Sequence[tokens.Tokenizer]
+) -> Iterator[TokenCount]:
+    """The token counts of a memory (its fields ``view``) under each tokenizer."""
+    message_text = render.message_text(view)
+    line_text = render.line_text(view)
+    for tok in tokenizers:
+        yield TokenCount(
+            rowid=rowid,
+            tokenizer=tok.name,
+            message=tok.count(message_text),
+            line=tok.count(line_text),
+        )
 
 
 def _prefetch(

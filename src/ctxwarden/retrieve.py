@@ -59,6 +59,7 @@ import numpy.typing as npt
 from ctxwarden.assemble import _STOPWORDS as _STOP
 from ctxwarden.assemble import query_terms
 from ctxwarden.errors import ConfigError, InputError
+from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
@@ -73,7 +74,10 @@ MAX_QUERY_CHARS = 200_000
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 #: ``ranks`` entry keys of each candidate source, made once (not an f-string per row).
-_RANK_KEYS = {s: f"{s}_rank" for s in ("bm25", "vector", "author_vector", "bridge")}
+_RANK_KEYS = {
+    s: f"{s}_rank"
+    for s in ("bm25", "vector", "author_vector", "bridge", "speaker", "dated", "dated_vector")
+}
 _RANK_KEY_SET = frozenset(_RANK_KEYS.values())
 
 
@@ -109,6 +113,11 @@ class RetrievalWeights:
     replies: int = 4
     entity: float = 0.3
     density: float = 0.5
+    speaker: float = 1.0
+    dated: float = 1.0
+    in_time: float = 0.5
+    coverage: float = 0.0
+    list_coverage: float = 0.1
     #: Only the query's first ``query_chars`` characters drive retrieval (search terms,
     #: entities, the query's embedding); the whole query is still sent to the model.
     query_chars: int = 4_000
@@ -117,7 +126,8 @@ class RetrievalWeights:
 
     def __post_init__(self) -> None:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
-                     "thread", "neighbour_decay", "entity", "density"):  # fmt: skip
+                     "thread", "neighbour_decay", "entity", "density", "speaker", "dated",
+                     "in_time", "coverage", "list_coverage"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
         if self.rrf_k <= 0 or self.half_life_days <= 0:
@@ -295,6 +305,12 @@ def retrieve(
             add("author_vector", found)
     if not memories:
         return []
+    aim = focus(query, now=now, authors=[*(m.author for m in memories.values()), *authors])
+    for source, found in _focused(
+        store, aim, tenant=tenant, terms=terms, w=w, scope=scope,
+        query_vector=query_vector, model=model,
+    ):  # fmt: skip
+        add(source, found)
 
     # Bridge (a second hop): a question that needs two messages ("the flag of the feature that
     # lena works on") names the first; the second shares words with the first, not with the
@@ -326,6 +342,9 @@ def retrieve(
         ("vector", w.vector),
         ("author_vector", w.author_vector),
         ("bridge", w.bridge),
+        ("speaker", w.speaker),
+        ("dated", w.dated),
+        ("dated_vector", w.dated),
     )
     keyed = [(_RANK_KEYS[source], weight) for source, weight in sources]
     fused = {  # sum of a list, not a generator: the same terms in the same order, sooner
@@ -333,7 +352,7 @@ def retrieve(
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
-    entities = _entity_patterns(query, limit=w.max_entities)
+    entities = _entity_patterns(_without_spans(query, aim), limit=w.max_entities)
     scored: dict[int, dict[str, float]] = {}
     named_author: dict[str | None, float] = {}  # a few authors among hundreds of candidates
     for rowid, entry in ranks.items():
@@ -350,9 +369,13 @@ def retrieve(
         components = {**entry, "relevance": relevance, "recency": recency, "access": access,
                       "author": author, "value": value}  # fmt: skip
         if entities:
-            entity = _entity_share(entities, memory.content)
+            entity = _entity_share(entities, _said(memory, aim))
             components["entity"] = entity
             components["value"] = value + w.entity * entity * relevance
+        if aim.spans:
+            when = aim.when(memory)
+            components["when"] = when
+            components["value"] += w.in_time * when
         scored[rowid] = components
 
     # MMR over word sets, greedy, among the best `mmr_top` (the rest keep their value order).
@@ -366,12 +389,13 @@ def retrieve(
     mu = 1.0 - w.mmr_lambda
     lifted = [w.mmr_lambda * scored[r]["value"] for r in head]
     nearest = np.zeros(len(head))  # each memory's greatest similarity to a pick so far
+    crowd = _Crowding([memories[r] for r in head], aim, w)
     bounds = [(-value, index) for index, value in enumerate(lifted)]
     heapq.heapify(bounds)
     picked: list[int] = []
     while bounds:
         _, index = heapq.heappop(bounds)
-        penalty = mu * nearest.item(index)  # one element, not the whole array as a list
+        penalty = mu * nearest.item(index) + crowd.penalty(index)
         fresh = (-(lifted[index] - penalty), index)
         if bounds and fresh > bounds[0]:
             heapq.heappush(bounds, fresh)
@@ -382,6 +406,7 @@ def retrieve(
         components["score"] = components["value"] - penalty
         picked.append(rowid)
         np.maximum(nearest, similarity[index], out=nearest)
+        crowd.pick(index)
     for rowid in tail:
         scored[rowid]["mmr_penalty"] = 0.0
         scored[rowid]["score"] = scored[rowid]["value"]
@@ -439,6 +464,81 @@ def retrieve(
         ordered.append((-density, rowid, Hit(memories[rowid], score, tokens, components)))
     ordered.sort()
     return [hit for _, _, hit in ordered]
+
+
+def _focused(
+    store: Store,
+    aim: Focus,
+    *,
+    tenant: str,
+    terms: Sequence[str],
+    w: RetrievalWeights,
+    scope: ReadScope | None,
+    query_vector: npt.NDArray[np.float32] | None,
+    model: str | None,
+) -> list[tuple[str, list[tuple[Memory, float]]]]:
+    """Candidate lists for what the query is about (:mod:`ctxwarden.focus`), by source.
+
+    - ``speaker``: the named people's own turns, searched by the query's other words (the
+      names left out: a turn that says the name is more often the other side's).
+    - ``dated`` / ``dated_vector``: memories created within a named time, searched by the
+      query's words (time words left out) and its vector, among four times the usual number of
+      hits (the time filter keeps few).
+    """
+    out: list[tuple[str, list[tuple[Memory, float]]]] = []
+    if aim.people and w.speaker > 0:
+        rest = without_words(terms, aim.name_terms | aim.time_terms)
+        if rest and len(rest) < len(terms):
+            found = store.search(tenant, rest, limit=2 * w.candidates, scope=scope)
+            out.append(("speaker", [(m, r) for m, r in found if aim.speaks(m)]))
+    if aim.spans and w.dated > 0:
+        rest = without_words(terms, aim.time_terms)
+        if rest:
+            found = store.search(tenant, rest, limit=4 * w.candidates, scope=scope)
+            out.append(("dated", [(m, r) for m, r in found if aim.when(m) > 0]))
+        if query_vector is not None and model is not None:
+            near = store.vector_search(tenant, model, query_vector, k=4 * w.candidates,
+                                       scope=scope)  # fmt: skip
+            out.append(("dated_vector", [(m, r) for m, r in near if aim.when(m) > 0]))
+    return out
+
+
+def _without_spans(query: str, aim: Focus) -> str:
+    """The query less its time expressions (their capitalised month names and numbers are not
+    entities a memory should name)."""
+    for span in aim.spans:
+        query = query.replace(span.text, " ")
+    return query
+
+
+def _said(memory: Memory, aim: Focus) -> str:
+    """The text a memory's entity share is read from: a named person's own turn also names its
+    author (it needs not say its own name), so it outranks a turn that only addresses them."""
+    if aim.people and aim.speaks(memory):
+        return f"{memory.content}\n{memory.author}"
+    return memory.content
+
+
+class _Crowding:
+    """The coverage penalty of MMR: each pick from an episode (place and day,
+    :meth:`Focus.episode`) adds ``coverage`` (``list_coverage`` for a list question) to the
+    others of that episode, up to three picks. It only grows as picks are made, as the lazy
+    greedy needs."""
+
+    def __init__(self, head: Sequence[Memory], aim: Focus, w: RetrievalWeights) -> None:
+        self.step = w.list_coverage if aim.listing else w.coverage
+        self.keys = [aim.episode(m) for m in head] if self.step > 0 else []
+        self.counts: dict[tuple[str | None, str | None, int], int] = {}
+
+    def penalty(self, index: int) -> float:
+        if not self.keys:
+            return 0.0
+        return self.step * min(3, self.counts.get(self.keys[index], 0))
+
+    def pick(self, index: int) -> None:
+        if self.keys:
+            key = self.keys[index]
+            self.counts[key] = self.counts.get(key, 0) + 1
 
 
 # A question: a "?" that ends a sentence (not one inside a URL's query string). One "?", not

@@ -43,7 +43,7 @@ __all__ = [
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 AUTHOR_KINDS = frozenset({"human", "bot", "agent", "tool"})
 KINDS = frozenset({"message", "summary", "fact", "pinned"})
-IngestStatus = Literal["stored", "duplicate", "near_duplicate", "known"]
+IngestStatus = Literal["stored", "edited", "duplicate", "near_duplicate", "known"]
 #: What a read may see: one session's conversation, an end user's sessions, or the whole tenant.
 Scope = Literal["session", "user", "tenant"]
 SCOPES: frozenset[str] = frozenset({"session", "user", "tenant"})
@@ -73,6 +73,7 @@ _RECORD_FIELDS = frozenset(
         "tool_call_id",
         "attachments",
         "metadata",
+        "key",
     }
 )
 
@@ -258,6 +259,9 @@ class Record:
     attachments: tuple[Mapping[str, Any], ...] = ()
     #: Anything else the caller keeps with the record (JSON), returned as given.
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: A fact's or pin's subject (``"deploy window"``): a newer one with the same key (in its
+    #: tenant, for its end user) supersedes it (issue 19).
+    key: str | None = None
 
     @classmethod
     def from_mapping(
@@ -359,6 +363,14 @@ class Record:
                 raise InputError(
                     f"not JSON-serialisable: {exc}", field="metadata", line=line
                 ) from None
+        key = _optional_str(merged, "key", line)
+        if key is not None and (not key.strip() or (kind not in ("fact", "pinned") and not pinned)):
+            raise InputError(
+                "a key names the subject of a fact or pin: give it a non-blank text and "
+                "kind 'fact' or 'pinned'",
+                field="key",
+                line=line,
+            )
         return cls(
             id=record_id,
             content=content,
@@ -379,6 +391,7 @@ class Record:
             tool_call_id=_optional_str(merged, "tool_call_id", line),
             attachments=tuple(attachments),
             metadata=dict(metadata),
+            key=key,
         )
 
 
@@ -388,6 +401,7 @@ _PLAIN_STR_FIELDS = _RECORD_FIELDS - {
     "attachments",
     "content",
     "created_at",
+    "key",
     "metadata",
     "pinned",
     "tool_calls",
@@ -548,7 +562,8 @@ class Memory(NamedTuple):
 @fast_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IngestOutcome:
-    """What became of one record: stored, folded into an aggregate, or already known."""
+    """What became of one record: stored, an edit of a known id (``edited``: its text replaced),
+    folded into an aggregate, or already known."""
 
     id: str
     status: IngestStatus
@@ -570,7 +585,7 @@ class IngestResult:
     """One outcome per record, in input order.
 
     >>> IngestResult(outcomes=()).counts
-    {'stored': 0, 'duplicate': 0, 'near_duplicate': 0, 'known': 0}
+    {'stored': 0, 'edited': 0, 'duplicate': 0, 'near_duplicate': 0, 'known': 0}
     """
 
     outcomes: tuple[IngestOutcome, ...]
@@ -578,7 +593,7 @@ class IngestResult:
     @property
     def counts(self) -> dict[str, int]:
         """How many records ended in each status."""
-        counts = {"stored": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
+        counts = {"stored": 0, "edited": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
         for outcome in self.outcomes:
             counts[outcome.status] += 1
         return counts

@@ -579,7 +579,9 @@ def test_engine_over_the_store(store: Store) -> None:
              "content": "no, monday", "created_at": 102.0},
         ]
     )  # fmt: skip
-    assert [o.status for o in result.outcomes] == ["stored", "duplicate", "known", "stored"]
+    # "1" again with other text is an edit of the aggregate it heads.
+    assert [o.status for o in result.outcomes] == ["stored", "duplicate", "edited", "stored"]
+    assert engine.get("1").content == "again"
     assert result.outcomes[1].duplicate_of == "1"
     assert engine.get("2").dup_count == 2
     context = engine.assemble(session="s", query="friday")

@@ -8,11 +8,13 @@ proxy, the agent APIs and the MCP server build on them.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
+import httpx
 from fastapi import Depends, Request
 
 from ctxwarden.engine import Engine
@@ -28,10 +30,12 @@ from ctxwarden.errors import (
     OverloadedError,
     ScopeError,
     StoreError,
+    StoreUnavailable,
     SummarizeError,
     TokenizerError,
     UpstreamError,
 )
+from ctxwarden.llm import UpstreamStatusError
 
 __all__ = [
     "SCOPES",
@@ -41,9 +45,12 @@ __all__ = [
     "Credentials",
     "Principal",
     "ServerConfig",
+    "client_message",
     "credentials_of",
     "principal_of",
+    "retry_after",
     "status_for",
+    "upstream_failure",
 ]
 
 _T = TypeVar("_T")
@@ -77,6 +84,46 @@ def status_for(error: CtxwardenError) -> int:
         if isinstance(error, cls):
             return status
     return 500
+
+
+def upstream_failure(exc: UpstreamError) -> tuple[int, str]:
+    """The status and message an upstream failure is answered with: the upstream's own
+    status and message, a 504 for a timeout, a 502 otherwise; never the upstream's host or
+    port (the library's message names them, for the operator's log)."""
+    if isinstance(exc, UpstreamStatusError):
+        return exc.status, f"upstream answered {exc.status}: {exc.detail}"
+    cause = exc.__cause__
+    if isinstance(cause, httpx.TimeoutException):
+        return 504, "upstream: no answer in time; try again or raise the proxy's timeout"
+    if isinstance(cause, httpx.HTTPError):
+        return 502, "upstream: the model server cannot be reached; check that it is running"
+    return 502, "upstream: the model server's answer was not usable"
+
+
+def client_message(error: CtxwardenError) -> str:
+    """``error``'s message as a client may see it: an upstream failure (or a summariser's
+    failure caused by one) without the upstream's host and port."""
+    upstream: BaseException | None = error
+    while upstream is not None and not isinstance(upstream, UpstreamError):
+        upstream = upstream.__cause__
+    if upstream is None:
+        return str(error)
+    assert isinstance(upstream, UpstreamError)
+    _, message = upstream_failure(upstream)
+    if upstream is error:
+        return message
+    return f"{type(error).__name__}: {message}"
+
+
+def retry_after(error: CtxwardenError, default: int) -> str | None:
+    """The ``Retry-After`` header (seconds) for ``error``: the store's own hint when it is
+    unavailable (disk full, read-only, locked, I/O error: 503), ``default`` for 429, else
+    None."""
+    if isinstance(error, StoreUnavailable):
+        return str(max(1, math.ceil(error.retry_after)))
+    if isinstance(error, OverloadedError):
+        return str(default)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,15 +23,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import xxhash
 from fastapi import Request
 
 from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, BudgetError, InputError, UpstreamError
 from ctxwarden.fit import Fitted, Unit, fit
-from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
+from ctxwarden.llm import ChunkStream, LLMClient
 from ctxwarden.llm_anthropic import AnthropicClient
+from ctxwarden.server.access import upstream_failure as access_upstream_failure
 from ctxwarden.server.chatfit import TokenCache
 from ctxwarden.server.http import SCOPES, Principal, ServerConfig
 from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
@@ -84,15 +84,8 @@ def principal(request: Request) -> Principal:
 def upstream_failure(exc: UpstreamError) -> tuple[int, str]:
     """The status and message an upstream failure is answered with (the chat path's rules):
     the upstream's own status and message, a 504 for a timeout, a 502 otherwise; never the
-    upstream's host or port."""
-    if isinstance(exc, UpstreamStatusError):
-        return exc.status, f"upstream answered {exc.status}: {exc.detail}"
-    cause = exc.__cause__
-    if isinstance(cause, httpx.TimeoutException):
-        return 504, "upstream: no answer in time; try again or raise the proxy's timeout"
-    if isinstance(cause, httpx.HTTPError):
-        return 502, "upstream: the model server cannot be reached; check that it is running"
-    return 502, "upstream: the model server's answer was not usable"
+    upstream's host or port (:func:`ctxwarden.server.access.upstream_failure`)."""
+    return access_upstream_failure(exc)
 
 
 def refuse_redirects(body: Mapping[str, Any]) -> None:

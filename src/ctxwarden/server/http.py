@@ -10,6 +10,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     GET    /v1/pins?session=&user=&scope=      pinned memories and facts visible in a scope
     POST   /v1/memories/{id}/pin[?scope=]      pin (for its session, its user or the tenant)
     POST   /v1/memories/{id}/unpin      unpin
+    PATCH  /v1/memories/{id}[?user=&session=]  {"content"} -> edited (old text kept as a version)
+    GET    /v1/memories/{id}/versions   the texts edits replaced, oldest first
     DELETE /v1/memories/{id}[?user=&session=]  erase (and summaries built from it)
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
@@ -66,7 +68,9 @@ from ctxwarden.server.access import (
     STATUS_BY_ERROR,
     CallerCredentials,
     ServerConfig,
+    client_message,
     credentials_of,
+    retry_after,
     status_for,
 )
 from ctxwarden.server.access import Caller as Caller
@@ -253,6 +257,12 @@ class SearchBody(StrictBody):
     scope: ScopeName | None = None
 
 
+class EditBody(StrictBody):
+    """The new text of a memory (:meth:`Engine.update`)."""
+
+    content: str
+
+
 class CompactBody(StrictBody):
     """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
     with a decayed access score below ``access_threshold``."""
@@ -310,7 +320,7 @@ def context_body(context: Context, *, full: bool) -> dict[str, Any]:
 
 
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": client_message(exc)}
     if isinstance(exc, InputError) and exc.field is not None:
         body["field"] = exc.field
     return {"error": body}
@@ -477,8 +487,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if status == 429:
-            headers = {"Retry-After": str(config.retry_after_seconds)}
+        retry = retry_after(exc, config.retry_after_seconds)
+        if retry is not None:
+            headers = {"Retry-After": retry}
         return JSONResponse(_error_body(exc), status_code=status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -621,6 +632,35 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
         return await caller.run(
             "write", lambda p: memory_view(p, engine.pin(memory_id, pinned=False, tenant=p.tenant))
         )
+
+    @app.patch("/v1/memories/{memory_id}")
+    async def edit(
+        memory_id: str,
+        body: EditBody,
+        caller: CallerCredentials,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace a memory's text: stored and indexed again, the old text kept as a version
+        (or erased, by configuration). With ``user`` or ``session``, 404 unless it is that end
+        user's or session's."""
+        return await caller.run(
+            "write",
+            lambda p: engine.update(
+                memory_id, body.content, tenant=p.tenant, user=user, session=session
+            ).to_dict(),
+        )
+
+    @app.get("/v1/memories/{memory_id}/versions")
+    async def versions(memory_id: str, caller: CallerCredentials) -> dict[str, Any]:
+        """The texts edits replaced in a memory, oldest first (404 if there is no memory)."""
+
+        def work(principal: Principal) -> dict[str, Any]:
+            engine.get(memory_id, tenant=principal.tenant)  # NotFound if there is none
+            found = engine.versions(memory_id, tenant=principal.tenant)
+            return {"id": memory_id, "versions": [v.to_dict() for v in found]}
+
+        return await caller.run("read", work)
 
     @app.delete("/v1/memories/{memory_id}")
     async def delete(

@@ -3,7 +3,8 @@
 Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` (store a note:
 a message memory by the agent, shown like any other memory as quoted data; a ``fact`` only when
 the operator allows it with ``remember_facts=True``, ``ctxwarden mcp --remember-facts``),
-``recall`` (search memories, as many as fit ``max_tokens``), ``forget`` (delete one) and
+``recall`` (search memories, as many as fit ``max_tokens``), ``update`` (replace the text of a
+note stored with ``remember``; the old text is kept as a version), ``forget`` (delete one) and
 ``assemble_context`` (a whole context for a session). Every tool works in the server's one
 tenant. ``remember`` takes the end user (``user``) a note belongs to; ``recall`` and
 ``assemble_context`` take ``session``, ``user`` and ``scope`` and read the narrowest scope named
@@ -12,9 +13,9 @@ tool errors carrying the ctxwarden message.
 
 Over streamable HTTP (:func:`create_mcp_http_app`) every request needs an API key, as on the HTTP
 API: the key's tenant is the tenant the tools read and write, and its scopes gate them
-(``remember`` needs write, ``forget`` delete, the others read). A missing or unknown key gets 401
-before the MCP session sees the request. Over stdio and in process the caller is the local user:
-the server's tenant, every scope.
+(``remember`` and ``update`` need write, ``forget`` delete, the others read). A missing or
+unknown key gets 401 before the MCP session sees the request. Over stdio and in process the
+caller is the local user: the server's tenant, every scope.
 
 >>> from ctxwarden import Engine
 >>> server = create_mcp_server(Engine.open(":memory:"))
@@ -40,6 +41,7 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
 from ctxwarden.models import remote_tokenizer
 from ctxwarden.render import line_text
+from ctxwarden.server.access import client_message
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
 from ctxwarden.types import SCOPES
@@ -57,7 +59,7 @@ def _tool_errors() -> Iterator[None]:
     try:
         yield
     except CtxwardenError as exc:
-        raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+        raise ToolError(f"{type(exc).__name__}: {client_message(exc)}") from exc
 
 
 def _scope_argument(value: str | None) -> ReadScopeName | None:
@@ -210,6 +212,36 @@ def create_mcp_server(
                     {"id": memory.id, "text": text.rstrip("\n"), "score": round(score, 4)}
                 )
             return {"memories": chosen, "tokens": used, "max_tokens": max_tokens}
+
+    @server.tool()
+    def update(
+        id: str,
+        content: str,
+        user: str | None = None,
+        session: str | None = None,
+        ctx: Context | None = None,
+    ) -> dict[str, Any]:
+        """Replace the text of a note stored with ``remember`` (a note that changed); the old
+        text is kept as a version. With ``user`` or ``session``, only if it is that end user's
+        or session's. Returns ``edited``, or ``known`` when the text was already this."""
+        with _tool_errors():
+            where = caller(ctx, "write")
+            memory = engine.get(id, tenant=where, user=user, session=session)
+            # An agent rewrites its own notes only: never what people, tools or the operator
+            # stored (a prompt-injected agent must not be able to rewrite the record).
+            if memory.author_kind != "agent" or memory.id != id:
+                raise InputError(
+                    f"{id!r} is not a note stored with remember: only those can be updated "
+                    "over MCP; store a new note instead",
+                    field="id",
+                )
+            if memory.kind == "fact" and not remember_facts:
+                raise InputError(
+                    "facts from agents are off on this server: store a new message note",
+                    field="id",
+                )
+            outcome = engine.update(id, content, tenant=where, user=user, session=session)
+            return outcome.to_dict()
 
     @server.tool()
     def forget(

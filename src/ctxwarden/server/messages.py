@@ -35,6 +35,7 @@ from ctxwarden.errors import (
 )
 from ctxwarden.fit import fit
 from ctxwarden.llm_anthropic import FORWARDED_HEADERS, AnthropicClient
+from ctxwarden.server.access import client_message, retry_after
 from ctxwarden.server.agents import (
     REPORT_HEADER,
     Shared,
@@ -80,7 +81,7 @@ _KINDS = {
 
 def error_response(exc: CtxwardenError) -> JSONResponse:
     """``exc`` in the Anthropic error shape: 400 for bad input, the upstream's own 4xx."""
-    message = str(exc)
+    message = client_message(exc)
     if isinstance(exc, BudgetError):
         status = 400
     elif isinstance(exc, UpstreamError):
@@ -101,7 +102,9 @@ def error_response(exc: CtxwardenError) -> JSONResponse:
         status = status_for(exc)
     kind = _KINDS.get(status, "api_error")
     body = {"type": "error", "error": {"type": kind, "message": message}}
-    return JSONResponse(body, status_code=status)
+    retry = retry_after(exc, 1)
+    headers = {"Retry-After": retry} if retry is not None else None
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def reply_text(payload: Mapping[str, Any]) -> str:

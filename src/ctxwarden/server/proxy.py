@@ -62,6 +62,7 @@ from ctxwarden.fit import Fitted, fit
 from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
+from ctxwarden.server.access import client_message, retry_after
 from ctxwarden.server.agents import install_agent_apis
 from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
 from ctxwarden.server.guard import can_read, require_metrics_access
@@ -257,11 +258,12 @@ def create_proxy_app(
         status = status_for(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, type(exc).__name__)
-        response = _openai_error(status, str(exc), type(exc).__name__)
+        response = _openai_error(status, client_message(exc), type(exc).__name__)
         if status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
-        if status == 429:
-            response.headers["Retry-After"] = str(config.server.retry_after_seconds)
+        retry = retry_after(exc, config.server.retry_after_seconds)
+        if retry is not None:
+            response.headers["Retry-After"] = retry
         return response
 
     @app.get("/health")

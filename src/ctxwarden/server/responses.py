@@ -29,6 +29,7 @@ from ctxwarden.errors import (
     UpstreamError,
 )
 from ctxwarden.llm import LLMClient
+from ctxwarden.server.access import client_message, retry_after
 from ctxwarden.server.agents import (
     REPORT_HEADER,
     Shared,
@@ -75,9 +76,13 @@ def error_response(exc: CtxwardenError) -> JSONResponse:
     else:
         status = status_for(exc)
         kind = "upstream_error" if status == 502 else "server_error"
-    message = f"{param}: {exc.reason}" if isinstance(exc, InputError) and param else str(exc)
+    message = (
+        f"{param}: {exc.reason}" if isinstance(exc, InputError) and param else client_message(exc)
+    )
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    retry = retry_after(exc, 1)
+    headers = {"Retry-After": retry} if retry is not None else None
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def reply_text(payload: Mapping[str, Any]) -> str:

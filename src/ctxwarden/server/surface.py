@@ -191,7 +191,7 @@ class Outcome(BaseModel):
     """What happened to one record."""
 
     id: str
-    status: Literal["stored", "duplicate", "near_duplicate", "known"]
+    status: Literal["stored", "edited", "duplicate", "near_duplicate", "known"]
     duplicate_of: str | None = None
     reason: str | None = None
 
@@ -290,6 +290,31 @@ class PinsResponse(BaseModel):
     pins: list[MemoryModel]
 
 
+class EditedResponse(BaseModel):
+    """What an edit did: ``edited`` (the text replaced) or ``known`` (the same text)."""
+
+    id: str
+    status: Literal["edited", "known"]
+    reason: str | None = None
+
+
+class VersionModel(BaseModel):
+    """A text an edit replaced, in force from ``valid_from`` until ``valid_until`` (Unix
+    seconds)."""
+
+    version: int
+    content: str
+    valid_from: float
+    valid_until: float
+
+
+class VersionsResponse(BaseModel):
+    """The texts edits replaced in a memory, oldest first."""
+
+    id: str
+    versions: list[VersionModel]
+
+
 class DeletedResponse(BaseModel):
     """The id erased (a tombstone remains)."""
 
@@ -368,6 +393,8 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/memories/{memory_id}/pin"): MemoryModel,
     ("post", "/v1/memories/{memory_id}/unpin"): MemoryModel,
     ("delete", "/v1/memories/{memory_id}"): DeletedResponse,
+    ("patch", "/v1/memories/{memory_id}"): EditedResponse,
+    ("get", "/v1/memories/{memory_id}/versions"): VersionsResponse,
     ("delete", "/v1/sessions/{session}"): SessionDeletedResponse,
     ("delete", "/v1/tenant"): TenantDeletedResponse,
     ("get", "/v1/stats"): StatsResponse,

@@ -42,6 +42,8 @@ __all__ = [
     "Alias",
     "ApiKey",
     "ContextLog",
+    "Edit",
+    "Edited",
     "FoldTarget",
     "Inclusion",
     "KeyStore",
@@ -50,6 +52,7 @@ __all__ = [
     "Store",
     "TokenCount",
     "Tombstone",
+    "Version",
     "Writer",
 ]
 
@@ -144,6 +147,54 @@ class TokenCount:
     tokenizer: str
     message: int
     line: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Edit:
+    """New text for a stored memory (:meth:`Writer.edit`): its content and the de-dup keys and
+    metadata that go with it."""
+
+    tenant: str
+    id: str
+    content: str
+    content_hash: str
+    near_key: str | None
+    metadata: Mapping[str, Any]
+    attachments: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Edited:
+    """What :meth:`Writer.edit` changed: the row and the fields a rendering of it needs."""
+
+    rowid: int
+    role: str
+    author: str | None
+    kind: str
+    created_at: float
+    channel: str | None
+    #: The number of the superseded version kept (None when ``keep`` was false).
+    version: int | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Version:
+    """A text an edit replaced (:meth:`Store.versions`), in force from ``valid_from`` until
+    ``valid_until``."""
+
+    version: int
+    content: str
+    valid_from: float
+    valid_until: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "version": self.version,
+            "content": self.content,
+            "valid_from": self.valid_from,
+            "valid_until": self.valid_until,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,6 +331,22 @@ class Writer(Protocol):
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Store token counts (replacing any for the same memory and tokenizer)."""
+
+    def edit(self, edit: Edit, *, edited_at: float, keep: bool) -> Edited | str | None:
+        """Replace the text of the memory whose own id is ``edit.id`` (issue 19).
+
+        In this transaction: the old text becomes a row of ``memory_versions`` when ``keep``
+        (else it is gone), content, hash, near key, metadata and attachments take the new values
+        (``latest_content`` is cleared), the full-text entry follows, its token counts and
+        vectors are dropped (the caller counts again; embedding finds it pending). Returns
+        :class:`Edited`; ``"unchanged"`` when the text is the same; ``None`` when ``edit.id``
+        is not a memory of its own in ``edit.tenant`` (unknown, an alias or compacted).
+        """
+
+    def set_key(self, tenant: str, rowid: int, key: str, *, user: str | None) -> list[str]:
+        """Give the memory at ``rowid`` the subject ``key``; of ``tenant``'s memories with that
+        key and end user ``user``, each but the newest (by created_at, then rowid) is then
+        superseded by the next (:meth:`Store.supersessions`). The ids superseded."""
 
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``.
@@ -418,6 +485,14 @@ class Store(Protocol):
         hit's new words whose every new word is too common would repeat the main search.
         ``known``: memories of ``tenant`` read earlier in the same retrieval, by rowid; a
         backend may return these instead of reading their rows again (the same results)."""
+
+    def supersessions(self, tenant: str, rowids: Sequence[int]) -> dict[int, tuple[str, float]]:
+        """Of the memories at ``rowids``, those superseded by a newer one with the same key:
+        rowid -> (the successor's id, the time it stopped being in force)."""
+
+    def versions(self, tenant: str, id: str) -> list[Version]:
+        """The texts edits replaced in the memory ``id`` lives in, oldest first (``[]`` for
+        none, or for no such memory)."""
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached token counts for these memories under ``tokenizer`` (missing ones left out)."""

@@ -72,6 +72,17 @@ rowid) for reads scoped to an end user, ``memories.pin_scope`` (where a pin show
 before become tenant pins, as they were shown), marks messages no record may fold into (an
 agent's turns, tool calls and results, untrusted records: ``content_hash`` prefixed with
 ``dedupe.UNFOLDABLE``), and recreates ``memory_rows``.
+
+Migration 13 (``memory_versions``) adds ``memory_versions``: the text an edit replaced (a known
+id ingested again with other content, or ``Engine.update``), one row per superseded version
+numbered from 1, with the time it was in force from (``valid_from``: the memory's creation or
+the previous edit) and until (``valid_until``: the edit); removed with its memory by cascade.
+``EngineConfig.edit_history = "erase"`` keeps none.
+
+Migration 14 (``fact_keys``) adds ``memories.fact_key`` (a fact's or pin's subject,
+``Record.key``) with ``memories_fact_key``, and ``supersessions``: for each memory a newer one
+with the same key (tenant and end user) replaced, the successor's id and ``valid_until`` (the
+successor's time); removed with the memory by cascade.
 """
 
 from __future__ import annotations
@@ -90,6 +101,21 @@ class Migration:
     name: str
     statements: tuple[str, ...]
 
+
+#: Migration 14 (``fact_keys``).
+_FACT_KEYS = (
+    # A fact's or pin's subject: a newer memory with the same key (tenant, end user) supersedes.
+    "ALTER TABLE memories ADD COLUMN fact_key TEXT",
+    "CREATE INDEX memories_fact_key ON memories (tenant, fact_key) WHERE fact_key IS NOT NULL",
+    # One row per superseded memory: its successor's id and when it stopped being in force.
+    """
+    CREATE TABLE supersessions (
+        memory_rowid INTEGER PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+        superseded_by TEXT NOT NULL,
+        valid_until REAL NOT NULL
+    )
+    """,
+)
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -470,6 +496,30 @@ MIGRATIONS: tuple[Migration, ...] = (
             # counted again the first time assembly needs it.
             "DELETE FROM token_counts",
         ),
+    ),
+    Migration(
+        version=13,
+        name="memory_versions",
+        statements=(
+            # The texts an edit replaced (issue 19): one row per superseded version, removed
+            # with its memory (erasure, compaction) by cascade.
+            """
+            CREATE TABLE memory_versions (
+                memory_rowid INTEGER NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                version INTEGER NOT NULL,
+                content TEXT NOT NULL,
+                content_hash TEXT NOT NULL,
+                valid_from REAL NOT NULL,
+                valid_until REAL NOT NULL,
+                PRIMARY KEY (memory_rowid, version)
+            ) WITHOUT ROWID
+            """,
+        ),
+    ),
+    Migration(
+        version=14,
+        name="fact_keys",
+        statements=_FACT_KEYS,
     ),
 )
 

@@ -29,6 +29,11 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
 - Migration 9 (``inclusions_unindexed``) drops ``inclusions_memory``, as SQLite's migration 9.
 - Migration 10 (``end_user``) adds ``memories.end_user`` and ``memories_user``, as SQLite's
   migration 11, and recreates ``memory_rows`` (its ``m.*`` was expanded at creation).
+- Migration 11 (``memory_as_data``) drops cached token counts, as SQLite's migration 12.
+- Migration 12 (``memory_versions``) adds ``memory_versions`` (texts an edit replaced), as
+  SQLite's migration 13.
+- Migration 13 (``fact_keys``) adds ``memories.fact_key`` and ``supersessions``, as SQLite's
+  migration 14.
 """
 
 from __future__ import annotations
@@ -340,6 +345,39 @@ MIGRATIONS: tuple[Migration, ...] = (
             # (issue 20): counts cached for the old renderings are wrong, so they go; each is
             # counted again the first time assembly needs it.
             "DELETE FROM token_counts",
+        ),
+    ),
+    Migration(
+        version=12,
+        name="memory_versions",
+        statements=(
+            """
+            CREATE TABLE memory_versions (
+                memory_rowid BIGINT NOT NULL REFERENCES memories (rowid) ON DELETE CASCADE,
+                version INTEGER NOT NULL,
+                content TEXT NOT NULL,
+                content_hash TEXT NOT NULL,
+                valid_from DOUBLE PRECISION NOT NULL,
+                valid_until DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (memory_rowid, version)
+            )
+            """,
+        ),
+    ),
+    Migration(
+        version=13,
+        name="fact_keys",
+        statements=(
+            "ALTER TABLE memories ADD COLUMN fact_key TEXT",
+            """CREATE INDEX memories_fact_key ON memories (tenant, fact_key)
+               WHERE fact_key IS NOT NULL""",
+            """
+            CREATE TABLE supersessions (
+                memory_rowid BIGINT PRIMARY KEY REFERENCES memories (rowid) ON DELETE CASCADE,
+                superseded_by TEXT NOT NULL,
+                valid_until DOUBLE PRECISION NOT NULL
+            )
+            """,
         ),
     ),
 )

@@ -14,7 +14,7 @@ from typing import Any
 
 from ctxwarden.errors import NotFound
 from ctxwarden.scope import ReadScope
-from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone
+from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone, Version
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -181,6 +181,40 @@ class MemoryReads:
         if not rows:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
         return memory_of(rows[0])
+
+    def supersessions(self, tenant: str, rowids: Sequence[int]) -> dict[int, tuple[str, float]]:
+        """Of these memories, those a newer one with the same key superseded: rowid ->
+        (successor's id, valid_until)."""
+        out: dict[int, tuple[str, float]] = {}
+        for start in range(0, len(rowids), 400):
+            chunk = list(rowids[start : start + 400])
+            marks = ",".join("?" * len(chunk))
+            for rowid, successor, until in self._read(
+                "SELECT s.memory_rowid, s.superseded_by, s.valid_until FROM supersessions s "
+                f"JOIN memories m ON m.rowid = s.memory_rowid WHERE m.tenant = ? "
+                f"AND s.memory_rowid IN ({marks})",
+                [tenant, *chunk],
+            ):
+                out[int(rowid)] = (str(successor), float(until))
+        return out
+
+    def versions(self, tenant: str, id: str) -> list[Version]:
+        """The texts edits replaced in the memory with this own id, oldest first."""
+        rows = self._read(
+            "SELECT v.version, v.content, v.valid_from, v.valid_until FROM memory_versions v "
+            "JOIN memories m ON m.rowid = v.memory_rowid WHERE m.tenant = ? AND m.id = ? "
+            "ORDER BY v.version",
+            (tenant, id),
+        )
+        return [
+            Version(
+                version=int(r[0]),
+                content=str(r[1]),
+                valid_from=float(r[2]),
+                valid_until=float(r[3]),
+            )
+            for r in rows
+        ]
 
     def recent(
         self,

@@ -27,8 +27,10 @@ maintenance.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.errors import ConflictError, StoreError
+from ctxwarden.errors import ConfigError, ConflictError, StoreError, StoreUnavailable
 from ctxwarden.store import migrations
 from ctxwarden.store.base import ApiKey, ContextLog, TokenCount
 from ctxwarden.store.reads import CONTEXT_COLUMNS, MemoryReads, context_row
@@ -46,9 +48,11 @@ from ctxwarden.store.sqlite_connection import (
     CHECKPOINT_INTERVAL_SECONDS,
     MMAP_BYTES,
     STATEMENT_CACHE,
+    STORE_TIMEOUT_SECONDS,
     WAL_BACKSTOP_PAGES,
     Checkpointer,
     connect,
+    unavailable,
 )
 from ctxwarden.store.sqlite_lexical import (
     COMMON_TERM_ROWS,
@@ -76,6 +80,7 @@ __all__ = [
     "ROWS_PER_RESULT",
     "SEARCH_ROW_BUDGET",
     "STATEMENT_CACHE",
+    "STORE_TIMEOUT_SECONDS",
     "VERY_COMMON_MIN_ROWS",
     "VERY_COMMON_SHARE",
     "VERY_COMMON_WINDOW",
@@ -88,12 +93,21 @@ __all__ = [
     "very_common_rows",
 ]
 
+log = logging.getLogger(__name__)
+
+#: How long one try to start a write transaction waits on SQLite's busy handler (ms) before
+#: :meth:`SQLiteStore.write` tries again, until the store's timeout (see ``_begin``).
+BUSY_SLICE_MS = 10
+
 #: The inclusion log's access-stats bump in SQLite's dialect.
 _ACCESS_BUMP = access_bump("max")
 
 
 class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
+
+    ``timeout``: how long a call waits for the write lock (another process's or another
+    thread's) before :class:`~ctxwarden.errors.StoreUnavailable` (cause ``"locked"``).
 
     >>> store = SQLiteStore(":memory:")
     >>> store.stats("default")["memories"]
@@ -107,11 +121,14 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
     # one shape (a chat server's) the two cost the same (0.26 ms).
     _NEIGHBOURS_PER_ANCHOR = True
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, timeout: float = STORE_TIMEOUT_SECONDS) -> None:
         self.path = str(path)
+        if not timeout > 0:
+            raise ConfigError(f"store_timeout: {timeout} must be above 0 seconds")
+        self.timeout = timeout
         self._lock = threading.RLock()
         try:
-            self._conn = connect(self.path)
+            self._conn = connect(self.path, timeout=timeout)
             migrations.apply(self._conn)
             self.checkpointer: Checkpointer | None = None
             if self.path != ":memory:":
@@ -120,6 +137,9 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
                 self.checkpointer = Checkpointer(self.path)
                 weakref.finalize(self, self.checkpointer.stop)
         except sqlite3.DatabaseError as exc:
+            cause = unavailable(exc, self.path, "opening the store", timeout)
+            if cause is not None:
+                raise cause from exc
             raise StoreError(f"cannot open SQLite database {self.path}: {exc}") from exc
         self._closed = False
         self._log_lock = threading.Lock()
@@ -135,25 +155,100 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
 
     @contextmanager
     def write(self) -> Iterator[_SQLiteWriter]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
-        with self._lock:
-            self._check_open()
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"cannot start a write transaction: {exc}") from exc
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
+
+        A cause outside ctxwarden (disk full, a read-only file, the lock held past
+        :attr:`timeout` or lost, an I/O error) raises
+        :class:`~ctxwarden.errors.StoreUnavailable` naming it, after the rollback: the store is
+        as it was. SQLite itself rolls back on some of these (a full disk, an I/O error), so
+        the ROLLBACK runs only while a transaction is open, and its own failure never hides
+        the cause."""
+        self._begin(time.monotonic() + self.timeout)  # the store's lock is held from here
+        try:
             writer = _SQLiteWriter(self._conn)
             try:
                 yield writer
                 writer.flush()
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, sqlite3.DatabaseError):
+                    cause = unavailable(exc, self.path, "writing", self.timeout)
+                    if cause is not None:
+                        raise cause from exc
                 raise
             try:
                 self._conn.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
-                self._conn.execute("ROLLBACK")
-                raise StoreError(f"commit failed: {exc}") from exc
+                self._rollback()
+                raise self._translate(exc, "commit") from exc
+        finally:
+            self._lock.release()
+
+    def _begin(self, deadline: float) -> None:
+        """Take the store's lock and BEGIN IMMEDIATE, retried until ``deadline`` while another
+        connection writes; returns holding the lock, with the transaction open.
+
+        SQLite's own busy handler sleeps ever longer between tries (up to 100 ms), so a
+        waiter beside writers that commit back to back kept missing the moments the lock was
+        free: server requests waited up to 23.6 s beside two library writers (issue 20). Here
+        each try waits at most :data:`BUSY_SLICE_MS` (SQLite's first sleeps: 1, 2, 5 ms), so
+        a waiter asks again every few milliseconds until its deadline; between tries the
+        store's lock is let go, so this process's reads go on meanwhile."""
+        conn = self._conn
+        while True:
+            if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                raise StoreUnavailable(
+                    "locked",
+                    f"writing: other requests of this process held {self.path} for over "
+                    f"{self.timeout:g}s (the store_timeout setting); nothing was changed: retry",
+                )
+            try:
+                self._check_open()
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_SLICE_MS}")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.DatabaseError as exc:
+                    busy = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (5, 6)
+                    if not busy or time.monotonic() >= deadline:
+                        raise self._translate(exc, "starting a write transaction") from exc
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            except BaseException:
+                self._lock.release()
+                raise
+            self._lock.release()
+            time.sleep(0)  # let a thread waiting for the store's lock have it
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already (a failed ROLLBACK is
+        logged: the error that led here is the one the caller needs)."""
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.warning("rollback of %s failed: %s", self.path, exc)
+
+    def _translate(self, exc: sqlite3.DatabaseError, doing: str) -> StoreError:
+        cause = unavailable(exc, self.path, doing, self.timeout)
+        return cause if cause is not None else StoreError(f"{doing} failed: {exc}")
+
+    @contextmanager
+    def _locked(self, doing: str) -> Iterator[None]:
+        """This store's lock (one connection, shared by threads), waited for at most
+        :attr:`timeout` seconds: a thread queued behind others' writes gives up as a writer
+        waiting on another process does."""
+        if not self._lock.acquire(timeout=self.timeout):
+            raise StoreUnavailable(
+                "locked",
+                f"{doing}: other requests of this process held {self.path} for over "
+                f"{self.timeout:g}s (the store_timeout setting); nothing was changed: retry",
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
         """Cache token counts computed after ingest."""
@@ -242,12 +337,12 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
         return self._query(sql, params)
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        with self._lock:
+        with self._locked("reading"):
             self._check_open()
             try:
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:
-                raise StoreError(f"query failed: {exc}") from exc
+                raise self._translate(exc, "query") from exc
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``. One statement of one text (the
@@ -274,7 +369,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
                 self._conn.execute("VACUUM")
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.DatabaseError as exc:
-                raise StoreError(f"vacuum failed: {exc}") from exc
+                raise self._translate(exc, "vacuum") from exc
 
     # -- API keys (the KeyStore seam) ---------------------------------------------------------
 
@@ -338,4 +433,4 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
                 self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.DatabaseError as exc:
-                raise StoreError(f"scrub failed: {exc}") from exc
+                raise self._translate(exc, "scrub") from exc

@@ -12,14 +12,24 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from ctxwarden.errors import StoreUnavailable
+
 __all__ = [
     "CHECKPOINT_INTERVAL_SECONDS",
     "MMAP_BYTES",
     "STATEMENT_CACHE",
+    "STORE_TIMEOUT_SECONDS",
     "WAL_BACKSTOP_PAGES",
     "Checkpointer",
     "connect",
+    "unavailable",
 ]
+
+#: How long a library call waits for the store's write lock (held by another connection or
+#: process, or by another thread of this store) before it fails with
+#: :class:`~ctxwarden.errors.StoreUnavailable` (``EngineConfig.store_timeout``; the servers
+#: default to a few seconds, ``Settings.store_timeout``).
+STORE_TIMEOUT_SECONDS = 30.0
 
 #: How often the background :class:`Checkpointer` copies the WAL into the database file. Between
 #: checkpoints the WAL grows by what was written meanwhile (a busy server: a few MB a second).
@@ -42,19 +52,19 @@ MMAP_BYTES = 1 << 32
 STATEMENT_CACHE = 1024
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(path: str, *, timeout: float = STORE_TIMEOUT_SECONDS) -> sqlite3.Connection:
     """The store's connection to the database at ``path`` (``":memory:"`` for a private one):
     autocommit (transactions are explicit), shareable between threads (the store locks it),
-    WAL, ``synchronous=NORMAL``, foreign keys, ``secure_delete``, a busy timeout, and a memory
-    map of the file. The parent directory is created. Raises :class:`sqlite3.DatabaseError`
-    (the store translates it)."""
+    WAL, ``synchronous=NORMAL``, foreign keys, ``secure_delete``, a busy timeout of
+    ``timeout`` seconds, and a memory map of the file. The parent directory is created.
+    Raises :class:`sqlite3.DatabaseError` (the store translates it)."""
     if path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(
         path,
         isolation_level=None,
         check_same_thread=False,
-        timeout=30.0,
+        timeout=timeout,
         cached_statements=STATEMENT_CACHE,
     )
     conn.execute("PRAGMA journal_mode = WAL")
@@ -62,10 +72,64 @@ def connect(path: str) -> sqlite3.Connection:
     conn.execute("PRAGMA foreign_keys = ON")
     # Deleted rows are zeroed on their pages, not left in free space (erasure).
     conn.execute("PRAGMA secure_delete = ON")
-    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
     if path != ":memory:":
         conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
     return conn
+
+
+# SQLite's primary result codes (the low byte of an extended code) that mean "not now, for a
+# cause outside ctxwarden", and the extended codes that mean a lock was lost rather than busy.
+_BUSY, _LOCKED, _READONLY, _IOERR, _FULL, _CANTOPEN, _PROTOCOL = 5, 6, 8, 10, 13, 14, 15
+_IOERR_LOCKS = frozenset(
+    {10 | 15 << 8, 10 | 8 << 8, 10 | 9 << 8, 10 | 20 << 8}  # LOCK, RDLOCK, UNLOCK, CHECKRESERVED
+)
+
+
+def unavailable(
+    exc: sqlite3.Error, path: str, doing: str, timeout: float
+) -> StoreUnavailable | None:
+    """The :class:`~ctxwarden.errors.StoreUnavailable` that SQLite's error ``exc`` (raised
+    while ``doing`` something to the database at ``path``) stands for, naming its cause and
+    what to do; None when ``exc`` is not one of those causes (a constraint, a bad statement,
+    a damaged file: the caller raises it as it is)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    primary = code & 0xFF
+    if code in _IOERR_LOCKS or primary == _PROTOCOL:
+        return StoreUnavailable(
+            "lost lock",
+            f"{doing}: the lock on {path} was lost ({exc}); nothing was changed: retry",
+        )
+    if primary in (_BUSY, _LOCKED):
+        return StoreUnavailable(
+            "locked",
+            f"{doing}: another writer held {path} for over {timeout:g}s (the store_timeout "
+            "setting); nothing was changed: retry",
+        )
+    if primary == _FULL:
+        return StoreUnavailable(
+            "disk full",
+            f"{doing}: the disk holding {path} is full ({exc}); nothing was changed: free "
+            "space, then retry",
+            retry_after=30.0,
+        )
+    if primary == _READONLY:
+        return StoreUnavailable(
+            "read-only",
+            f"{doing}: {path} is read-only ({exc}); reads go on, writes need a writable file "
+            "and folder",
+            retry_after=60.0,
+        )
+    if primary in (_IOERR, _CANTOPEN):
+        return StoreUnavailable(
+            "I/O error",
+            f"{doing}: the disk answered an I/O error on {path} ({exc}); nothing was changed: "
+            "check the disk, then retry",
+            retry_after=30.0,
+        )
+    return None
 
 
 class Checkpointer:

@@ -14,11 +14,14 @@ full-text search, so the FTS delete trigger finds them).
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ctxwarden.errors import StoreError
+from ctxwarden.store.base import Edit, Edited
 
 __all__ = ["ACCESS_TAU_SECONDS", "ACCESS_UPSERT", "MemoryWrites", "access_bump", "merge_plan"]
 
@@ -188,6 +191,91 @@ class MemoryWrites:
         )
         return int(rows[0][0]) if rows else None
 
+    def edit(self, edit: Edit, *, edited_at: float, keep: bool) -> Edited | str | None:
+        """Replace the text of the memory ``edit.id`` (see :meth:`.Writer.edit`)."""
+        # SQLite: the FTS update trigger removes the old text's entry, which must exist.
+        self._before_delete()
+        rows = self._rows(
+            "SELECT rowid, content, content_hash, created_at, role, author, kind, channel "
+            f"FROM memories WHERE tenant = ? AND id = ?{self._LOCK_ROWS}",
+            (edit.tenant, edit.id),
+        )
+        if not rows:
+            return None
+        rowid, content, content_hash, created_at, role, author, kind, channel = rows[0]
+        if content == edit.content:
+            return "unchanged"
+        version: int | None = None
+        if keep:
+            last = self._rows(
+                "SELECT version, valid_until FROM memory_versions WHERE memory_rowid = ? "
+                "ORDER BY version DESC LIMIT 1",
+                (rowid,),
+            )
+            version = int(last[0][0]) + 1 if last else 1
+            valid_from = float(last[0][1]) if last else float(created_at)
+            self._run(
+                "INSERT INTO memory_versions (memory_rowid, version, content, content_hash, "
+                "valid_from, valid_until) VALUES (?, ?, ?, ?, ?, ?)",
+                (rowid, version, content, content_hash, valid_from, max(valid_from, edited_at)),
+            )
+        self._run(
+            "UPDATE memories SET content = ?, content_hash = ?, near_key = ?, metadata = ?, "
+            "attachments = ?, latest_content = NULL WHERE rowid = ?",
+            (
+                edit.content,
+                edit.content_hash,
+                edit.near_key,
+                json.dumps(dict(edit.metadata)) if edit.metadata else None,
+                json.dumps(list(edit.attachments)) if edit.attachments else None,
+                rowid,
+            ),
+        )
+        # Counted again by the caller; embedded again as pending (the vector_changes
+        # trigger tells the in-memory index).
+        self._run("DELETE FROM token_counts WHERE memory_rowid = ?", (rowid,))
+        self._run("DELETE FROM memory_vectors WHERE memory_rowid = ?", (rowid,))
+        return Edited(
+            rowid=int(rowid),
+            role=str(role),
+            author=author,
+            kind=str(kind),
+            created_at=float(created_at),
+            channel=channel,
+            version=version,
+        )
+
+    def set_key(self, tenant: str, rowid: int, key: str, *, user: str | None) -> list[str]:
+        """Give the memory at ``rowid`` the subject ``key`` and re-link the memories with that
+        key (of ``user``, in ``tenant``): each but the newest is superseded by the next newer
+        one. The ids superseded now."""
+        self._run("UPDATE memories SET fact_key = ? WHERE rowid = ?", (key, rowid))
+        return self._relink(tenant, key, user or "")
+
+    def _relink(self, tenant: str, key: str, user: str) -> list[str]:
+        """Link the memories with ``key`` of end user ``user`` (``""``: none) into one chain,
+        each but the newest superseded by the next; the ids superseded."""
+        chain = self._rows(
+            "SELECT rowid, id, created_at FROM memories WHERE tenant = ? AND fact_key = ? "
+            "AND coalesce(end_user, '') = ? ORDER BY created_at, rowid",
+            (tenant, key, user),
+        )
+        rowids = [int(r[0]) for r in chain]
+        for chunk in self._chunks(rowids):
+            where, params = self._in(chunk)
+            self._run(f"DELETE FROM supersessions WHERE memory_rowid {where}", params)
+        links = [
+            (int(older[0]), str(newer[1]), float(newer[2]))
+            for older, newer in itertools.pairwise(chain)
+        ]
+        if links:
+            self._run_many(
+                "INSERT INTO supersessions (memory_rowid, superseded_by, valid_until) "
+                "VALUES (?, ?, ?)",
+                links,
+            )
+        return [str(r[1]) for r in chain[:-1]]
+
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory holding ``id``, visible in ``scope`` (``"user"``,
         ``"tenant"``; None or ``"session"``: its own session); False if there is none."""
@@ -228,12 +316,23 @@ class MemoryWrites:
             summaries.update(found)
             frontier = found
         ordered = sorted(doomed)
+        keyed: set[tuple[str, str]] = set()
         for chunk in self._chunks(ordered):
             self._tombstone_erased(tenant, chunk, summaries, deleted_at=deleted_at, reason=reason)
             # Aliases, token counts, vectors and access stats go by ON DELETE CASCADE; SQLite's
             # FTS entries by its trigger (PostgreSQL's tsvector lives in the row).
             where, params = self._in(chunk)
+            keyed.update(
+                (str(k), str(u))
+                for k, u in self._rows(
+                    "SELECT fact_key, coalesce(end_user, '') FROM memories WHERE tenant = ? "
+                    f"AND fact_key IS NOT NULL AND rowid {where}",
+                    [tenant, *params],
+                )
+            )
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
+        for key, user in sorted(keyed):
+            self._relink(tenant, key, user)  # an erased value no longer supersedes anything
         return ordered
 
     def _ids_of(self, tenant: str, rowids: Sequence[int]) -> list[str]:

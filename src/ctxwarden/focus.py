@@ -1,0 +1,112 @@
+"""What a query is about, beyond its words: the people it names, the times it names, and whether
+it asks for a list. Pure; used by :mod:`ctxwarden.retrieve`.
+
+- **People.** The authors among the retrieval candidates whose name the query says ("what did
+  Ana paint?"). In a conversation, what a person did is mostly in their own turns; the other
+  side's turns that address them by name ("Wow, Ana! ...") match the name's word but are only
+  about them second-hand. Retrieval searches once more without the names' words among the
+  named people's own turns (:func:`without_words`) and credits a person's own turn with the
+  name it does not need to say (:func:`Focus.speaks`).
+- **Times.** :func:`ctxwarden.timeref.time_spans`: "on 13 October", "last week of May", "in
+  2022", resolved against the asking time; a memory created within one is preferred
+  (:meth:`Focus.when`), since a chat turn's text rarely carries its own date.
+- **Lists.** A question that asks for several things ("what books has Ana read?", "what do
+  Ana and Bo both like?") is answered across many conversations, not by near-copies of one:
+  :meth:`Focus.episode` keys a memory by its place and day so retrieval can spread picks over
+  episodes (:attr:`Focus.listing` says how strongly). The cues are English grammar words
+  (quantifiers, "both", "in common") and a plural noun after the question word, not topics.
+
+>>> f = focus("What books has Ana read since last week?", now=0.0, authors=["Ana", "Bo"])
+>>> sorted(f.people), f.listing, [s.text for s in f.spans]
+(['Ana'], True, ['last week'])
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ctxwarden.timeref import TimeSpan, time_spans
+from ctxwarden.types import Memory
+
+__all__ = ["Focus", "focus", "name_words", "without_words"]
+
+_WORDS = re.compile(r"\w+", re.UNICODE)
+# "both", "in common", quantifiers and enumerations: grammar, not topics.
+_LIST_CUES = re.compile(
+    r"\b(?:both|in\s+common|all|every|each|list|various|several|how\s+many|kinds?\s+of"
+    r"|types?\s+of|sorts?\s+of)\b",
+    re.IGNORECASE,
+)
+# "What books has ...", "Which countries did ...": a question word, then a plural noun (a word
+# ending in "s" but not "ss"/"us"/"is"), then an auxiliary verb.
+_PLURAL_ASK = re.compile(
+    r"\b(?:what|which)\s+(?:\w+\s+)?\w+(?<![sui])s\s+(?:has|have|had|do|does|did|are|were)\b",
+    re.IGNORECASE,
+)
+
+
+def name_words(name: str) -> frozenset[str]:
+    """The casefolded words of a name that could stand for it in a query ("Ana Li" -> ana, li)."""
+    return frozenset(p for p in _WORDS.findall(name.casefold()) if len(p) > 1)
+
+
+def without_words(terms: Iterable[str], words: Iterable[str]) -> list[str]:
+    """``terms`` without those in ``words`` (order kept)."""
+    drop = set(words)
+    return [t for t in terms if t not in drop]
+
+
+@dataclass(frozen=True, slots=True)
+class Focus:
+    """What :func:`focus` found in a query (see the module docstring)."""
+
+    people: frozenset[str] = frozenset()
+    spans: tuple[TimeSpan, ...] = ()
+    listing: bool = False
+    #: The words of the people's names and of the time expressions (left out of some searches).
+    name_terms: frozenset[str] = frozenset()
+    time_terms: frozenset[str] = frozenset()
+
+    def speaks(self, memory: Memory) -> bool:
+        """Whether ``memory`` is a named person's own (their words, not words about them)."""
+        return memory.author is not None and memory.author in self.people
+
+    def when(self, memory: Memory) -> float:
+        """How well ``memory``'s time fits the named times: 1.0 within one, 0.5 just after one
+        (:meth:`TimeSpan.match`), 0.0 otherwise or when the query names none."""
+        best = 0.0
+        for span in self.spans:
+            best = max(best, span.match(memory.created_at))
+        return best
+
+    def episode(self, memory: Memory) -> tuple[str | None, str | None, int]:
+        """The memory's place and day: picks from one episode crowd out others for a list."""
+        return (memory.session, memory.channel, int(memory.created_at // 86400.0))
+
+
+def focus(query: str, *, now: float, authors: Iterable[str | None]) -> Focus:
+    """The people, times and list-ness of ``query`` (see the module docstring). ``authors``:
+    the candidates' authors (any order, repeats fine), among which named people are found."""
+    words = frozenset(w for w in _WORDS.findall(query.casefold()) if len(w) > 1)
+    people: set[str] = set()
+    name_terms: set[str] = set()
+    for author in set(authors):
+        if not author:
+            continue
+        parts = name_words(author)
+        said = parts & words
+        if said:
+            people.add(author)
+            name_terms |= said
+    spans = tuple(time_spans(query, now))
+    time_terms = frozenset(w for s in spans for w in _WORDS.findall(s.text.casefold()))
+    listing = bool(_LIST_CUES.search(query) or _PLURAL_ASK.search(query))
+    return Focus(
+        people=frozenset(people),
+        spans=spans,
+        listing=listing,
+        name_terms=frozenset(name_terms),
+        time_terms=time_terms,
+    )

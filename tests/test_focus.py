@@ -1,0 +1,100 @@
+"""What a query is about (ctxwarden.focus) and how retrieval uses it: real SQLite store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import Clock
+from ctxwarden.engine import Engine
+from ctxwarden.focus import focus
+from ctxwarden.retrieve import RetrievalWeights, retrieve
+
+DAY = 86400.0
+
+
+def _msg(id: str, author: str, content: str, at: float, **extra: Any) -> dict[str, Any]:
+    return {"id": id, "session": "s", "channel": "general", "author": author, "content": content,
+            "created_at": at, **extra}  # fmt: skip
+
+
+def _cost(memories: Any) -> dict[int, int]:
+    return {m.rowid: 10 for m in memories}
+
+
+def test_focus_finds_people_times_and_lists() -> None:
+    aim = focus("What did Ana Li and bo both paint in 2022?", now=0.0, authors=["Ana Li", "Bo",
+                                                                           "Cy", None])  # fmt: skip
+    assert aim.people == {"Ana Li", "Bo"}
+    assert aim.name_terms == {"ana", "li", "bo"}
+    assert aim.listing
+    assert [s.text for s in aim.spans] == ["in 2022"]
+    assert aim.time_terms == {"in", "2022"}
+    plain = focus("Where does Cy live?", now=0.0, authors=["Ana Li", "Cy"])
+    assert plain.people == {"Cy"}
+    assert not plain.listing
+    assert plain.spans == ()
+    assert focus("Which countries has Cy visited?", now=0.0, authors=[]).listing
+    assert not focus("Which class does Cy teach?", now=0.0, authors=[]).listing
+
+
+def test_a_persons_own_turn_outranks_the_turn_that_addresses_them(clock: Clock) -> None:
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("own", "ana", "I painted a lake at sunrise last weekend", now - 3 * DAY),
+            _msg("mention", "bo", "Wow, Ana! A painted lake at sunrise sounds lovely", now - DAY),
+        ])  # fmt: skip
+        hits = retrieve(engine.store, tenant="default", query="What did Ana paint at sunrise?",
+                        now=now, cost=_cost)  # fmt: skip
+        assert [h.memory.id for h in hits][:2] == ["own", "mention"]
+        assert "speaker_rank" in hits[0].components
+        # Without the speaker-aware parts the address wins (newer, says the name).
+        plain = RetrievalWeights(speaker=0.0)
+        hits = retrieve(engine.store, tenant="default", query="What did Ana paint at sunrise?",
+                        now=now, cost=_cost, weights=plain)  # fmt: skip
+        assert "speaker_rank" not in hits[0].components
+
+
+def test_a_named_day_selects_that_days_memories(clock: Clock) -> None:
+    now = clock.now  # 2027-01-15
+    oct13 = 1_791_849_600.0  # 2026-10-13 00:00 UTC
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("that-day", "ana", "look Bo, my new pottery bowl", oct13 + 3600),
+            _msg("other-day", "ana", "I want to show Bo the pottery studio", oct13 + 30 * DAY),
+            *[_msg(f"x{i}", "bo", f"pottery chat {i}", oct13 + (40 + i) * DAY) for i in range(5)],
+        ])  # fmt: skip
+        query = "What did Ana show Bo on 13 October?"
+        hits = retrieve(engine.store, tenant="default", query=query, now=now, cost=_cost)
+        assert hits[0].memory.id == "that-day"
+        assert hits[0].components["when"] == 1.0
+        assert "dated_rank" in hits[0].components
+        other = next(h for h in hits if h.memory.id == "other-day")
+        assert other.components["when"] == 0.0
+        # Without time-awareness the memory with the query's words and newer wins.
+        plain = RetrievalWeights(dated=0.0, in_time=0.0)
+        hits = retrieve(engine.store, tenant="default", query=query, now=now, cost=_cost,
+                        weights=plain)  # fmt: skip
+        assert hits[0].memory.id == "other-day"
+
+
+def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
+    now = clock.now
+    day = [_msg(f"d{i}", "ana", f"reading the novel Dune again, chapter {i} of the book",
+                now - 2 * DAY + i * 60) for i in range(6)]  # fmt: skip
+    other = [
+        _msg("e1", "ana", "finished the book Piranesi on the train", now - 40 * DAY),
+        _msg("e2", "ana", "started the book Circe, a novel about myths", now - 80 * DAY),
+    ]
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([*other, *day])
+        weights = RetrievalWeights(expand=0)
+        hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
+                        now=now, cost=_cost, weights=weights)  # fmt: skip
+        top = [h.memory.id for h in hits[:4]]
+        assert {"e1", "e2"} <= set(top)
+        assert any(h.components["mmr_penalty"] > 0 for h in hits)
+        crowded = RetrievalWeights(expand=0, coverage=0.0, list_coverage=0.0)
+        hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
+                        now=now, cost=_cost, weights=crowded)  # fmt: skip
+        assert not {"e1", "e2"} <= {h.memory.id for h in hits[:4]}
