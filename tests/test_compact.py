@@ -13,6 +13,7 @@ from ctxwarden import ConfigError, Engine, NotFound, render
 from ctxwarden.compact import CompactionPolicy, decayed_score, plan, summary_id
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer
+from ctxwarden.types import format_time
 
 DAY = 86400.0
 WORDS = [
@@ -40,8 +41,15 @@ def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> li
                     "session": "team",
                     "channel": channel,
                     "author": ["ana", "bo", "cy"][n % 3],
+                    # One message in three states a fact (a version, a name); the rest is
+                    # talk a summary may drop.
                     "content": f"{channel}: we moved the {WORDS[n % 10]} to version {n} after the "
-                    f"{WORDS[(n * 3) % 10]} meeting with {['Omar', 'Ines'][n % 2]}",
+                    f"{WORDS[(n * 3) % 10]} meeting with {['Omar', 'Ines'][n % 2]}"
+                    if n % 3 == 0
+                    else f"{channel}: the {WORDS[n % 10]} chat went fine, nothing new on the "
+                    f"{WORDS[(n * 3) % 10]} side honestly, just the usual back and forth about "
+                    "who reads which doc first and whether the notes should be longer or shorter, "
+                    "nobody minded much either way and we moved on to lunch plans after that",
                     "created_at": start + d * DAY + i * 600,
                 }
             )
@@ -56,6 +64,7 @@ def _messages(start: float, days: int, per_day: int, channel: str = "dev") -> li
         ("time_window", -5),
         ("max_cluster_tokens", 0),
         ("summary_ratio", 1.5),
+        ("max_summary_share", 1.0),
         ("access_threshold", float("nan")),
         ("min_cluster_size", 0),
     ],
@@ -228,7 +237,7 @@ def test_sliding_window_summarises_before_overflow(clock: Clock) -> None:
         assert summary.source_ids[0] == "dev-0"
         # Originals stay (retrieval still finds them); the summary is in the summaries block.
         assert engine.get("dev-0").id == "dev-0"
-        context = engine.assemble(session="team", model="gpt-4o", budget=1500)
+        context = engine.assemble(session="team", model="gpt-4o", budget=4000)
         assert written[0] in context.included
         # a summary is retrieved content: quoted data in the user-role memory message, never
         # in the system message
@@ -321,6 +330,32 @@ def test_cli_compact_plan_then_apply(tmp_path: Any) -> None:
     assert json.loads(again.output)["clusters"] == []
 
 
+def test_cli_compact_plan_shows_each_summary_and_what_it_drops(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app
+
+    records = _messages(1_700_000_000.0, days=1, per_day=6)
+    data = tmp_path / "m.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    db = str(tmp_path / "c.db")
+    runner = CliRunner()
+    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
+    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    [summary] = json.loads(shown.output)["summaries"]
+    assert summary["facts"] == 2
+    assert "[dev-0] 22:13 ana: dev: we moved the deploy to version 0" in summary["text"]
+    assert summary["lost"] == []
+    assert ["dev-1", records[1]["content"]] in summary["dropped"]
+    text = runner.invoke(app, ["--db", db, "compact", "--plan"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert "we moved the deploy to version 0" in text.output
+    assert "drops " in text.output
+    assert "[dev-1]" in text.output
+
+
 def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) -> None:
     with Engine.open(":memory:", clock=clock) as engine:
         records = _messages(clock.now - 2 * DAY, days=1, per_day=60)
@@ -331,8 +366,9 @@ def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) ->
         written = engine.summarize_session("team", capacity=1000)
         assert written
         summary = engine.get(written[0])
-        assert f"[dev-3] {records[3]['author']}: {fact}" in summary.content
-        context = engine.assemble(session="team", model="gpt-4o", budget=3000)
+        when = format_time(records[3]["created_at"], precision="minutes")[11:16]
+        assert f"[dev-3] {when} {records[3]['author']}: {fact}" in summary.content
+        context = engine.assemble(session="team", model="gpt-4o", budget=8000)
         assert written[0] in context.included
         data = context.messages[0]  # no system prompt: memory is data, never the system
         assert data["role"] == "user"

@@ -22,10 +22,15 @@ from typing import Any
 
 from conftest import Clock
 from ctxwarden import Engine
+from ctxwarden.compact import CompactionPolicy
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
 WORDS = "deploy release budget laptop standup kafka redis invoice roadmap review".split()
+
+
+# Every cluster compacts: a summary may keep up to 90 % of it (its facts are a good share).
+POLICY = CompactionPolicy(max_summary_share=0.9)
 
 
 def _prepare(path: Path) -> int:
@@ -39,14 +44,20 @@ def _prepare(path: Path) -> int:
                     "session": "team",
                     "channel": ["dev", "ops"][i % 2],
                     "author": ["ana", "bo", "cy"][n % 3],
+                    # One message in eight a fact; a summary keeps those and drops talk.
                     "content": f"we moved the {WORDS[n % 10]} to version {n} after the "
-                    f"{WORDS[(n * 3) % 10]} review with Omar; ticket T-{n * 7}",
+                    f"{WORDS[(n * 3) % 10]} review with Omar; ticket T-{n * 7}"
+                    if n % 8 == 0
+                    else f"the {WORDS[n % 10]} review went fine, the {WORDS[(n * 3) % 10]} "
+                    f"work looks ok to {['ana', 'bo', 'cy'][(n + 1) % 3]} as well, just the "
+                    "usual back and forth about who reads which doc first and whether the notes "
+                    "should be longer, nobody minded much and we moved on to lunch after that",
                     "created_at": NOW - 50 * DAY + d * DAY + i * 900,
                 }
             )
     with Engine.open(path, clock=Clock(NOW)) as engine:
         engine.ingest(records)
-        plan = engine.compact_plan()
+        plan = engine.compact_plan(policy=POLICY)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -56,7 +67,7 @@ def _prepare(path: Path) -> int:
 def _child(path: str, started: Any) -> None:
     engine = Engine.open(path, clock=Clock(NOW))
     started.set()
-    engine.compact()
+    engine.compact(policy=POLICY)
     engine.close()
     os._exit(0)
 
@@ -127,8 +138,8 @@ def test_sigkill_during_compaction_50_times(tmp_path: Path) -> None:
         done, _ = _check(path)
         partial += 0 < done < clusters
         with Engine.open(path, clock=Clock(NOW)) as engine:
-            engine.compact()
-            assert engine.compact_plan().clusters == ()
+            engine.compact(policy=POLICY)
+            assert engine.compact_plan(policy=POLICY).clusters == ()
         assert _check(path) == (expected_summaries, expected_rows)
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)

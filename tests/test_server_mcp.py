@@ -61,6 +61,14 @@ async def exercise(client: Client) -> None:
     from ctxwarden.tokens import get_tokenizer
 
     assert get_tokenizer("o200k_base").count(summary) <= 64
+    # Three Japanese sentences on one line: each kept, not an empty "Summary of 1 message".
+    japanese = "会議は木曜の午前10時に変更です。担当は佐藤さんです。資料はどこにありますか？"
+    summary = text_of(
+        await client.call_tool("summarize_text", {"text": japanese, "max_tokens": 128})
+    )
+    for sentence in ("木曜の午前10時に変更です。", "担当は佐藤さんです。"):
+        assert sentence in summary
+    assert "資料はどこにありますか？" in summary
 
     a = result_json(
         await client.call_tool("remember", {"content": "Omar's laptop is a ThinkPad X1"})

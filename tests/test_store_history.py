@@ -74,7 +74,9 @@ def test_compaction_records_the_tokens_it_saved(tmp_path: Path) -> None:
         clock.now = late
         engine.ingest([{**r, "id": r["id"] + "-late", "created_at": late} for r in records])
         clock.now = late + 30 * storyline.DAY
-        policy = CompactionPolicy(older_than=20 * storyline.DAY, min_cluster_size=2)
+        policy = CompactionPolicy(
+            older_than=20 * storyline.DAY, min_cluster_size=2, max_summary_share=0.95
+        )
         plan = engine.compact_plan(policy=policy)
         assert plan.clusters
         assert plan.tokenizer == "o200k_base"  # gpt-4o's: the default model, as in the story

@@ -193,12 +193,12 @@ def test_extractive_fills_the_structure():
     assert summary.source_ids == tuple(f"m{n}" for n in range(1, 13))
     assert summary.time_range == ("2026-03-01T08:01:00Z", "2026-03-01T08:12:00Z")
     assert summary.decisions == (
-        "[m2] alice: We decided to move the release of Atlas to Friday March 13.",
+        "[m2] 08:02 alice: We decided to move the release of Atlas to Friday March 13.",
     )
     # carol's question got no answer; erin's did (frank answered about the Redis port)
-    assert summary.open_loops == ("[m4] carol: Who owns the Grafana dashboards for billing?",)
+    assert summary.open_loops == ("[m4] 08:04 carol: Who owns the Grafana dashboards for billing?",)
     assert any(
-        line.startswith("[m9] frank: Redis cache listens on port 6380")
+        line.startswith("[m9] 08:09 frank: Redis cache listens on port 6380")
         for line in summary.main_events
     )
     assert summary.spam_patterns == (
@@ -227,7 +227,7 @@ def test_extractive_without_citations():
     summary = ExtractiveSummarizer(cite_sources=False).summarize(
         CHAT, max_tokens=200, tokenizer=WORDS
     )
-    assert summary.decisions[0].startswith("alice: We decided")
+    assert summary.decisions[0].startswith("08:02 alice: We decided")
     assert summary.source_ids[0] == "m1"
 
 
@@ -238,7 +238,8 @@ def test_extractive_is_deterministic():
 
 
 def test_extractive_long_sentences_are_shortened():
-    long_text = "The migration plan covers " + " ".join(f"table{n}" for n in range(300)) + "."
+    # No digits, no names: not a fact, so shortened at max_sentence_tokens.
+    long_text = "the migration plan covers " + " ".join("table" for _ in range(300)) + "."
     summary = ExtractiveSummarizer(max_sentence_tokens=20).summarize(
         [item(1, long_text)], max_tokens=100, tokenizer=WORDS
     )
@@ -257,7 +258,8 @@ def test_extractive_summarises_summaries():
     summary = ExtractiveSummarizer().summarize(rolled, max_tokens=200, tokenizer=O200K)
     assert summary.source_ids == ("s1", "s2")
     assert any("Friday March 13" in line for line in summary.decisions)
-    assert any(line.startswith("[s1] ") for line in summary.decisions)
+    # The lines keep the citations (and times) of the original messages.
+    assert any(line.startswith("[m2] 08:02 alice: ") for line in summary.decisions)
     assert any("deploybot x" in line for line in summary.spam_patterns)
     assert "Atlas" in summary.key_entities
 

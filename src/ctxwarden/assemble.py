@@ -73,17 +73,21 @@ _WORD = re.compile(r"[\w][\w'.-]*[\w]|\w", re.UNICODE)
 # every character has one way to match (no optional bullet between two ``\s*``, no comma in
 # both the first id and the separator): linear in the line, where backtracking was quadratic.
 _CITED = re.compile(r"^\s*(?:[-*•]\s*)?\[[^\[\]\s,]+(?:,\s*[^\[\]\s,]+)*\]\s*")
+# The time an extractive line carries after its citation: "10:30 " or "03-14 10:30 ".
+_STAMP = re.compile(r"^(?:\d\d-\d\d )?\d\d:\d\d ")
 
 
 def _summary_line_keys(line: str) -> set[str]:
     """Keys under which a summary line may repeat a persistent memory: the line itself, and
-    its text without the ``- [id]`` citation and without the ``author: `` prefix.
+    its text without the ``- [id]`` citation, the time and the ``author: `` prefix.
 
     >>> sorted(_summary_line_keys("- [m1] ana: standup is at 10:30"))
     ['[m1] ana: standup is at 10:30', 'ana: standup is at 10:30', 'standup is at 10:30']
+    >>> sorted(_summary_line_keys("- [m1] 09:12 ana: standup is at 10:30"))[-1]
+    'standup is at 10:30'
     """
     keys = {line_key(line)}
-    body = _CITED.sub("", line, count=1)
+    body = _STAMP.sub("", _CITED.sub("", line, count=1), count=1)
     if body != line:
         keys.add(line_key(body))
         head, sep, rest = body.partition(": ")

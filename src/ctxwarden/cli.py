@@ -9,9 +9,10 @@ import enum
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -33,6 +34,9 @@ from ctxwarden.terminal import (
     show_context,
 )
 from ctxwarden.types import Scope
+
+if TYPE_CHECKING:
+    from ctxwarden.compact import ClusterSummary
 
 __all__ = ["app", "main", "parse_duration", "show_context"]
 
@@ -388,10 +392,35 @@ def stats(
         console.print(top)
 
 
+def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> None:
+    """Each cluster's summary text and the sentences it drops (the first ten)."""
+    from rich.markup import escape
+
+    for p in previews:
+        console.rule(escape(f"{p.summary_id}: {p.facts} facts"))
+        if p.text is None:
+            console.print(escape(f"left alone: {p.reason}"))
+            for id_, sentence in p.lost[:10]:
+                console.print(escape(f"  would lose [{id_}] {sentence}"))
+            continue
+        console.print(escape(p.text), highlight=False)
+        if p.dropped:
+            console.print(f"drops {len(p.dropped)} sentence(s):")
+            for id_, sentence in p.dropped[:10]:
+                console.print(escape(f"  [{id_}] {sentence}"), highlight=False)
+            if len(p.dropped) > 10:
+                console.print(f"  ... and {len(p.dropped) - 10} more (--json lists all)")
+
+
 @app.command()
 def compact(
     plan_only: Annotated[
-        bool, typer.Option("--plan", help="Show what would be compacted (writes nothing).")
+        bool,
+        typer.Option(
+            "--plan",
+            help="Show what would be compacted, each summary's text and what it drops "
+            "(writes nothing).",
+        ),
     ] = False,
     apply_it: Annotated[bool, typer.Option("--apply", help="Compact now.")] = False,
     older_than: Annotated[
@@ -434,8 +463,11 @@ def compact(
     with _engine() as engine:
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
+            previews = engine.compact_preview(plan, summarizer=chosen)
             if as_json:
-                typer.echo(json.dumps(plan.to_dict(), indent=2))
+                data = plan.to_dict()
+                data["summaries"] = [p.to_dict() for p in previews]
+                typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
                 return
             table = Table(
                 title=f"compaction plan: {plan.memories} memories in {len(plan.clusters)} "
@@ -463,6 +495,7 @@ def compact(
                     format_time(c.time_range[1]), str(c.size), str(c.tokens), str(c.tokens_saved),
                 )  # fmt: skip
             console.print(table)
+            _print_previews(console, previews)
             skipped = ", ".join(f"{k} {v}" for k, v in plan.skipped.items() if v)
             console.print(f"considered {plan.considered}; left alone: {skipped or 'none'}")
             return

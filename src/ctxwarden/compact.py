@@ -41,18 +41,23 @@ import xxhash
 from ctxwarden import render
 from ctxwarden.dedupe import exact_key
 from ctxwarden.errors import ConfigError, NotFound
+from ctxwarden.sentences import split_sentences
 from ctxwarden.store.base import NewMemory, Store, TokenCount
-from ctxwarden.summarize import Summarizer, SummaryItem, TokenCounter
+from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem, TokenCounter
 from ctxwarden.types import Memory
 
 __all__ = [
     "Cluster",
+    "ClusterSummary",
     "CompactionPlan",
     "CompactionPolicy",
     "CompactionResult",
     "apply",
     "decayed_score",
+    "lost_facts",
     "plan",
+    "preview",
+    "summarise_cluster",
     "summary_id",
     "write_summary",
 ]
@@ -76,6 +81,9 @@ class CompactionPolicy:
       target is ``ratio x cluster tokens`` clamped to [min, max].
     - ``topic_threshold``: with embeddings, a memory joins a topic group when its cosine
       similarity to the group's first member is at least this.
+    - ``max_summary_share``: a summary keeps at most this share of its cluster's tokens; a
+      cluster whose facts need more is left alone (a summary that keeps more is not worth what
+      it drops).
 
     >>> CompactionPolicy(older_than=-1)
     Traceback (most recent call last):
@@ -93,6 +101,7 @@ class CompactionPolicy:
     min_summary_tokens: int = 64
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
+    max_summary_share: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -115,6 +124,8 @@ class CompactionPolicy:
             raise bad("min_cluster_size", "must be 1 or more")
         if not _number(self.summary_ratio) or not 0 < self.summary_ratio < 1:
             raise bad("summary_ratio", "must be between 0 and 1 (exclusive)")
+        if not _number(self.max_summary_share) or not 0 < self.max_summary_share < 1:
+            raise bad("max_summary_share", "must be between 0 and 1 (exclusive)")
         if self.max_summary_tokens < self.min_summary_tokens:
             raise bad(
                 "max_summary_tokens", f"is below min_summary_tokens ({self.min_summary_tokens})"
@@ -224,6 +235,144 @@ class CompactionResult:
     compacted: int = 0
     already_done: int = 0
     stale: int = 0
+    left_alone: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSummary:
+    """What a cluster's summary would be: its text (None when the cluster is left alone), the
+    facts of its originals, the fact sentences it would lose and every sentence it drops, as
+    ``(id, sentence)``. ``reason`` says why a cluster is left alone."""
+
+    summary_id: str
+    text: str | None
+    tokens: int
+    facts: int
+    lost: tuple[tuple[str, str], ...] = ()
+    dropped: tuple[tuple[str, str], ...] = ()
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready view."""
+        return {
+            "summary_id": self.summary_id,
+            "text": self.text,
+            "tokens": self.tokens,
+            "facts": self.facts,
+            "lost": [list(pair) for pair in self.lost],
+            "dropped": [list(pair) for pair in self.dropped],
+            "reason": self.reason,
+        }
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _item_sentences(item: SummaryItem) -> list[str]:
+    if item.kind != "summary":
+        return split_sentences(item.content)
+    lines = (line.strip().removeprefix("- ") for line in item.content.splitlines()[1:])
+    return [line for line in lines if line and not line.endswith(":")]
+
+
+def _facts(items: Sequence[SummaryItem]) -> list[tuple[str, str, tuple[str, ...]]]:
+    return ExtractiveSummarizer().facts(items)
+
+
+def lost_facts(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
+    """The fact sentences of ``items`` whose values (numbers, times, names, quoted values; a
+    question or a caseless-script sentence as a whole) are not all in ``text``, as
+    ``(id, sentence)``: what a question about them could no longer find. Repeated messages
+    (a bot's alerts) are noise, not facts (:meth:`ExtractiveSummarizer.facts`).
+
+    >>> items = [SummaryItem(id="m1", content="Demo moved to Thursday 10:00.")]
+    >>> lost_facts(items, "[m1] demo moved to Thursday 10:00.")
+    []
+    >>> lost_facts(items, "demo moved")
+    [('m1', 'Demo moved to Thursday 10:00.')]
+    """
+    have = _normal(text)
+    return [
+        (id_, sentence)
+        for id_, sentence, values in _facts(items)
+        if not all(_normal(v) in have for v in values)
+    ]
+
+
+def _dropped(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
+    have = _normal(text)
+    return [
+        (item.id, sentence)
+        for item in items
+        for sentence in _item_sentences(item)
+        if _normal(sentence) not in have
+    ]
+
+
+def _fact_tokens(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> int:
+    """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
+    facts = _facts(items)
+    if not facts:
+        return 0
+    authors = {item.id: item.author or "" for item in items}
+    text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
+    return tokenizer.count(text) + 24
+
+
+def summarise_cluster(
+    cluster: Cluster,
+    sources: Sequence[Memory],
+    summarizer: Summarizer,
+    tokenizer: TokenCounter,
+    max_tokens: int | None = None,
+    max_share: float = 0.5,
+) -> ClusterSummary:
+    """The summary ``cluster`` gets, or why it is left alone.
+
+    The token target is the policy's plus what every fact of the originals needs (see
+    :func:`ctxwarden.sentences.fact_values`), up to ``max_tokens`` (a summary too big for a
+    context's summaries or related block would never be shown) and half the cluster's tokens (a
+    summary that keeps more is not worth what it drops; ``max_share``); a cluster whose facts
+    need more is left alone. A summary that loses a
+    fact (:func:`lost_facts`) is replaced by the extractive one; when that loses one too, the
+    cluster is left alone.
+    """
+    items = [SummaryItem.of(m) for m in sources]
+    facts = len(_facts(items))
+    # The facts come on top of the policy's target, which stays for the best of the rest.
+    target = cluster.target_tokens + _fact_tokens(items, tokenizer)
+    limit = min(int(cluster.tokens * max_share), max_tokens or cluster.tokens)
+    if target > limit:
+        return ClusterSummary(
+            summary_id=cluster.summary_id, text=None, tokens=0, facts=facts,
+            reason=f"its {facts} facts need {target} of its {cluster.tokens} tokens",
+        )  # fmt: skip
+    text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
+    lost = lost_facts(items, text)
+    if lost and not isinstance(summarizer, ExtractiveSummarizer):
+        summarizer = ExtractiveSummarizer()
+        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
+        lost = lost_facts(items, text)
+    for _ in range(2):
+        # The fact estimate leaves out the entities line and section titles: grow the target
+        # by what was lost, while the summary still saves tokens.
+        if not lost or target >= limit:
+            break
+        missing = tokenizer.count("\n".join(f"- [{i}] 00:00 {s}" for i, s in lost))
+        target = min(limit, int(target * 1.15) + missing)
+        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
+        lost = lost_facts(items, text)
+    if lost:
+        return ClusterSummary(
+            summary_id=cluster.summary_id, text=None, tokens=0, facts=facts, lost=tuple(lost),
+            dropped=tuple(_dropped(items, text)),
+            reason=f"a summary within {target} tokens would lose {len(lost)} of {facts} facts",
+        )  # fmt: skip
+    return ClusterSummary(
+        summary_id=cluster.summary_id, text=text, tokens=tokenizer.count(text), facts=facts,
+        dropped=tuple(_dropped(items, text)),
+    )  # fmt: skip
 
 
 def decayed_score(score: float, score_at: float | None, now: float, tau: float) -> float:
@@ -467,6 +616,39 @@ def write_summary(
     return True
 
 
+def _sources(store: Store, cluster: Cluster) -> tuple[list[Memory], str]:
+    sources: list[Memory] = []
+    for id_, content_hash in zip(cluster.ids, cluster.content_hashes, strict=True):
+        try:
+            memory = store.get(cluster.tenant, id_)
+        except NotFound:  # compacted or deleted since the plan: stale
+            return sources, "stale"
+        if memory.id != id_ or memory.content_hash != content_hash:
+            return sources, "already_done" if memory.id == cluster.summary_id else "stale"
+        sources.append(memory)
+    return sources, "compacted"
+
+
+def preview(
+    compaction: CompactionPlan,
+    summarizer: Summarizer,
+    *,
+    store: Store,
+    tokenizer: TokenCounter,
+) -> tuple[ClusterSummary, ...]:
+    """What each cluster's summary would say and drop, writing nothing (``compact --plan``).
+
+    Clusters whose originals changed since the plan are left out.
+    """
+    out = []
+    for cluster in compaction.clusters:
+        sources, outcome = _sources(store, cluster)
+        if outcome == "compacted":
+            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
+            out.append(summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share))
+    return tuple(out)
+
+
 def apply(
     compaction: CompactionPlan,
     summarizer: Summarizer,
@@ -481,31 +663,23 @@ def apply(
 
     ``tokenizer`` bounds the summary's length; ``tokenizers`` are the ones whose counts are
     cached for the summary (default: ``tokenizer``). ``progress(cluster, outcome)`` is called
-    after each cluster with ``"compacted"``, ``"already_done"`` or ``"stale"``.
+    after each cluster with ``"compacted"``, ``"already_done"``, ``"stale"`` or ``"left_alone"``
+    (its summary would lose a fact: see :func:`summarise_cluster`).
     Safe to re-run: finished clusters are recognised and skipped.
     """
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
     written: list[str] = []
-    compacted = already = stale = 0
+    compacted = already = stale = left_alone = 0
     for cluster in compaction.clusters:
-        sources: list[Memory] = []
-        outcome = "compacted"
-        for id_, content_hash in zip(cluster.ids, cluster.content_hashes, strict=True):
-            try:
-                memory = store.get(cluster.tenant, id_)
-            except NotFound:  # compacted or deleted since the plan: stale
-                outcome = "stale"
-                break
-            if memory.id != id_ or memory.content_hash != content_hash:
-                outcome = "already_done" if memory.id == cluster.summary_id else "stale"
-                break
-            sources.append(memory)
+        sources, outcome = _sources(store, cluster)
+        summary = None
         if outcome == "compacted":
-            items = [SummaryItem.of(m) for m in sources]
-            summary = summarizer.summarize(
-                items, max_tokens=cluster.target_tokens, tokenizer=tokenizer
-            )
+            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
+            summary = summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share)
+            if summary.text is None:
+                outcome = "left_alone"
+        if outcome == "compacted" and summary is not None and summary.text is not None:
             done = write_summary(
                 store,
                 tenant=cluster.tenant,
@@ -513,7 +687,7 @@ def apply(
                 channel=cluster.channel,
                 thread_id=cluster.thread_id,
                 sources=sources,
-                content=summary.render(),
+                content=summary.text,
                 id=cluster.summary_id,
                 tokenizers=counters,
                 reason="compacted",
@@ -526,10 +700,16 @@ def apply(
             written.append(cluster.summary_id)
         elif outcome == "already_done":
             already += 1
+        elif outcome == "left_alone":
+            left_alone += 1
         else:
             stale += 1
         if progress is not None:
             progress(cluster, outcome)
     return CompactionResult(
-        summaries=tuple(written), compacted=compacted, already_done=already, stale=stale
+        summaries=tuple(written),
+        compacted=compacted,
+        already_done=already,
+        stale=stale,
+        left_alone=left_alone,
     )

@@ -101,6 +101,17 @@ class Compaction:
         scrub_until_done(self.store)
         return result
 
+    def compact_preview(
+        self, plan: compaction.CompactionPlan, *, summarizer: Summarizer | None
+    ) -> tuple[compaction.ClusterSummary, ...]:
+        """Each cluster's summary text and what it drops, writing nothing."""
+        tok = (
+            tokens.get_tokenizer(plan.tokenizer) if plan.tokenizer else self._ingest_tokenizers()[0]
+        )
+        return compaction.preview(
+            plan, summarizer or ExtractiveSummarizer(), store=self.store, tokenizer=tok
+        )
+
     def _ingest_tokenizers(self) -> tuple[tokens.Tokenizer, ...]:
         names = self.config.tokenizers or (
             self.registry.resolve(self.config.default_model).tokenizer,

@@ -365,6 +365,15 @@ class Engine(ScopedReads):
             plan, summarizer=summarizer, policy=policy, tenant=tenant, progress=progress
         )
 
+    def compact_preview(
+        self, plan: compaction.CompactionPlan, *, summarizer: Summarizer | None = None
+    ) -> tuple[compaction.ClusterSummary, ...]:
+        """What each cluster of ``plan`` would become, writing nothing: the summary's text, its
+        facts, the sentences it drops, or why the cluster is left alone (its summary would lose a
+        fact). The default summariser is the extractive one.
+        """
+        return self._compaction.compact_preview(plan, summarizer=summarizer)
+
     def recent_capacity(
         self, *, model: str | None = None, tokenizer: str | None = None, window: int | None = None
     ) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ctxwarden.errors import InputError, SummarizeError, UpstreamError
 from ctxwarden.jsonrepair import repair_json
+from ctxwarden.sentences import cjk_bigrams, fact_values, is_fact, split_sentences, words
 from ctxwarden.summary import (
     _CITATION,
     LIST_FIELDS,
@@ -86,7 +87,6 @@ _ACKS = _STOPWORDS | {
     "agreed",
 }
 _WORD = re.compile(r"[a-z][a-z0-9_'./-]*[a-z0-9]|[a-z]|\d[\d.,:%/-]*")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9@#])")
 _URL = re.compile(r"https?://[^\s)>\]]+")
 _VOLATILE = re.compile(r"\b[0-9a-f]{7,40}\b|\d+")
 _DECISION = re.compile(
@@ -126,10 +126,14 @@ class _Sentence:
     section: str
     score: float = 0.0
     cost: int = 0
+    fact: bool = False
 
 
 def _terms(text: str) -> list[str]:
-    return [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS]
+    # Latin-script words, words of other cased or spaced scripts, and CJK character pairs.
+    latin = [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS]
+    other = [w for w in words(text) if not w.isascii() and len(w) > 1]
+    return latin + other + cjk_bigrams(text)
 
 
 def _spam_key(content: str) -> str:
@@ -137,18 +141,9 @@ def _spam_key(content: str) -> str:
     return " ".join(_VOLATILE.sub("#", text).split())
 
 
-def _split_sentences(text: str) -> list[str]:
-    out: list[str] = []
-    for line in text.splitlines():
-        line = line.strip().lstrip("-*•>").strip()
-        if line:
-            out.extend(s.strip() for s in _SENTENCE_END.split(line) if s.strip())
-    return out
-
-
 def _is_chatter(text: str) -> bool:
-    words = re.findall(r"[\w+']+", text.lower())
-    return len(words) < 2 or all(w in _ACKS for w in words)
+    found = words(text)
+    return not is_fact(text) and (len(found) < 2 or all(w in _ACKS for w in found))
 
 
 class ExtractiveSummarizer:
@@ -162,8 +157,15 @@ class ExtractiveSummarizer:
     sentences scoring under ``min_score`` are never chosen. Messages repeated at
     least ``spam_min_repeats`` times (after masking numbers, hashes and URL query strings) become
     ``spam_patterns`` lines (``"deploybot x37, last: <the last one verbatim>"``), not events.
-    Sentences are chosen by score per token until the rendered summary is full, then rendered
-    in input order as ``[id] author: text`` (``cite_sources=False`` leaves out the ``[id]``).
+    Sentences are cut at ``. ! ?`` and at CJK ``。！？``
+    (:func:`ctxwarden.sentences.split_sentences`).
+    Facts come first: every sentence that :func:`ctxwarden.sentences.is_fact` finds a fact in (a
+    number, date or time, a name, a quoted value, an open question; whole sentences of scripts
+    without case) is kept verbatim (shortened only past four times ``max_sentence_tokens``) as
+    long as the facts fit ``max_tokens``;
+    the rest is filled by score per token. Lines are rendered in input order as
+    ``[id] HH:MM author: text`` (the date too when the items span several UTC days;
+    ``cite_sources=False`` leaves out the ``[id]``).
     """
 
     def __init__(
@@ -214,23 +216,46 @@ class ExtractiveSummarizer:
             ", ",
         )
         spam = self._fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
-        self._score(items, sentences, tokenizer)
+        times = [item.created_at for item in items if item.created_at is not None]
+        one_day = bool(times) and format_time(min(times))[:10] == format_time(max(times))[:10]
+        heads = [self._head(item, one_day) for item in items]
+        self._score(items, sentences, tokenizer, heads)
         summary = replace(base, key_entities=tuple(entities), spam_patterns=tuple(spam))
         used = tokenizer.count(summary.render())
         chosen = self._choose(sentences, max_tokens - used - 6, self.min_score)
         while True:
-            summary = self._with_sections(summary, items, chosen)
+            summary = self._with_sections(summary, items, chosen, heads)
             if tokenizer.count(summary.render()) <= max_tokens:
                 return summary
             if chosen:
                 # The per-line costs are estimates (line joins, section titles): drop the
-                # weakest choice and count again.
-                weakest = min(chosen, key=lambda s: (s.score / math.sqrt(s.cost), -s.index))
+                # weakest choice (a fact last) and count again.
+                weakest = min(chosen, key=lambda s: (s.fact, s.score / math.sqrt(s.cost), -s.index))
                 chosen = [s for s in chosen if s is not weakest]
             else:
                 return truncate_summary(summary, max_tokens=max_tokens, tokenizer=tokenizer)
 
     # -- steps
+
+    def facts(self, items: Sequence[SummaryItem]) -> list[tuple[str, str, tuple[str, ...]]]:
+        """The facts of ``items`` this summariser keeps, as ``(id, sentence, values)``.
+
+        Every sentence (or line of an earlier summary) with a fact
+        (:func:`ctxwarden.sentences.fact_values`) except those of repeated messages, which
+        become noise lines (a bot's alerts that differ only in counters and times).
+
+        >>> ExtractiveSummarizer().facts([SummaryItem(id="m1", content="ok. Demo at 10:00.")])
+        [('m1', 'Demo at 10:00.', ('10:00',))]
+        """
+        spam, _ = self._spam(items)
+        sentences, _ = self._sentences(items, spam)
+        out = []
+        for sentence in sentences:
+            text = _CITATION.sub("", sentence.text)
+            values = fact_values(text) if sentence.fact else ()
+            if values:
+                out.append((items[sentence.item].id, text, values))
+        return out
 
     def _spam(self, items: Sequence[SummaryItem]) -> tuple[set[int], list[str]]:
         groups: dict[str, list[int]] = {}
@@ -270,15 +295,19 @@ class ExtractiveSummarizer:
                     elif line.startswith(("Summary of ", "Entities: ")) or not line:
                         continue
                     else:
-                        text = _CITATION.sub("", line.lstrip("- ").strip())
+                        # An earlier summary's line keeps its own citation and time.
+                        text = line.removeprefix("- ").strip()
                         if section == "spam_patterns":
-                            carried_spam.append(text)
+                            carried_spam.append(_CITATION.sub("", text))
                         elif text:
-                            out.append(_Sentence(len(out), position, text, section))
+                            fact = is_fact(_CITATION.sub("", text))
+                            out.append(_Sentence(len(out), position, text, section, fact=fact))
                 continue
-            for text in _split_sentences(item.content):
+            for text in split_sentences(item.content):
                 if not _is_chatter(text):
-                    out.append(_Sentence(len(out), position, text, "main_events"))
+                    sentence = _Sentence(len(out), position, text, "main_events")
+                    sentence.fact = is_fact(text)
+                    out.append(sentence)
         return out, carried_spam
 
     def _entities(
@@ -321,7 +350,11 @@ class ExtractiveSummarizer:
         return kept
 
     def _score(
-        self, items: Sequence[SummaryItem], sentences: list[_Sentence], tokenizer: TokenCounter
+        self,
+        items: Sequence[SummaryItem],
+        sentences: list[_Sentence],
+        tokenizer: TokenCounter,
+        heads: Sequence[str],
     ) -> None:
         documents = max(1, len({s.item for s in sentences}))
         frequency: dict[str, int] = {}
@@ -365,7 +398,8 @@ class ExtractiveSummarizer:
             if re.search(r"\d", text):
                 score += 0.6
             score += 0.3 * min(3, len(_ENTITY.findall(text)))
-            if fresh and text.rstrip().endswith("?") and sentence.section == "main_events":
+            asks = text.rstrip().endswith(("?", "？", "؟"))
+            if fresh and asks and sentence.section == "main_events":
                 if sentence.index in answered:
                     score -= 0.3
                 else:
@@ -375,9 +409,11 @@ class ExtractiveSummarizer:
                 score -= 0.5
             if len(unique_terms := _terms(text)) < 3:
                 score -= 0.8 if unique_terms else 1.5
-            sentence.text = self._shorten(text, tokenizer)
+            # A fact is kept whole unless it is very long (a pasted log).
+            limit = self.max_sentence_tokens * (4 if sentence.fact else 1)
+            sentence.text = self._shorten(text, tokenizer, limit)
             sentence.score = max(score, 0.01)
-            sentence.cost = tokenizer.count(self._line(item, sentence.text)) + 2
+            sentence.cost = tokenizer.count(heads[sentence.item] + sentence.text) + 2
 
     @staticmethod
     def _answered_questions(
@@ -387,7 +423,7 @@ class ExtractiveSummarizer:
         one of the next eight there that shares a term with the question."""
         answered: set[int] = set()
         for sentence in sentences:
-            if not sentence.text.rstrip().endswith("?"):
+            if not sentence.text.rstrip().endswith(("?", "？", "؟")):
                 continue
             asked = items[sentence.item]
             words = set(_terms(sentence.text))
@@ -410,32 +446,44 @@ class ExtractiveSummarizer:
                     break
         return answered
 
-    def _shorten(self, text: str, tokenizer: TokenCounter) -> str:
+    @staticmethod
+    def _shorten(text: str, tokenizer: TokenCounter, limit: int) -> str:
         cost = tokenizer.count(text)
-        if cost <= self.max_sentence_tokens:
+        if cost <= limit:
             return text
         words = text.split()
-        keep = max(1, int(len(words) * self.max_sentence_tokens / cost))
-        while (
-            keep > 1 and tokenizer.count(" ".join(words[:keep]) + " ...") > self.max_sentence_tokens
-        ):
+        keep = max(1, int(len(words) * limit / cost))
+        while keep > 1 and tokenizer.count(" ".join(words[:keep]) + " ...") > limit:
             keep -= max(1, keep // 8)
         return " ".join(words[:keep]) + " ..."
 
-    def _line(self, item: SummaryItem, text: str, ids: Sequence[str] = ()) -> str:
-        cite = f"[{','.join(ids or [item.id])}] " if self.cite_sources else ""
-        who = f"{item.author}: " if item.author and item.kind != "summary" else ""
-        return f"{cite}{who}{text}"
+    def _head(self, item: SummaryItem, one_day: bool) -> str:
+        """``[id] time author: `` before a message's sentence (the time without its date when
+        the whole summary is one UTC day, which its header names); nothing before a line of an
+        earlier summary, which carries its own."""
+        if item.kind == "summary":
+            return ""
+        cite = f"[{item.id}] " if self.cite_sources else ""
+        when = ""
+        if item.created_at is not None:
+            stamp = format_time(item.created_at, precision="minutes")
+            when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
+        who = f"{item.author}: " if item.author else ""
+        return f"{cite}{when}{who}"
 
     @staticmethod
     def _choose(sentences: list[_Sentence], budget: int, min_score: float) -> list[_Sentence]:
+        """Every fact that fits first (best per token first), then the rest by score."""
         chosen: list[_Sentence] = []
         seen: set[str] = set()
         spent = 0
-        ranked = sorted(sentences, key=lambda s: (-s.score / math.sqrt(s.cost), s.index))
+        ranked = sorted(
+            sentences, key=lambda s: (not s.fact, -s.score / math.sqrt(s.cost), s.index)
+        )
         for sentence in ranked:
-            key = " ".join(_terms(sentence.text))
-            if sentence.score < min_score or key in seen or spent + sentence.cost > budget:
+            key = " ".join(_terms(sentence.text)) or sentence.text
+            low = sentence.score < min_score and not sentence.fact
+            if low or key in seen or spent + sentence.cost > budget:
                 continue
             seen.add(key)
             chosen.append(sentence)
@@ -443,7 +491,11 @@ class ExtractiveSummarizer:
         return chosen
 
     def _with_sections(
-        self, summary: Summary, items: Sequence[SummaryItem], chosen: list[_Sentence]
+        self,
+        summary: Summary,
+        items: Sequence[SummaryItem],
+        chosen: list[_Sentence],
+        heads: Sequence[str],
     ) -> Summary:
         """Lines per section in input order; consecutive sentences of one item share a line."""
         sections: dict[str, list[str]] = {"main_events": [], "decisions": [], "open_loops": []}
@@ -452,9 +504,10 @@ class ExtractiveSummarizer:
             lines = sections[sentence.section]
             merge = items[sentence.item].kind != "summary"
             if merge and previous == (sentence.section, sentence.item):
-                lines[-1] = f"{lines[-1]} {sentence.text}"
+                glue = "" if lines[-1].endswith(("。", "！", "？")) else " "
+                lines[-1] = f"{lines[-1]}{glue}{sentence.text}"
             else:
-                lines.append(self._line(items[sentence.item], sentence.text))
+                lines.append(heads[sentence.item] + sentence.text)
             previous = (sentence.section, sentence.item)
         return replace(
             summary,
