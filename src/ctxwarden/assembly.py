@@ -177,7 +177,7 @@ class Assembly:
         )
         pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
         material.pinned = self._line_candidates(pinned, tok)
-        self._withhold_superseded(tenant, material)
+        withhold_superseded(self.store, tenant, material)
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -351,33 +351,6 @@ class Assembly:
             cost += tok.count(trimmed) - tok.count(last)
         return cost
 
-    def _withhold_superseded(self, tenant: str, material: Material) -> None:
-        """Leave superseded facts and pins (a newer one with the same key) out of the pinned
-        and related blocks, each with its reason in the report: what is in force wins."""
-        keyed = [
-            c.memories[0].rowid
-            for c in (*material.pinned, *material.related)
-            if len(c.memories) == 1 and (c.memories[0].kind == "fact" or c.memories[0].pinned)
-        ]
-        superseded = self.store.supersessions(tenant, keyed) if keyed else {}
-        if not superseded:
-            return
-        present = {c.memories[0].id for c in material.pinned}
-        for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
-            still = []
-            for cand in kept:
-                link = superseded.get(cand.memories[0].rowid) if len(cand.memories) == 1 else None
-                if link is None:
-                    still.append(cand)
-                    continue
-                successor, until = link
-                day = time.strftime("%Y-%m-%d", time.gmtime(until))
-                where = " (in this context)" if successor in present else ""
-                material.withheld.append(
-                    (source, cand, f"superseded by {successor}{where} on {day}")
-                )
-            kept[:] = still
-
     def _line_candidates(
         self, memories: Sequence[Memory], tok: tokens.Tokenizer
     ) -> list[Candidate]:
@@ -550,6 +523,32 @@ def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) ->
         access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
     )  # fmt: skip
     return Candidate(memories=(pseudo,), tokens=tok.count(line), text=line)
+
+
+def withhold_superseded(store: Store, tenant: str, material: Material) -> None:
+    """Leave superseded facts and pins (a newer one with the same key) out of the pinned
+    and related blocks, each with its reason in the report: what is in force wins."""
+    keyed = [
+        c.memories[0].rowid
+        for c in (*material.pinned, *material.related)
+        if len(c.memories) == 1 and (c.memories[0].kind == "fact" or c.memories[0].pinned)
+    ]
+    superseded = store.supersessions(tenant, keyed) if keyed else {}
+    if not superseded:
+        return
+    present = {c.memories[0].id for c in material.pinned}
+    for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
+        still = []
+        for cand in kept:
+            link = superseded.get(cand.memories[0].rowid) if len(cand.memories) == 1 else None
+            if link is None:
+                still.append(cand)
+                continue
+            successor, until = link
+            day = time.strftime("%Y-%m-%d", time.gmtime(until))
+            where = " (in this context)" if successor in present else ""
+            material.withheld.append((source, cand, f"superseded by {successor}{where} on {day}"))
+        kept[:] = still
 
 
 class _RecentWalk:

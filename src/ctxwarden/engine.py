@@ -31,7 +31,7 @@ from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import DEFAULT_DEDUPE, EngineConfig
-from ctxwarden.erasure import Erasure
+from ctxwarden.erasure import Erasure, ErasureFaces
 from ctxwarden.errors import InputError
 from ctxwarden.ingestion import CANDIDATE_CACHE_SIZE as CANDIDATE_CACHE_SIZE
 from ctxwarden.ingestion import Ingestion
@@ -39,14 +39,14 @@ from ctxwarden.logwriter import LogCounters, LogWriter
 from ctxwarden.models import default_registry
 from ctxwarden.scoped_reads import ScopedReads
 from ctxwarden.semantic import SemanticConfig, SemanticReport
-from ctxwarden.store.base import ErasureReceipt, Store, Version
+from ctxwarden.store.base import Store, Version
 from ctxwarden.summarize import Summarizer
 from ctxwarden.types import Context, IngestOutcome, IngestResult, Record, Scope
 
 __all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
 
-class Engine(ScopedReads):
+class Engine(ScopedReads, ErasureFaces):
     """The engine most users touch: ``ingest``, ``assemble``, ``get``, ``stats``.
 
     Open with :meth:`open`; close with :meth:`close` or use it as a context manager.
@@ -284,50 +284,6 @@ class Engine(ScopedReads):
         return self._embeddings.dedupe_semantic(
             tenant=tenant, config=config, dry_run=dry_run, progress=progress
         )
-
-    def delete(
-        self,
-        id: str,
-        *,
-        tenant: str | None = None,
-        reason: str = "deleted",
-        user: str | None = None,
-        session: str | None = None,
-    ) -> ErasureReceipt:
-        """Erase a memory by its id, an alias's id, or the id of a memory compacted into a
-        summary: its text leaves every table and index and the vector index files, and every
-        summary built from it is rewritten without the lines citing it (removed when none is
-        left); content-free tombstones remain. Returns the receipt of what was removed.
-        :class:`NotFound` if none, or (with ``user`` or ``session``) if it is not that end
-        user's or session's."""
-        return self._erasure.delete(id, tenant=tenant, reason=reason, user=user, session=session)
-
-    def delete_session(
-        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
-    ) -> int:
-        """Erase every memory of ``session`` (see :meth:`erase_session`); how many memories
-        were removed."""
-        return len(self.erase_session(session, tenant=tenant, reason=reason).rowids)
-
-    def erase_session(
-        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
-    ) -> ErasureReceipt:
-        """Erase every memory of ``session`` (and what summaries hold of them) and its
-        inclusion log, leaving tombstones; the receipt of what was removed."""
-        return self._erasure.delete_session(session, tenant=tenant, reason=reason)
-
-    def delete_tenant(self, *, tenant: str | None = None, reason: str = "tenant deleted") -> int:
-        """Erase every memory of ``tenant`` (see :meth:`erase_tenant`); how many memories were
-        removed."""
-        return len(self.erase_tenant(tenant=tenant, reason=reason).rowids)
-
-    def erase_tenant(
-        self, *, tenant: str | None = None, reason: str = "tenant deleted"
-    ) -> ErasureReceipt:
-        """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; the
-        receipt of what was removed. Its API keys are revoked in the same transaction. Tool
-        keys (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
-        return self._erasure.delete_tenant(tenant=tenant, reason=reason)
 
     def compact_plan(
         self,

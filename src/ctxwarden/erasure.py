@@ -20,7 +20,7 @@ from ctxwarden.errors import NotFound
 from ctxwarden.store.base import ErasureReceipt, Store, scrub_until_done
 from ctxwarden.types import Memory
 
-__all__ = ["Erasure"]
+__all__ = ["Erasure", "ErasureFaces"]
 
 
 @dataclass(eq=False)
@@ -88,3 +88,54 @@ class Erasure:
         self._forget()
         self._scrub()
         return receipt
+
+
+class ErasureFaces:
+    """The engine's erasure methods (mixed into ``Engine``), each delegating to its
+    :class:`Erasure`."""
+
+    _erasure: Erasure
+
+    def delete(
+        self,
+        id: str,
+        *,
+        tenant: str | None = None,
+        reason: str = "deleted",
+        user: str | None = None,
+        session: str | None = None,
+    ) -> ErasureReceipt:
+        """Erase a memory by its id, an alias's id, or the id of a memory compacted into a
+        summary: its text leaves every table and index and the vector index files, and every
+        summary built from it is rewritten without the lines citing it (removed when none is
+        left); content-free tombstones remain. Returns the receipt of what was removed.
+        :class:`NotFound` if none, or (with ``user`` or ``session``) if it is not that end
+        user's or session's."""
+        return self._erasure.delete(id, tenant=tenant, reason=reason, user=user, session=session)
+
+    def delete_session(
+        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
+    ) -> int:
+        """Erase every memory of ``session`` (see :meth:`erase_session`); how many memories
+        were removed."""
+        return len(self.erase_session(session, tenant=tenant, reason=reason).rowids)
+
+    def erase_session(
+        self, session: str, *, tenant: str | None = None, reason: str = "session deleted"
+    ) -> ErasureReceipt:
+        """Erase every memory of ``session`` (and what summaries hold of them) and its
+        inclusion log, leaving tombstones; the receipt of what was removed."""
+        return self._erasure.delete_session(session, tenant=tenant, reason=reason)
+
+    def delete_tenant(self, *, tenant: str | None = None, reason: str = "tenant deleted") -> int:
+        """Erase every memory of ``tenant`` (see :meth:`erase_tenant`); how many memories were
+        removed."""
+        return len(self.erase_tenant(tenant=tenant, reason=reason).rowids)
+
+    def erase_tenant(
+        self, *, tenant: str | None = None, reason: str = "tenant deleted"
+    ) -> ErasureReceipt:
+        """Erase every memory of ``tenant`` and its inclusion log, leaving tombstones; the
+        receipt of what was removed. Its API keys are revoked in the same transaction. Tool
+        keys (``EngineConfig.verifier``) come from configuration: remove the tenant's there."""
+        return self._erasure.delete_tenant(tenant=tenant, reason=reason)
