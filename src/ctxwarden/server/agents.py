@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -39,7 +40,7 @@ from ctxwarden.server.proxymemory import Block, ProxyMemory, Who
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens, prompt_tokens
 from ctxwarden.server.windows import Windows
 from ctxwarden.sessions import TurnSlots
-from ctxwarden.textcheck import check_json_text
+from ctxwarden.textcheck import MAX_DEPTH, check_json_text
 from ctxwarden.wirefit import CostCache, Pricer
 
 __all__ = ["Budget", "Shared", "Turn", "install_agent_apis", "json_body"]
@@ -69,9 +70,31 @@ def json_body(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InputError(f"expected a JSON object, got {type(body).__name__}", field="body")
-    for name, value in body.items():
-        check_json_text(value, name)
+    # orjson refuses lone surrogates and raw control characters, so a NUL can only arrive as
+    # the escape \u0000: without one (and not too deep) there is nothing to refuse, and the
+    # walk that names the field (a Python visit of every string) is skipped. A 20,000-message
+    # conversation is checked in a byte search and a walk over its containers.
+    if b"\\u0000" in raw or _deeper_than(body, MAX_DEPTH):
+        for name, value in body.items():
+            check_json_text(value, name)
     return body
+
+
+def _deeper_than(body: dict[str, Any], limit: int) -> bool:
+    """Whether a container of ``body`` sits ``limit`` or more levels below its top-level
+    fields (counted as :func:`~ctxwarden.textcheck.check_json_text` counts, erring toward
+    True: then that walk decides). Level by level, the values gathered by C iterators."""
+    level = [v for v in body.values() if type(v) is dict or type(v) is list]
+    depth = 0
+    while level:
+        if depth >= limit:
+            return True
+        dicts = [item for item in level if type(item) is dict]
+        lists = [item for item in level if type(item) is list]
+        children = chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists))
+        level = [c for c in children if type(c) is dict or type(c) is list]
+        depth += 1
+    return False
 
 
 @dataclass
