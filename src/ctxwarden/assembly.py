@@ -28,6 +28,7 @@ from ctxwarden.assemble import (
     fill,
     memory_message,
     recent_messages,
+    related_budget,
     system_message_text,
     text_segments,
 )
@@ -46,7 +47,13 @@ from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
 
-__all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
+__all__ = [
+    "MAX_RELATED_CANDIDATES",
+    "TYPICAL_LINE_TOKENS",
+    "Assembly",
+    "related_anchors",
+    "related_candidates",
+]
 
 
 @dataclasses.dataclass(eq=False)
@@ -149,13 +156,6 @@ class Assembly:
             frame=fmt.message_overhead(render.DATA_ROLE) + data_intro_tokens,
         )
         material.recent = recent_walk.take(available)
-        if query_text and self.config.related_candidates:
-            wanted = related_candidates(
-                available, recent_walk.typical_line(), floor=self.config.related_candidates
-            )
-            material.related = self._related(
-                tenant, query_text, tok, notes, wanted, store_scope(read_scope)
-            )
         # Summaries, pins and facts stay within their conversation: the session's, or the
         # user's sessions'; a tenant-wide read still shows this session's (another's are not
         # its history), plus what was pinned for the tenant explicitly (issue 20).
@@ -181,7 +181,14 @@ class Assembly:
                 f"no items block called {sorted(unknown)[0]!r} in policy {policy.name!r}",
                 field="items",
             )
-
+        if query_text and self.config.related_candidates:
+            related_tokens = related_budget(policy, material, available)
+            line = recent_walk.typical_line()
+            wanted = related_candidates(related_tokens, line, floor=self.config.related_candidates)
+            expand = related_anchors(self.config.retrieval.expand, related_tokens)
+            material.related = self._related(
+                tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
+            )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -350,10 +357,16 @@ class Assembly:
         notes: list[str],
         wanted: int,
         scope: ReadScope | None = None,
+        expand: int | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
-        from each search (:func:`related_candidates`)."""
-        weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
+        (:func:`related_anchors`; the configured ``expand`` if None)."""
+        weights = dataclasses.replace(
+            self.config.retrieval,
+            candidates=wanted,
+            expand=self.config.retrieval.expand if expand is None else expand,
+        )
         query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self.embeddings.vectors_usable()
         if others and not usable:
@@ -418,30 +431,46 @@ TYPICAL_LINE_TOKENS = 32
 MAX_RELATED_CANDIDATES = 1000
 
 
-def related_candidates(available: int, line_tokens: float, *, floor: int) -> int:
-    """How many candidates to ask each retrieval search for: as many lines as the whole of
-    ``available`` could hold at ``line_tokens`` a line, at least ``floor`` (the engine's
-    ``related_candidates``) and at most :data:`MAX_RELATED_CANDIDATES`.
+def related_candidates(related: int, line_tokens: float, *, floor: int) -> int:
+    """How many candidates to ask each retrieval search for: as many lines as the related
+    block's ``related`` tokens (:func:`~ctxwarden.assemble.related_budget`) could hold at
+    ``line_tokens`` a line, at least ``floor`` (the engine's ``related_candidates``) and at most
+    :data:`MAX_RELATED_CANDIDATES`.
 
-    The related block never holds more lines than that (it gets a share of ``available``, or
-    all of it in the top-up), and each search (lexical, vector) asks for that many, so the
-    union, bridge hits and neighbours leave spare candidates for lines skipped because they
-    are already in recent history or repeat one. A larger budget or shorter lines ask for
-    more, so a big related block is filled with the next-best hits rather than left empty;
-    asking for more than can fit only costs retrieval time (scoring, MMR and line costs of
-    candidates never shown). With ``floor`` 0 retrieval is off (0).
+    The related block never holds more lines than that (the top-up offers it little more than
+    the rounding and the other blocks' gaps), and each search (lexical, vector) asks for that
+    many, so the union, bridge hits and neighbours leave spare candidates for lines skipped
+    because they are already in recent history or repeat one. A larger related block or
+    shorter lines ask for more, so a big related block is filled with the next-best hits
+    rather than left empty; asking for more than can fit only costs retrieval time (scoring,
+    MMR and line costs of candidates never shown). With ``floor`` 0 retrieval is off (0).
 
-    >>> related_candidates(3900, 45.0, floor=100)  # budget 4,000: 87 lines fit
-    100
-    >>> related_candidates(15900, 30.0, floor=100)
-    530
-    >>> related_candidates(900_000, 30.0, floor=100)
+    >>> related_candidates(3100, 45.0, floor=70)  # budget 4,000: 69 lines fit
+    70
+    >>> related_candidates(6400, 30.0, floor=70)  # budget 8,000
+    214
+    >>> related_candidates(900_000, 30.0, floor=70)
     1000
     """
     if floor <= 0:
         return 0
-    lines = math.ceil(available / max(1.0, line_tokens))
+    lines = math.ceil(related / max(1.0, line_tokens))
     return max(floor, min(MAX_RELATED_CANDIDATES, lines))
+
+
+def related_anchors(expand: int, related: int) -> int:
+    """How many of the best hits retrieval reads the neighbours of: ``expand`` (the
+    configured :class:`~ctxwarden.retrieve.RetrievalWeights` field) per 1,000 tokens of the
+    related block, rounded up, and ``expand`` at least, so a small block keeps the configured
+    expansion and an 8k block gets neighbours for as many hits as it can show. 0 turns
+    neighbours off.
+
+    >>> related_anchors(8, 700), related_anchors(8, 1600), related_anchors(8, 6400)
+    (8, 13, 52)
+    """
+    if expand <= 0:
+        return 0
+    return max(expand, math.ceil(expand * max(0, related) / 1000))
 
 
 def _costs(plan: Plan) -> dict[int, int]:
