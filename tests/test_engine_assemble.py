@@ -400,6 +400,6 @@ def test_retrieval_is_sized_by_the_related_block() -> None:
     assert related_budget(chat_policy(), material, 7980) == 6384
     material.recent = []  # a new session: all of it may be related memory
     assert related_budget(chat_policy(), material, 7980) == 7980
-    # Neighbours around `expand` hits per 1,000 related tokens, never fewer than `expand`.
-    assert [related_anchors(8, t) for t in (0, 724, 1584, 6384)] == [8, 8, 13, 52]
+    # Neighbours around `expand` hits per 1,000 related tokens (rounded up, at least one).
+    assert [related_anchors(8, t) for t in (0, 100, 724, 1584, 6384)] == [1, 1, 6, 13, 52]
     assert related_anchors(0, 6384) == 0  # expansion off stays off

@@ -461,16 +461,16 @@ def related_candidates(related: int, line_tokens: float, *, floor: int) -> int:
 def related_anchors(expand: int, related: int) -> int:
     """How many of the best hits retrieval reads the neighbours of: ``expand`` (the
     configured :class:`~ctxwarden.retrieve.RetrievalWeights` field) per 1,000 tokens of the
-    related block, rounded up, and ``expand`` at least, so a small block keeps the configured
-    expansion and an 8k block gets neighbours for as many hits as it can show. 0 turns
-    neighbours off.
+    related block, rounded up, at least 1: a small block is not crowded with the neighbours of
+    hits it has no room for, and an 8k block gets neighbours for as many hits as it can show.
+    0 turns neighbours off.
 
-    >>> related_anchors(8, 700), related_anchors(8, 1600), related_anchors(8, 6400)
-    (8, 13, 52)
+    >>> related_anchors(8, 724), related_anchors(8, 1584), related_anchors(8, 6384)
+    (6, 13, 52)
     """
     if expand <= 0:
         return 0
-    return max(expand, math.ceil(expand * max(0, related) / 1000))
+    return max(1, math.ceil(expand * max(0, related) / 1000))
 
 
 def _costs(plan: Plan) -> dict[int, int]:
