@@ -184,7 +184,10 @@ class Assembly:
         if query_text and self.config.related_candidates:
             related_tokens = related_budget(policy, material, available)
             line = recent_walk.typical_line()
-            wanted = related_candidates(related_tokens, line, floor=self.config.related_candidates)
+            # The pool is sized by all of `available`, not the related budget: the related
+            # block can get it all (top-up, a short history), and a pool sized by the related
+            # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
+            wanted = related_candidates(available, line, floor=self.config.related_candidates)
             expand = related_anchors(self.config.retrieval.expand, related_tokens)
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
@@ -431,30 +434,32 @@ TYPICAL_LINE_TOKENS = 32
 MAX_RELATED_CANDIDATES = 1000
 
 
-def related_candidates(related: int, line_tokens: float, *, floor: int) -> int:
-    """How many candidates to ask each retrieval search for: as many lines as the related
-    block's ``related`` tokens (:func:`~ctxwarden.assemble.related_budget`) could hold at
-    ``line_tokens`` a line, at least ``floor`` (the engine's ``related_candidates``) and at most
-    :data:`MAX_RELATED_CANDIDATES`.
+def related_candidates(available: int, line_tokens: float, *, floor: int) -> int:
+    """How many candidates to ask each retrieval search for: as many lines as the whole of
+    ``available`` could hold at ``line_tokens`` a line, at least ``floor`` (the engine's
+    ``related_candidates``) and at most :data:`MAX_RELATED_CANDIDATES`.
 
-    The related block never holds more lines than that (the top-up offers it little more than
-    the rounding and the other blocks' gaps), and each search (lexical, vector) asks for that
-    many, so the union, bridge hits and neighbours leave spare candidates for lines skipped
-    because they are already in recent history or repeat one. A larger related block or
-    shorter lines ask for more, so a big related block is filled with the next-best hits
-    rather than left empty; asking for more than can fit only costs retrieval time (scoring,
-    MMR and line costs of candidates never shown). With ``floor`` 0 retrieval is off (0).
+    The related block never holds more lines than that (it gets a share of ``available``, or
+    all of it in the top-up), and each search (lexical, vector) asks for that many, so the
+    union, bridge hits and neighbours leave spare candidates for lines skipped because they
+    are already in recent history or repeat one. A larger budget or shorter lines ask for
+    more, so a big related block is filled with the next-best hits rather than left empty;
+    asking for more than can fit only costs retrieval time (scoring, MMR and line costs of
+    candidates never shown). With ``floor`` 0 retrieval is off (0). Sizing it by the related
+    block's budget alone (:func:`~ctxwarden.assemble.related_budget`, ~80 % of ``available``)
+    was tried and lost evidence at 4k; the neighbour expansion is sized by that budget
+    (:func:`related_anchors`).
 
-    >>> related_candidates(3100, 45.0, floor=70)  # budget 4,000: 69 lines fit
-    70
-    >>> related_candidates(6400, 30.0, floor=70)  # budget 8,000
-    214
-    >>> related_candidates(900_000, 30.0, floor=70)
+    >>> related_candidates(3900, 45.0, floor=100)  # budget 4,000: 87 lines fit
+    100
+    >>> related_candidates(15900, 30.0, floor=100)
+    530
+    >>> related_candidates(900_000, 30.0, floor=100)
     1000
     """
     if floor <= 0:
         return 0
-    lines = math.ceil(related / max(1.0, line_tokens))
+    lines = math.ceil(available / max(1.0, line_tokens))
     return max(floor, min(MAX_RELATED_CANDIDATES, lines))
 
 
