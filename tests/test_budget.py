@@ -131,3 +131,31 @@ def test_allocation_never_exceeds_available_demand_or_cap(
     # Nothing is left on the table while some block still wants tokens.
     wanted = sum(demand.values())
     assert sum(alloc.values()) >= min(available, wanted) - len(alloc)
+
+
+def test_a_floor_is_part_of_the_share_not_added_to_it() -> None:
+    # Issue 18: at 1k, recent's 256-token floor plus 30 % of the rest (then the 1.5x ratio)
+    # left related 588 of 980 tokens. The floor is what recent gets at least, not a bonus.
+    both = {"related": 10**6, "recent": 10**6}
+    alloc = allocate(chat_policy(), available=980, demand=both)
+    assert alloc == {**alloc, "recent": 256, "related": 724}
+    # Past the floor, recent holds its share: 15 of the 75 % of the two blocks with material.
+    alloc = allocate(chat_policy(), available=7980, demand=both)
+    assert alloc["recent"] == 1596
+    assert alloc["related"] == 6384
+
+
+@given(available=st.integers(min_value=2000, max_value=300_000), only_two=st.booleans())
+def test_recent_stays_within_the_seed_ratios_past_its_floor(available: int, only_two: bool) -> None:
+    # The seeds: recent at 12-22 % of the context, related at least 1.5x recent.
+    names = ("related", "recent") if only_two else tuple(b.name for b in chat_policy().blocks)
+    alloc = allocate(chat_policy(), available=available, demand=dict.fromkeys(names, 10**7))
+    assert 0.12 * available <= alloc["recent"] <= 0.22 * available
+    assert alloc["related"] >= 1.5 * alloc["recent"]
+    assert sum(alloc.values()) == available
+
+
+def test_a_block_without_enough_material_leaves_its_share_to_the_others() -> None:
+    alloc = allocate(chat_policy(), available=4000, demand={"related": 500, "recent": 10**6})
+    assert alloc["related"] == 500
+    assert alloc["recent"] == 3500

@@ -336,3 +336,70 @@ def test_report_snapshot_of_every_decision(engine: Engine, snapshot: Any) -> Non
     assert {"decisions": decisions, "blocks": blocks, "notes": list(context.report.notes)} == (
         snapshot
     )
+
+
+def _memory(rowid: int, content: str) -> Any:
+    from ctxwarden.types import Memory
+
+    return Memory(
+        rowid=rowid, id=f"m{rowid}", tenant="default", session="s", channel=None,
+        author="ana", author_kind="human", role="user", content=content,
+        created_at=1_700_000_000.0 + rowid, thread_id=None, reply_to=None, kind="message",
+        pinned=False, name=None, tool_calls=(), tool_call_id=None,
+        content_hash=f"hash{rowid}", dup_count=1, last_seen_at=1_700_000_000.0 + rowid,
+        access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
+    )  # fmt: skip
+
+
+def test_the_top_up_offers_related_memory_before_more_recent_history() -> None:
+    # Leftover tokens (rounding, the gap a skipped line leaves) go to retrieval's next line
+    # before they become older recent history: recent gets them only when related has
+    # nothing left that fits.
+    from ctxwarden.assemble import Candidate, Material, fill
+    from ctxwarden.budget import chat_policy
+
+    policy = chat_policy()
+    limits = policy.limits(window=128_000, budget=1000)
+
+    def plan(related: list[int]) -> Any:
+        material = Material(count=lambda text: len(text.split()))
+        material.recent = [
+            Candidate(memories=(_memory(i, "r"),), tokens=100, text="r") for i in range(20)
+        ]
+        material.related = [
+            Candidate(memories=(_memory(100 + i, "x"),), tokens=cost, score=1.0 - i / 100)
+            for i, cost in enumerate(related)
+        ]
+        return fill(policy, limits, fixed=20, material=material)
+
+    # Related's 724 tokens hold the two 300-token lines; the 150-token one waits for the
+    # top-up, where recent's gap (56) and related's (~120) make room for it: it goes in
+    # before a third recent unit (which the old order, recent first, would have taken).
+    many = plan([300, 300, 150])
+    assert many.budgets["recent"] == 256
+    assert many.budgets["related"] == 724
+    assert len(many.chosen["related"]) == 3
+    assert len(many.chosen["recent"]) == 2  # its floor's worth of 100-token units
+    top_ups = [row for row in many.candidates if row[3].startswith("top-up")]
+    assert [row[1] for row in top_ups] == ["related"]
+    assert sum(many.used.values()) <= 980
+    few = plan([300])  # retrieval has little: the rest becomes recent history
+    assert len(few.chosen["related"]) == 1
+    assert len(few.chosen["recent"]) == 6
+    assert sum(few.used.values()) <= 980
+
+
+def test_retrieval_is_sized_by_the_related_block() -> None:
+    from ctxwarden.assemble import Candidate, Material, related_budget
+    from ctxwarden.assembly import related_anchors
+    from ctxwarden.budget import chat_policy
+
+    material = Material(count=len)
+    material.recent = [Candidate(memories=(_memory(1, "r"),), tokens=10**6, text="r")]
+    assert related_budget(chat_policy(), material, 980) == 724  # recent keeps its floor
+    assert related_budget(chat_policy(), material, 7980) == 6384
+    material.recent = []  # a new session: all of it may be related memory
+    assert related_budget(chat_policy(), material, 7980) == 7980
+    # Neighbours around `expand` hits per 1,000 related tokens (rounded up, at least one).
+    assert [related_anchors(8, t) for t in (0, 100, 724, 1584, 6384)] == [1, 1, 6, 13, 52]
+    assert related_anchors(0, 6384) == 0  # expansion off stays off

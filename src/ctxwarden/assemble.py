@@ -49,7 +49,7 @@ from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
 from ctxwarden.types import BlockReport, CandidateRow, Memory
 
-__all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms"]
+__all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms", "related_budget"]
 
 #: Block sources rendered into the memory-data message rather than the system message: every
 #: source of stored memories.
@@ -181,6 +181,26 @@ def _source_of(policy: BudgetPolicy, material: Material, name: str) -> list[Cand
     if block.source == "summaries":
         return material.summaries
     return material.items.get(name, [])
+
+
+def related_budget(policy: BudgetPolicy, material: Material, available: int) -> int:
+    """The tokens the policy's retrieval blocks would get if retrieval found more than fits:
+    :func:`~ctxwarden.budget.allocate` over ``available`` with every other block's material
+    (read before retrieval) as its demand. Retrieval sizes its pool and its neighbour
+    expansion from it, so a larger related block is filled with the next-best hits.
+
+    >>> from ctxwarden.budget import chat_policy
+    >>> related_budget(chat_policy(), Material(count=len), 1000)
+    1000
+    """
+    demand = {
+        b.name: available
+        if b.source == "retrieval"
+        else sum(c.tokens for c in _source_of(policy, material, b.name))
+        for b in policy.blocks
+    }
+    alloc = allocate(policy, available=available, demand=demand)
+    return sum(alloc[b.name] for b in policy.blocks if b.source == "retrieval")
 
 
 def _header_cost(policy: BudgetPolicy, material: Material, name: str) -> int:
@@ -328,8 +348,10 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     order = sorted(policy.blocks, key=lambda b: (-b.priority, names.index(b.name)))
     for block in order:
         take(block.name, budgets[block.name], top_up=False)
-    # Top-up: what blocks left unused is offered again, most important block first.
-    for block in order:
+    # Top-up: what blocks left unused is offered again, retrieval blocks first (the related
+    # block's leftover becomes recent history only when retrieval has nothing left that fits),
+    # then the others, most important first.
+    for block in sorted(order, key=lambda b: b.source != "retrieval"):
         spare = available - sum(used.values())
         if spare <= 0:
             break

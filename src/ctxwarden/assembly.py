@@ -29,6 +29,7 @@ from ctxwarden.assemble import (
     fill,
     memory_message,
     recent_messages,
+    related_budget,
     system_message_text,
     text_segments,
 )
@@ -50,7 +51,13 @@ from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_RELATED_CANDIDATES", "TYPICAL_LINE_TOKENS", "Assembly", "related_candidates"]
+__all__ = [
+    "MAX_RELATED_CANDIDATES",
+    "TYPICAL_LINE_TOKENS",
+    "Assembly",
+    "related_anchors",
+    "related_candidates",
+]
 
 
 @dataclasses.dataclass(eq=False)
@@ -160,13 +167,6 @@ class Assembly:
             frame=fmt.message_overhead(render.DATA_ROLE) + data_intro_tokens,
         )
         material.recent = recent_walk.take(available)
-        if query_text and self.config.related_candidates:
-            wanted = related_candidates(
-                available, recent_walk.typical_line(), floor=self.config.related_candidates
-            )
-            material.related = self._related(
-                tenant, query_text, tok, notes, wanted, store_scope(read_scope)
-            )
         # Summaries, pins and facts stay within their conversation: the session's, or the
         # user's sessions'; a tenant-wide read still shows this session's (another's are not
         # its history), plus what was pinned for the tenant explicitly (issue 20).
@@ -193,7 +193,17 @@ class Assembly:
                 f"no items block called {sorted(unknown)[0]!r} in policy {policy.name!r}",
                 field="items",
             )
-
+        if query_text and self.config.related_candidates:
+            related_tokens = related_budget(policy, material, available)
+            line = recent_walk.typical_line()
+            # The pool is sized by all of `available`, not the related budget: the related
+            # block can get it all (top-up, a short history), and a pool sized by the related
+            # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
+            wanted = related_candidates(available, line, floor=self.config.related_candidates)
+            expand = related_anchors(self.config.retrieval.expand, related_tokens)
+            material.related = self._related(
+                tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
+            )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -371,10 +381,16 @@ class Assembly:
         notes: list[str],
         wanted: int,
         scope: ReadScope | None = None,
+        expand: int | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
-        from each search (:func:`related_candidates`)."""
-        weights = dataclasses.replace(self.config.retrieval, candidates=wanted)
+        from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
+        (:func:`related_anchors`; the configured ``expand`` if None)."""
+        weights = dataclasses.replace(
+            self.config.retrieval,
+            candidates=wanted,
+            expand=self.config.retrieval.expand if expand is None else expand,
+        )
         query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self.embeddings.vectors_usable()
         if others and not usable:
@@ -459,7 +475,10 @@ def related_candidates(available: int, line_tokens: float, *, floor: int) -> int
     are already in recent history or repeat one. A larger budget or shorter lines ask for
     more, so a big related block is filled with the next-best hits rather than left empty;
     asking for more than can fit only costs retrieval time (scoring, MMR and line costs of
-    candidates never shown). With ``floor`` 0 retrieval is off (0).
+    candidates never shown). With ``floor`` 0 retrieval is off (0). Sizing it by the related
+    block's budget alone (:func:`~ctxwarden.assemble.related_budget`, ~80 % of ``available``)
+    was tried and lost evidence at 4k; the neighbour expansion is sized by that budget
+    (:func:`related_anchors`).
 
     >>> related_candidates(3900, 45.0, floor=100)  # budget 4,000: 87 lines fit
     100
@@ -472,6 +491,21 @@ def related_candidates(available: int, line_tokens: float, *, floor: int) -> int
         return 0
     lines = math.ceil(available / max(1.0, line_tokens))
     return max(floor, min(MAX_RELATED_CANDIDATES, lines))
+
+
+def related_anchors(expand: int, related: int) -> int:
+    """How many of the best hits retrieval reads the neighbours of: ``expand`` (the
+    configured :class:`~ctxwarden.retrieve.RetrievalWeights` field) per 1,000 tokens of the
+    related block, rounded up, at least 1: a small block is not crowded with the neighbours of
+    hits it has no room for, and an 8k block gets neighbours for as many hits as it can show.
+    0 turns neighbours off.
+
+    >>> related_anchors(8, 724), related_anchors(8, 1584), related_anchors(8, 6384)
+    (6, 13, 52)
+    """
+    if expand <= 0:
+        return 0
+    return max(1, math.ceil(expand * max(0, related) / 1000))
 
 
 def _costs(plan: Plan) -> dict[int, int]:
