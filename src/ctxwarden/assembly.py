@@ -177,7 +177,7 @@ class Assembly:
         )
         pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
         material.pinned = self._line_candidates(pinned, tok)
-        withhold_superseded(self.store, tenant, material)
+        withhold_superseded(self.store, tenant, material)  # before the split counts the pins
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -204,6 +204,7 @@ class Assembly:
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
             )
+            withhold_superseded(self.store, tenant, material)  # the related block's too
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
