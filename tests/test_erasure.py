@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from ctxwarden.compact import CompactionPolicy
 from ctxwarden.engine import Engine
 from ctxwarden.errors import NotFound
 from ctxwarden.server.auth import KeyAuth, issue_key
@@ -213,8 +214,10 @@ def _canary_files(path: Path, canary: str) -> dict[str, int]:
 
 
 class QuotingSummarizer:
-    """A summariser (the Summarizer seam) that quotes every item on a line citing it, as an
-    LLM summariser's cited lines do (all but the item ``leave_out`` names)."""
+    """A summariser (the Summarizer seam) that quotes the canary's item and the first other one
+    on lines citing them, as an LLM summariser's cited lines do (not the item ``leave_out``
+    names); the small talk around them holds no fact, so compaction's fact check lets the
+    summary drop it."""
 
     def __init__(self, leave_out: str | None = None) -> None:
         self.leave_out = leave_out
@@ -223,27 +226,32 @@ class QuotingSummarizer:
         return Summary(
             key_entities=tuple(sorted({i.author for i in items if i.author})),
             main_events=tuple(
-                f"[{i.id}] {i.author}: {i.content}" for i in items if i.id != self.leave_out
+                f"[{i.id}] {i.author}: {i.content}"
+                for i in items
+                if i.id != self.leave_out and i.id in ("secret", "acme-s1-d0")
             ),
             source_ids=tuple(i.id for i in items),
         )
 
 
 def _compacted(
-    path: Path, canary: str, summarizer: QuotingSummarizer | None = None
+    path: Path,
+    canary: str,
+    summarizer: QuotingSummarizer | None = None,
+    secret: str | None = None,
 ) -> tuple[Engine, str]:
     """An engine whose tenant's old history, the canary's memory among it, is compacted into
     one summary that quotes it."""
     clock = [1_700_000_000.0 + 60 * 86_400]
     engine = Engine.open(path, clock=lambda: clock[0])
     lines = [
-        "bo: decided we ship the billing rewrite on Tuesday after 14 tickets close",
-        "cy: the Postgres 16 upgrade failed on replica 3, rolling back tonight",
-        "dee: Berlin office moves to the fourth floor on March 2",
-        "bo: agreed that Q3 roadmap freezes at 7 epics",
-        "cy: why does the VPN drop every 40 minutes?",
-        "dee: we will hire 2 more SREs for the Lisbon team",
-        "bo: the invoice exporter now writes CSV with 11 columns",
+        "bo: sounds good to me, let us talk about it later",
+        "cy: sure, i will take a look when i get a chance",
+        "dee: thanks for the update, that makes sense",
+        "bo: ok, no strong opinion from my side",
+        "cy: i think we can leave it as it is for now",
+        "dee: agreed, nothing else from me today",
+        "bo: great, talk soon then",
     ]
     records = [
         {"id": f"acme-s1-d{i}", "session": "s1", "author": line.split(":")[0],
@@ -256,12 +264,15 @@ def _compacted(
             "id": "secret",
             "session": "s1",
             "author": "ana",
-            "content": f"decided: the vault login code is {canary}, rotated every 30 days",
+            "content": secret
+            or f"decided: the vault login code is {canary}, rotated every 30 days",
             "created_at": 1_700_000_003.5,
         },
     )
     engine.ingest(records, tenant="acme")
-    engine.compact(tenant="acme", summarizer=summarizer or QuotingSummarizer())
+    # a small cluster: its summary (header, entities, the quoted line) may take most of it
+    policy = CompactionPolicy(max_summary_share=0.9)
+    engine.compact(tenant="acme", summarizer=summarizer or QuotingSummarizer(), policy=policy)
     summary = engine.get("secret", tenant="acme")
     assert summary.kind == "summary", "the canary's memory must have been compacted"
     return engine, summary.id
@@ -302,7 +313,14 @@ def test_compaction_apply_leaves_no_original_text_in_the_files(tmp_path: Path) -
     open), the original's text is in no page of the database, its WAL or the FTS index."""
     path = tmp_path / "compaction.db"
     canary = _canary()
-    engine, summary_id = _compacted(path, canary, QuotingSummarizer(leave_out="secret"))
+    # a line without a fact (no digit, no name): the summariser may drop it
+    canary = "zzq" + "".join(secrets.choice("abcdefghijklmnop") for _ in range(24))
+    engine, summary_id = _compacted(
+        path,
+        canary,
+        QuotingSummarizer(leave_out="secret"),
+        secret=f"the vault note just says {canary} and nothing else",
+    )
     try:
         assert canary not in engine.get(summary_id, tenant="acme").content
         assert _canary_files(path, canary) == {}
