@@ -279,17 +279,31 @@ def test_keys_never_reach_logs_reports_or_upstream(
 
 
 def test_compaction_summaries_and_metrics_stay_within_the_tenant(world: World) -> None:
-    everything = {"older_than": 0, "access_threshold": 1e9}
+    everything = {"older_than": 0, "access_threshold": 1e9, "max_summary_share": 0.95}
     for tenant in TENANTS[:10]:
         canary = world.canaries[tenant]
         seen: list[str] = []
         with httpx.Client(base_url=world.api, headers=world.auth(tenant)) as client:
             # A cluster to summarise of this test's own (not what earlier tests left behind).
+            # (with small talk around it: a cluster of facts alone is left alone by design)
+            talk = [
+                "sounds good to me",
+                "sure, will look later",
+                "thanks, that makes sense",
+                "ok, nothing else from me",
+                "agreed, talk soon",
+                "fine by me as well",
+            ]
             related = [
                 {"role": "user", "content": f"the team reviewed secret note {canary} today"},
+                *(
+                    {"role": "user", "content": f"{line}, about the {thing} of the secret note"}
+                    for line in talk
+                    for thing in ("wording", "format", "owner", "timing", "audience", "length")
+                ),
                 {"role": "user", "content": f"secret note {canary} was shared with the team"},
             ]
-            ingested = client.post("/v1/ingest", json={"records": related, "session": "s"})
+            ingested = client.post("/v1/ingest", json={"records": related, "session": "compacted"})
             assert ingested.status_code == 200, ingested.text
             plan = client.post("/v1/compact/plan", json=everything)
             assert plan.status_code == 200, plan.text
@@ -297,7 +311,8 @@ def test_compaction_summaries_and_metrics_stay_within_the_tenant(world: World) -
             assert applied.status_code == 200, applied.text
             assert applied.json()["summaries"], applied.text
             assembled = client.post(
-                "/v1/assemble", json={"session": "s", "query": "secret note vault code canary"}
+                "/v1/assemble",
+                json={"session": "compacted", "query": "secret note vault code canary"},
             )
             assert canary in assembled.text  # its own summary (or originals) came back
             seen += [plan.text, applied.text, assembled.text, client.get("/v1/stats").text]

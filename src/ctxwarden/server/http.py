@@ -16,7 +16,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats?session=&user=&scope=  counts
-    POST   /v1/compact/plan             {"older_than"?, "access_threshold"?} -> plan (reads only)
+    POST   /v1/compact/plan             {"older_than"?, "access_threshold"?, "max_summary_share"?}
+                                        -> plan (reads only)
     POST   /v1/compact/apply            same body -> summaries written, memories compacted
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
 
@@ -265,14 +266,21 @@ class EditBody(StrictBody):
 
 class CompactBody(StrictBody):
     """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
-    with a decayed access score below ``access_threshold``."""
+    with a decayed access score below ``access_threshold``; a summary may keep at most
+    ``max_summary_share`` of its cluster's tokens (a cluster whose facts need more is left
+    alone)."""
 
     older_than: float = Field(default=14 * DAY, ge=0)
     access_threshold: float = Field(default=0.5, ge=0)
+    max_summary_share: float = Field(default=CompactionPolicy.max_summary_share, gt=0, lt=1)
 
     def policy(self) -> CompactionPolicy:
         """The :class:`CompactionPolicy` this body asks for."""
-        return CompactionPolicy(older_than=self.older_than, access_threshold=self.access_threshold)
+        return CompactionPolicy(
+            older_than=self.older_than,
+            access_threshold=self.access_threshold,
+            max_summary_share=self.max_summary_share,
+        )
 
 
 #: orjson refuses what ``json.dumps`` would write differently or refuse (subclasses of str,
