@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
+
+from benchload import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "data" / "locomo_mini.json"
 
 
 def _bench() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))  # context_hash reuses evidence_recall's readers
-    path = ROOT / "bench" / "context_hash.py"
-    spec = importlib.util.spec_from_file_location("context_hash", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("context_hash", "context_hash")
 
 
 def test_same_data_same_hashes_and_a_changed_message_moves_them() -> None:

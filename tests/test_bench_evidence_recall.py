@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from benchload import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "evidence_recall", ROOT / "bench" / "evidence_recall.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("evidence_recall", "evidence_recall")
 
 
 def test_locomo_reader() -> None:

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchload import load_bench
 
 
 def _bench() -> Any:
-    sys.path.insert(0, str(ROOT / "bench"))  # its chat_text module, as when run as a script
-    spec = importlib.util.spec_from_file_location("bench_proxy", ROOT / "bench" / "proxy.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("proxy", "bench_proxy")
 
 
 def test_bench_proxy_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:

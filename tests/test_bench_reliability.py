@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchload import load_bench
 
 
 def _bench() -> Any:
-    path = ROOT / "bench" / "reliability.py"
-    spec = importlib.util.spec_from_file_location("bench_reliability_smoke", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("reliability", "bench_reliability_smoke")
 
 
 def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) -> None:

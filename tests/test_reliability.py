@@ -11,30 +11,20 @@ committed ``ingest`` that returned, or an HTTP 200) present and as it was sent.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchload import load_bench
 from test_compact_crash import _check as compaction_consistent
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "bench_reliability", ROOT / "bench" / "reliability.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_bench("reliability", "bench_reliability")
     module.warm()  # forked children inherit the loaded tokenizer
     return module
 
