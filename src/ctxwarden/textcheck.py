@@ -69,10 +69,13 @@ def check_text(value: str, field: str, *, line: int | None = None) -> str:
     return value
 
 
-def check_json_text(value: Any, field: str, *, line: int | None = None) -> Any:
+def check_json_text(
+    value: Any, field: str, *, line: int | None = None, max_depth: int = MAX_DEPTH
+) -> Any:
     """``value`` unchanged after checking every string in it, keys included (a JSON value such
     as metadata, attachments or tool definitions); the error names the path, e.g.
-    ``metadata.tags[2]``. Nesting deeper than :data:`MAX_DEPTH` is refused too.
+    ``metadata.tags[2]``. Nesting deeper than ``max_depth`` (:data:`MAX_DEPTH` unless told) is
+    refused too.
 
     >>> check_json_text({"tags": ["a", "b\\x00"]}, "metadata")
     Traceback (most recent call last):
@@ -82,8 +85,8 @@ def check_json_text(value: Any, field: str, *, line: int | None = None) -> Any:
     stack: list[tuple[Any, str, int]] = [(value, field, 0)]
     while stack:
         item, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise InputError(f"nested deeper than {MAX_DEPTH} levels", field=path, line=line)
+        if depth > max_depth:
+            raise InputError(f"nested deeper than {max_depth} levels", field=path, line=line)
         if isinstance(item, str):
             check_text(item, path, line=line)
         elif isinstance(item, Mapping):
