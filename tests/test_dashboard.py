@@ -86,6 +86,8 @@ def test_the_dashboard_in_headless_chromium(page: tuple[Any, str]) -> None:
     tab, base = page
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    # a resource the page asks for and does not get (the favicon, once) is a console error
+    tab.on("console", lambda message: message.type == "error" and errors.append(message.text))
     requests: list[str] = []
     tab.on("request", lambda request: requests.append(request.url))
 
