@@ -92,13 +92,16 @@ def test_plan_selects_old_unused_unpinned_and_clusters_by_channel_and_day(
     before = engine.stats()["memories"]
     p = engine.compact_plan()
     assert engine.stats()["memories"] == before  # read-only
-    # 16 days (30 - 14) of dev at 6 a day and 3 days of ops at 4 a day are old enough.
-    assert p.memories == 16 * 6 + 3 * 4
-    assert len(p.clusters) == 16 + 3
+    # 16 days (30 - 14) of dev at 6 a day and 3 days of ops at 4 a day are old enough; one ops
+    # day is half facts, more than a summary may keep (apply would leave it alone).
+    assert p.skipped["facts"] == 4
+    assert p.memories == 16 * 6 + 3 * 4 - 4
+    assert len(p.clusters) == 16 + 3 - 1
     for cluster in p.clusters:
         assert len({int(t // DAY) for t in cluster.time_range}) == 1
         assert cluster.tokens > cluster.target_tokens
-        assert cluster.tokens_saved == cluster.tokens - cluster.target_tokens
+        assert cluster.fact_tokens > 0  # one message in three is a fact
+        assert cluster.tokens_saved == cluster.tokens - cluster.target_tokens - cluster.fact_tokens
     assert all("pin" not in c.ids for c in p.clusters)
     cutoff = clock.now - 14 * DAY
     assert all(c.time_range[1] < cutoff for c in p.clusters)
@@ -204,6 +207,53 @@ def test_apply_writes_summaries_deletes_originals_and_leaves_tombstones(
     assert again.compacted == 0
     assert again.already_done == 3
     assert store.integrity_check() == "ok"
+
+
+def _dense(start: float) -> list[dict[str, Any]]:
+    """A day of an ops channel where every message is a fact: nothing a summary could drop."""
+    places = ["Ghent", "Lyon", "Oslo", "Porto", "Riga", "Turin"]
+    systems = ["Atlas", "the db", "Kafka", "CI", "Redis", "the VPN"]
+    return [
+        {"id": f"ops-{n}", "session": "team", "channel": "ops", "author": "ana",
+         "content": f"{what} moves to rack {n + 10} in {where}", "created_at": start + n * 60}
+        for n, (what, where) in enumerate(zip(systems, places, strict=True))
+    ]  # fmt: skip
+
+
+def test_the_plan_leaves_out_what_apply_would_leave_alone(engine: Engine, clock: Clock) -> None:
+    start = clock.now - 20 * DAY
+    engine.ingest(_messages(start, days=2, per_day=6) + _dense(start))
+    p = engine.compact_plan()
+    # The ops day's facts need more than half its tokens: apply would leave it alone, so the
+    # plan does not count it (it used to, and promised tokens it then did not save).
+    assert p.skipped["facts"] == 6
+    assert {c.channel for c in p.clusters} == {"dev"}
+    rows = engine.store.compaction_candidates("default", created_before=clock.now)
+    memories = [m for m, _ in rows]
+    stored = engine.store.token_counts([m.rowid for m in memories], "o200k_base")
+    counts = {rowid: count.line for rowid, count in stored.items()}
+    assert len(counts) == len(memories)
+    blind = plan(memories, now=clock.now, policy=CompactionPolicy(), tokens=counts)
+    assert {c.channel for c in blind.clusters} == {"dev", "ops"}  # without a tokenizer
+    assert blind.tokens_saved > p.tokens_saved
+    outcomes: list[str] = []
+    result = engine.compact(p, progress=lambda _c, outcome: outcomes.append(outcome))
+    assert outcomes == ["compacted"] * len(p.clusters)
+    assert result.compacted == p.memories == 12
+    assert len(result.summaries) == len(p.clusters) == 2
+    assert result.left_alone == 0
+    # the estimate is the most each summary may take: what apply saved is at least that
+    assert result.tokens_saved >= p.tokens_saved > 0
+    summaries = [engine.get(s) for s in result.summaries]
+    written = sum(_o200k().count(s.content) for s in summaries)
+    assert result.tokens_saved == p.tokens - written
+    assert engine.get("ops-3").content == "CI moves to rack 13 in Porto"
+
+
+def _o200k() -> Any:
+    from ctxwarden.tokens import get_tokenizer
+
+    return get_tokenizer("o200k_base")
 
 
 def test_apply_skips_a_cluster_whose_originals_changed(engine: Engine, clock: Clock) -> None:

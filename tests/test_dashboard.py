@@ -23,8 +23,10 @@ import pytest
 
 import storyline
 from ctxwarden import Engine
-from ctxwarden.server.http import create_app
+from ctxwarden.server.auth import KeyAuth, issue_key
+from ctxwarden.server.http import ServerConfig, create_app
 from ctxwarden.store import history
+from ctxwarden.store.sqlite import SQLiteStore
 from serving import serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -84,6 +86,8 @@ def test_the_dashboard_in_headless_chromium(page: tuple[Any, str]) -> None:
     tab, base = page
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    # a resource the page asks for and does not get (the favicon, once) is a console error
+    tab.on("console", lambda message: message.type == "error" and errors.append(message.text))
     requests: list[str] = []
     tab.on("request", lambda request: requests.append(request.url))
 
@@ -138,11 +142,20 @@ def test_the_dashboard_in_headless_chromium(page: tuple[Any, str]) -> None:
 
 def test_the_dashboard_shows_api_errors(page: tuple[Any, str]) -> None:
     tab, base = page
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
     tab.goto(f"{base}/ui/?view=memory")
+    tab.fill("#memory-form input[name=id]", "d001")
+    tab.click("#memory-form button[type=submit]")
+    tab.wait_for_selector("#memory dl")
     tab.fill("#memory-form input[name=id]", "no-such-memory")
     tab.click("#memory-form button[type=submit]")
     tab.wait_for_selector("#error:not([hidden])")
     assert tab.inner_text("#error").startswith("404: no memory with id 'no-such-memory'")
+    # the error is the page's answer: no earlier record under it, nothing thrown uncaught
+    assert tab.locator("#memory dl").count() == 0
+    assert tab.is_hidden("#memory-history")
+    assert errors == []
 
 
 @pytest.fixture
@@ -214,7 +227,7 @@ def test_the_store_health_over_time_and_a_memory_history(
     text = tab.inner_text("#history-summary")
     assert f"{source} (retired into {retired_id})" in text
     assert "tombstone" in text
-    assert "Earlier versions: not recorded" in text
+    assert "0 earlier versions" in text
     timeline = _colours(tab.locator("#history-timeline").screenshot())
     assert (0xB3, 0x26, 0x1E) in timeline  # the tombstone on the timeline
     assert (0x3D, 0x5A, 0xFE) in timeline  # created
@@ -233,3 +246,107 @@ def test_the_store_health_over_time_and_a_memory_history(
 
     assert errors == []
     assert all(url.startswith(base) for url in requests), requests
+
+
+@pytest.fixture
+def edited(tmp_path: Path) -> Iterator[tuple[Any, str, dict[str, str]]]:
+    """Two tenants behind API keys, each with a note ``n1``: tenant ``a`` edited theirs twice
+    and has a keyed fact superseded twice (f1 -> f2 -> f3); ``b``'s note was never edited."""
+    sync_playwright = _require_browser()
+    clock = storyline.Clock(10 * storyline.DAY)
+    with Engine.open(tmp_path / "edits.db", clock=clock) as engine:
+        day = storyline.DAY
+        for tenant, text in (("a", "standup on Tuesday at 10 in room 4"), ("b", "b's own note")):
+            note = {"id": "n1", "session": "s", "content": text, "created_at": day}
+            engine.ingest([note], tenant=tenant)
+        clock.now = 11 * day
+        engine.update("n1", "standup on Wednesday at 10 in room 4", tenant="a")
+        clock.now = 12 * day
+        engine.update("n1", "standup on Wednesday at 9:30 in room 7", tenant="a")
+        for id_, at, value in (("f1", 2, "Monday"), ("f2", 3, "Friday"), ("f3", 4, "Sunday")):
+            fact = {"id": id_, "session": "s", "kind": "fact", "key": "deploy window",
+                    "content": f"the deploy window is {value}", "created_at": at * day}  # fmt: skip
+            engine.ingest([fact], tenant="a")
+        assert isinstance(engine.store, SQLiteStore)
+        keys = {t: issue_key(engine.store, tenant=t, scopes={"read"}) for t in ("a", "b")}
+        server = ServerConfig(authenticate=KeyAuth(engine.store))
+        with serve(create_app(engine, server)) as base, sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
+            try:
+                yield browser.new_page(viewport={"width": 1200, "height": 900}), base, keys
+            finally:
+                browser.close()
+
+
+def _open_memory(tab: Any, id_: str) -> None:
+    tab.fill("#memory-form input[name=id]", id_)
+    tab.click("#memory-form button[type=submit]")
+    tab.wait_for_selector(f"#history-summary:has-text('{id_}:')")
+
+
+def test_a_memory_history_shows_its_versions_and_supersession(
+    edited: tuple[Any, str, dict[str, str]], tmp_path: Path
+) -> None:
+    tab, base, keys = edited
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    tab.goto(f"{base}/ui/?view=memory")
+    tab.fill("#key", keys["a"])
+    tab.dispatch_event("#key", "change")
+
+    # The edits: each old text with when it was in force and a word diff against what replaced it.
+    _open_memory(tab, "n1")
+    assert "2 earlier versions" in tab.inner_text("#history-summary")
+    versions = tab.locator("#history-versions li")
+    assert versions.count() == 2
+    first, second = versions.nth(0), versions.nth(1)
+    assert "version 1: in force from 1970-01-02" in first.inner_text()
+    assert "replaced 1970-01-12" in first.inner_text()
+    assert first.locator("del").all_inner_texts() == ["Tuesday"]
+    assert first.locator("ins").all_inner_texts() == ["Wednesday"]
+    assert second.locator("del").all_inner_texts() == ["10", "4"]
+    assert second.locator("ins").all_inner_texts() == ["9:30", "7"]
+    assert tab.is_visible("#history-links-none")
+    edits = tab.locator("#history-events tbody td:nth-child(2)", has_text="edited")
+    assert edits.count() == 2
+    diff = _colours(tab.locator("#history-versions").screenshot())
+    assert (0xFB, 0xE1, 0xDF) in diff  # removed words
+    assert (0xD9, 0xF2, 0xE4) in diff  # added words
+    assert (0xAB, 0x47, 0xBC) in _colours(tab.locator("#history-timeline").screenshot())  # edited
+    shot = tab.screenshot(full_page=True)
+    (tmp_path / "dashboard-versions.png").write_bytes(shot)
+    _save(shot, "dashboard-versions.png")
+
+    # The links: clickable ids that open the other memory's history.
+    _open_memory(tab, "f2")
+    links = tab.locator("#history-links li")
+    assert links.count() == 2
+    assert links.nth(0).inner_text().startswith("superseded by f3, in force until 1970-01-05")
+    assert "(same key 'deploy window')" in links.nth(0).inner_text()
+    assert links.nth(1).inner_text().startswith("supersedes f1 (created 1970-01-03")
+    assert tab.is_hidden("#history-versions-none") is False
+    shot = tab.screenshot(full_page=True)
+    (tmp_path / "dashboard-supersession.png").write_bytes(shot)
+    _save(shot, "dashboard-supersession.png")
+    links.nth(1).locator("a", has_text="f1").click()
+    tab.wait_for_selector("#history-summary:has-text('f1:')")
+    assert "superseded by f2" in tab.inner_text("#history-summary")
+    assert tab.locator("#history-links li").all_inner_texts()[0].startswith("superseded by f2")
+    assert "the deploy window is Monday" in tab.inner_text("#memory dl")
+
+    # Tenant b's key: its own n1, no versions, and none of a's texts or facts.
+    tab.fill("#key", keys["b"])
+    tab.dispatch_event("#key", "change")
+    _open_memory(tab, "n1")
+    assert "0 earlier versions" in tab.inner_text("#history-summary")
+    assert tab.locator("#history-versions li").count() == 0
+    page = tab.inner_text("main")
+    assert "b's own note" in page
+    assert "standup" not in page
+    tab.fill("#memory-form input[name=id]", "f2")
+    tab.click("#memory-form button[type=submit]")
+    tab.wait_for_selector("#error:not([hidden])")
+    assert tab.inner_text("#error").startswith("404: no memory with id 'f2'")
+    assert errors == []

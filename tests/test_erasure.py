@@ -15,7 +15,7 @@ from ctxwarden.engine import Engine
 from ctxwarden.errors import NotFound
 from ctxwarden.server.auth import KeyAuth, issue_key
 from ctxwarden.server.http import ServerConfig, create_app
-from ctxwarden.store.base import NewMemory
+from ctxwarden.store.base import NewMemory, Store
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summary import Summary, SummaryItem
 
@@ -306,6 +306,63 @@ def test_a_compacted_memory_is_erased_from_its_summary(tmp_path: Path) -> None:
     finally:
         engine.close()
     assert _canary_files(path, canary) == {}
+
+
+@pytest.mark.parametrize("by", ["repeat", "source"])
+def test_an_alias_moved_onto_a_summary_is_erased_with_its_source_only(
+    store: Store, by: str
+) -> None:
+    """A verbatim repeat folded into a memory that compaction then moved onto a summary:
+    erasing the repeat's id (or the source's) takes that source's lines out of the summary and
+    both ids out of the store, and leaves the summary and its other sources (both backends)."""
+    canary = _canary()
+    clock = [1_700_000_000.0 + 60 * 86_400]
+    engine = Engine(store, clock=lambda: clock[0])
+    small_talk = [
+        "sounds good to me, let us talk about it later",
+        "sure, i will take a look when i get a chance",
+        "thanks for the update, that makes sense",
+        "ok, no strong opinion from my side",
+        "i think we can leave it as it is for now",
+    ]
+    records = [
+        {"id": f"acme-s1-d{i}", "session": "s1", "author": "bo", "content": line,
+         "created_at": 1_700_000_000 + i}
+        for i, line in enumerate(small_talk)
+    ]  # fmt: skip
+    secret = f"decided: the vault login code is {canary}, rotated every 30 days"
+    for id_, at in (("secret", 1_700_000_002.5), ("secret-again", 1_700_000_003.5)):
+        records.append(
+            {"id": id_, "session": "s1", "author": "ana", "content": secret, "created_at": at}
+        )
+    ingested = engine.ingest(records, tenant="acme")
+    assert ingested.outcomes[-1].status == "duplicate"  # the repeat is an alias of "secret"
+    policy = CompactionPolicy(max_summary_share=0.9)
+    engine.compact(tenant="acme", summarizer=QuotingSummarizer(), policy=policy)
+    summary = engine.get("secret-again", tenant="acme")
+    assert summary.kind == "summary", "compaction must have moved the alias onto the summary"
+    assert canary in summary.content
+    others = [s for s in summary.source_ids if s != "secret"]
+    assert len(others) == len(small_talk)
+
+    receipt = engine.delete("secret-again" if by == "repeat" else "secret", tenant="acme")
+    assert set(receipt.ids) == {"secret", "secret-again"}
+    assert receipt.summaries_rewritten == (summary.id,)
+    assert receipt.summaries_removed == ()
+    after = engine.get(summary.id, tenant="acme")
+    assert canary not in after.content
+    assert list(after.source_ids) == others
+    assert "acme-s1-d0" in after.content  # the other quoted source's line stays
+    for gone in ("secret", "secret-again"):
+        with pytest.raises(NotFound):
+            engine.get(gone, tenant="acme")
+        with pytest.raises(NotFound):
+            engine.delete(gone, tenant="acme")
+    assert engine.get(others[-1], tenant="acme").id == summary.id
+    assert engine.search(canary, tenant="acme") == []
+    tombstones = {t.id: t for t in store.tombstones("acme")}
+    assert tombstones["secret"].summary_id is None
+    assert tombstones["secret-again"].summary_id is None
 
 
 def test_compaction_apply_leaves_no_original_text_in_the_files(tmp_path: Path) -> None:

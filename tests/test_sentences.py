@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from conftest import Clock
-from ctxwarden import Engine
+from ctxwarden import Engine, compact
 from ctxwarden.compact import CompactionPolicy, lost_facts
 from ctxwarden.sentences import fact_values, is_fact, split_sentences
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
@@ -168,7 +168,22 @@ def test_a_cluster_that_would_lose_facts_is_left_alone(engine: Engine, clock: Cl
             )
         ]
     )  # fmt: skip
-    plan = engine.compact_plan(policy=CompactionPolicy(older_than=7 * DAY))
+    policy = CompactionPolicy(older_than=7 * DAY)
+    # The engine's plan counts the facts and leaves the cluster out...
+    planned = engine.compact_plan(policy=policy)
+    assert planned.clusters == ()
+    assert planned.skipped["facts"] == 6
+    # ...and apply leaves it alone when a plan made without a tokenizer holds it.
+    rows = engine.store.compaction_candidates("default", created_before=clock.now)
+    memories = [m for m, _ in rows]
+    stored = engine.store.token_counts([m.rowid for m in memories], planned.tokenizer)
+    plan = compact.plan(
+        memories,
+        now=clock.now,
+        policy=policy,
+        tokens={rowid: count.line for rowid, count in stored.items()},
+        tokenizer=planned.tokenizer,
+    )
     [preview] = engine.compact_preview(plan)
     assert preview.text is None
     assert "facts" in preview.reason

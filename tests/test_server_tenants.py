@@ -121,6 +121,30 @@ def test_http_api_never_returns_another_tenants_canary(world: World) -> None:
             assert noted.json()["found_as"] == "folded"
             assert canary in noted.text
             seen.append(noted.text)
+            # every tenant has a "note" and the same two keyed facts: the versions and links
+            # a history shows are its own tenant's only
+            edit = {"content": f"secret note {canary} for the whole team"}
+            assert client.patch("/v1/memories/note", json=edit).status_code == 200
+            facts = [
+                {
+                    "id": f"fact-{n}",
+                    "kind": "fact",
+                    "key": "vault",
+                    "created_at": 1000.0 + n,
+                    "content": f"vault code number {n} is {canary}",
+                }
+                for n in (1, 2)
+            ]
+            assert client.post("/v1/ingest", json={"records": facts, "session": "s"}).is_success
+            note = client.get("/v1/memories/note/history").json()
+            was = f"secret note {canary} for the team"
+            assert [v["content"] for v in note["versions"]] == [was]
+            assert note["versions"][0]["replaced_by"] == edit["content"]
+            older = client.get("/v1/memories/fact-1/history")
+            assert older.json()["superseded_by"]["id"] == "fact-2"
+            newer = client.get("/v1/memories/fact-2/history")
+            assert [s["id"] for s in newer.json()["supersedes"]] == ["fact-1"]
+            seen += [json.dumps(note), older.text, newer.text]
             other = TENANTS[(TENANTS.index(tenant) + 1) % len(TENANTS)]
             for method, path in [
                 ("GET", f"/v1/memories/only-{other}"),

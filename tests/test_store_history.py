@@ -15,6 +15,10 @@ from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.errors import InputError, NotFound
 from ctxwarden.store import history
+from ctxwarden.store.base import Store
+from ctxwarden.types import format_time
+
+DAY = 86400.0
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +112,8 @@ def test_a_memory_history_follows_its_id(told: Engine) -> None:
     lived = [e for e in retired["events"] if not e["event"].startswith("included")]
     assert [e["event"] for e in lived] == ["created", "retired"]
     assert lived[1]["id"] == summary_id
-    assert "not recorded" in retired["versions"]
+    assert retired["versions"] == []  # went with the memory
+    assert retired["superseded_by"] is None
 
     pinned = history.memory_history(told.store, tenant, "d000")
     assert pinned["found_as"] == "memory"
@@ -148,6 +153,90 @@ def test_scopes_and_bad_input(told: Engine) -> None:
         history.memory_history(told.store, told.config.tenant, "no-such-id")
     with pytest.raises(NotFound):
         history.memory_history(told.store, "another-tenant", "d000")
+
+
+def _edited_and_superseded(store: Store) -> Engine:
+    """A note edited twice, a keyed fact superseded twice, and in a second tenant the same ids
+    with their own texts (the ``store`` fixture: SQLite and PostgreSQL)."""
+    clock = storyline.Clock(10 * DAY)
+    engine = Engine(store, clock=clock)
+    for tenant, word in (("default", "Tuesday"), ("other", "Saturday")):
+        note = {"id": "n1", "session": "s", "content": f"standup on {word} at 10"}
+        engine.ingest([{**note, "created_at": DAY}], tenant=tenant)
+    clock.now = 11 * DAY
+    engine.update("n1", "standup on Wednesday at 10")
+    clock.now = 12 * DAY
+    engine.ingest([{"id": "n1", "session": "s", "content": "standup on Thursday at 9:30"}])
+    for id_, day, value in (("f1", 2, "Monday"), ("f2", 3, "Friday"), ("f3", 4, "Sunday")):
+        fact = {"id": id_, "session": "s", "kind": "fact", "key": "deploy window",
+                "content": f"the deploy window is {value}", "created_at": day * DAY}  # fmt: skip
+        engine.ingest([fact])
+    return engine
+
+
+def test_a_memory_history_shows_its_versions_and_links(store: Store) -> None:
+    engine = _edited_and_superseded(store)
+    note = history.memory_history(store, "default", "n1")
+    assert note["memory"]["content"] == "standup on Thursday at 9:30"
+    versions = note["versions"]
+    assert [v["version"] for v in versions] == [1, 2]
+    assert [v["content"] for v in versions] == [
+        "standup on Tuesday at 10",
+        "standup on Wednesday at 10",
+    ]
+    assert [v["replaced_by"] for v in versions] == [
+        "standup on Wednesday at 10",
+        "standup on Thursday at 9:30",
+    ]
+    assert [(v["valid_from"], v["valid_until"]) for v in versions] == [
+        (format_time(DAY), format_time(11 * DAY)),
+        (format_time(11 * DAY), format_time(12 * DAY)),
+    ]
+    edits = [e for e in note["events"] if e["event"] == "edited"]
+    assert [e["at"] for e in edits] == [format_time(11 * DAY), format_time(12 * DAY)]
+    assert note["superseded_by"] is None
+    assert note["supersedes"] == []
+
+    # The other tenant's note, with the same id, has its own text and no versions.
+    theirs = history.memory_history(store, "other", "n1")
+    assert theirs["versions"] == []
+    assert "Saturday" in theirs["memory"]["content"]
+    assert "Saturday" not in str(note)
+    assert "Tuesday" not in str(theirs)
+
+    first, middle, last = (history.memory_history(store, "default", f) for f in ("f1", "f2", "f3"))
+    reason = "same key 'deploy window'"
+    assert first["superseded_by"] == {
+        "id": "f2",
+        "created_at": format_time(3 * DAY),
+        "valid_until": format_time(3 * DAY),
+        "reason": reason,
+    }
+    assert first["supersedes"] == []
+    assert middle["superseded_by"] is not None
+    assert middle["superseded_by"]["id"] == "f3"
+    assert middle["supersedes"] == [
+        {
+            "id": "f1",
+            "created_at": format_time(2 * DAY),
+            "valid_until": format_time(3 * DAY),
+            "reason": reason,
+        }
+    ]
+    assert last["superseded_by"] is None
+    assert [s["id"] for s in last["supersedes"]] == ["f2"]
+    assert [(e["event"], e["id"]) for e in middle["events"]] == [
+        ("created", "f2"),
+        ("supersedes", "f1"),
+        ("superseded", "f3"),
+    ]
+    # Erasing the newest relinks: f2 is in force again, and its history says so.
+    engine.delete("f3")
+    again = history.memory_history(store, "default", "f2")
+    assert again["superseded_by"] is None
+    assert [s["id"] for s in again["supersedes"]] == ["f1"]
+    with pytest.raises(NotFound):
+        history.memory_history(store, "other", "f1")
 
 
 @pytest.mark.postgres

@@ -510,12 +510,20 @@ def compact(
             "compacted": result.compacted,
             "already_done": result.already_done,
             "stale": result.stale,
+            "left_alone": result.left_alone,
+            "tokens_saved": result.tokens_saved,
         }
         typer.echo(json.dumps(data))
     else:
         console.print(
-            f"{result.compacted} memories compacted into {len(result.summaries)} summaries"
+            f"{result.compacted} memories compacted into {len(result.summaries)} summaries, "
+            f"{result.tokens_saved} tokens saved ({plan.tokenizer})"
             + (f"; {result.stale} stale cluster(s) skipped (run again)" if result.stale else "")
+            + (
+                f"; {result.left_alone} cluster(s) left alone (a summary would lose a fact)"
+                if result.left_alone
+                else ""
+            )
         )
 
 

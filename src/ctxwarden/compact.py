@@ -15,8 +15,10 @@ transaction: re-checks that every original is still there (else the cluster is s
 stale), inserts the summary memory (kind ``summary``, content ``Summary.render()``, with
 ``source_ids`` and ``time_range``, FTS-indexed by trigger, token counts cached), and retires the
 originals (:meth:`ctxwarden.store.base.Writer.retire`): their rows go (FTS by trigger, token
-counts by cascade), their aliases now point at the summary, and each gets a content-free
-tombstone, through which its own id resolves to the summary. A crash at any point leaves
+counts by cascade), their aliases now point at the summary (which records in its metadata,
+``alias_sources``, the source each was folded into, so erasing one takes out that source's
+lines only), and each gets a content-free tombstone, through which its own id resolves to the
+summary. A crash at any point leaves
 either the whole cluster done or none of it; running :func:`apply` again (with a fresh plan)
 finishes the job. Summary ids are derived from the tenant and the source ids, so a retried
 cluster gets the same id.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
@@ -157,6 +159,9 @@ class Cluster:
     target_tokens: int
     time_range: tuple[float, float]
     user: str | None = None
+    #: What the originals' facts need in the summary on top of ``target_tokens`` (0 when the
+    #: plan was made without a tokenizer to count them).
+    fact_tokens: int = 0
 
     @property
     def size(self) -> int:
@@ -165,8 +170,9 @@ class Cluster:
 
     @property
     def tokens_saved(self) -> int:
-        """Estimated tokens saved: the originals' tokens minus the summary's target."""
-        return self.tokens - self.target_tokens
+        """Estimated tokens saved: the originals' tokens minus the summary's target (the
+        policy's plus what the facts need), the most the summary may take."""
+        return self.tokens - self.target_tokens - self.fact_tokens
 
     @property
     def summary_id(self) -> str:
@@ -176,7 +182,9 @@ class Cluster:
 
 @dataclass(frozen=True, kw_only=True)
 class CompactionPlan:
-    """What :func:`apply` would do: clusters in order, and why other candidates stay."""
+    """What :func:`apply` would do: clusters in order, and why other candidates stay
+    (``skipped``: memories per reason; ``facts``: those in clusters whose facts would need more
+    of the summary than ``max_summary_share`` allows, which :func:`apply` would leave alone)."""
 
     now: float
     policy: CompactionPolicy
@@ -236,6 +244,8 @@ class CompactionResult:
     already_done: int = 0
     stale: int = 0
     left_alone: int = 0
+    #: The compacted originals' tokens (as lines, the plan's sizes) minus their summaries'.
+    tokens_saved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +352,7 @@ def summarise_cluster(
     facts = len(_facts(items))
     # The facts come on top of the policy's target, which stays for the best of the rest.
     target = cluster.target_tokens + _fact_tokens(items, tokenizer)
-    limit = min(int(cluster.tokens * max_share), max_tokens or cluster.tokens)
+    limit = _summary_limit(cluster, max_tokens, max_share)
     if target > limit:
         return ClusterSummary(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts,
@@ -402,17 +412,24 @@ def plan(
     referenced: Collection[str] = (),
     embeddings: Mapping[str, Sequence[float]] | None = None,
     tokenizer: str = "",
+    counter: TokenCounter | None = None,
 ) -> CompactionPlan:
     """Decide what to compact. Pure: reads only its arguments.
 
     ``memories`` are the store's candidates (any order); ``tokens`` maps rowid to the memory's
     line tokens; ``score_times`` maps rowid to when its access score was last updated;
     ``referenced`` holds ids that existing summaries cite; ``embeddings`` (id to vector) turns on
-    topic clustering.
+    topic clustering. With ``counter`` (the tokenizer named ``tokenizer``) each cluster's
+    target includes what its facts need, and a cluster whose facts need more than the policy
+    lets a summary keep is left out of the plan (``skipped["facts"]``), as :func:`apply` would
+    leave it alone: the plan's numbers are then what :func:`apply` does (unless a summary
+    loses a fact even so, which only summarising tells).
     """
     cutoff = now - policy.older_than
     times = score_times or {}
-    skipped = {"too_new": 0, "accessed": 0, "pinned_or_fact": 0, "summarised": 0, "small": 0}
+    skipped = {
+        "too_new": 0, "accessed": 0, "pinned_or_fact": 0, "summarised": 0, "small": 0, "facts": 0
+    }  # fmt: skip
     chosen: list[Memory] = []
     considered = 0
     for memory in memories:
@@ -445,7 +462,13 @@ def plan(
                     if cluster.size < policy.min_cluster_size or cluster.tokens_saved <= 0:
                         skipped["small"] += cluster.size
                         continue
-                    clusters.append(cluster)
+                    counted: Cluster | None = cluster
+                    if counter is not None:
+                        counted = _with_facts(cluster, part, counter, policy)
+                    if counted is None:
+                        skipped["facts"] += cluster.size
+                        continue
+                    clusters.append(counted)
     return CompactionPlan(
         now=now,
         policy=policy,
@@ -454,6 +477,23 @@ def plan(
         considered=considered,
         skipped=skipped,
     )
+
+
+def _summary_limit(cluster: Cluster, max_tokens: int | None, max_share: float) -> int:
+    """The most a summary of ``cluster`` may take (see :func:`summarise_cluster`)."""
+    return min(int(cluster.tokens * max_share), max_tokens or cluster.tokens)
+
+
+def _with_facts(
+    cluster: Cluster, part: Sequence[Memory], counter: TokenCounter, policy: CompactionPolicy
+) -> Cluster | None:
+    """``cluster`` with what its facts need counted; None when that is more than a summary may
+    take (:func:`summarise_cluster` would leave it alone)."""
+    needed = _fact_tokens([SummaryItem.of(m) for m in part], counter)
+    limit = _summary_limit(cluster, policy.max_summary_tokens, policy.max_summary_share)
+    if cluster.target_tokens + needed > limit:
+        return None
+    return replace(cluster, fact_tokens=needed)
 
 
 def _windows(members: list[Memory], window: float) -> Iterable[list[Memory]]:
@@ -670,7 +710,7 @@ def apply(
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
     written: list[str] = []
-    compacted = already = stale = left_alone = 0
+    compacted = already = stale = left_alone = saved = 0
     for cluster in compaction.clusters:
         sources, outcome = _sources(store, cluster)
         summary = None
@@ -698,6 +738,7 @@ def apply(
         if outcome == "compacted":
             compacted += cluster.size
             written.append(cluster.summary_id)
+            saved += cluster.tokens - (summary.tokens if summary is not None else 0)
         elif outcome == "already_done":
             already += 1
         elif outcome == "left_alone":
@@ -712,4 +753,5 @@ def apply(
         already_done=already,
         stale=stale,
         left_alone=left_alone,
+        tokens_saved=saved,
     )

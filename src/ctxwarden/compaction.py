@@ -68,6 +68,7 @@ class Compaction:
             referenced=referenced,
             embeddings=embeddings,
             tokenizer=tok.name,
+            counter=tok,
         )
 
     def compact(

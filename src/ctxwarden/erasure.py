@@ -108,9 +108,11 @@ class ErasureFaces:
         """Erase a memory by its id, an alias's id, or the id of a memory compacted into a
         summary: its text leaves every table and index and the vector index files, and every
         summary built from it is rewritten without the lines citing it (removed when none is
-        left); content-free tombstones remain. Returns the receipt of what was removed.
-        :class:`NotFound` if none, or (with ``user`` or ``session``) if it is not that end
-        user's or session's."""
+        left); content-free tombstones remain. A compacted memory goes with the repeats that
+        were folded into it, whichever of their ids is named (the summary's metadata records,
+        as ``alias_sources``, which source each alias compaction moved onto it came from).
+        Returns the receipt of what was removed. :class:`NotFound` if none, or (with ``user``
+        or ``session``) if it is not that end user's or session's."""
         return self._erasure.delete(id, tenant=tenant, reason=reason, user=user, session=session)
 
     def delete_session(

@@ -83,19 +83,112 @@ class StatsHistoryResponse(_Open):
     hottest: list[dict[str, Any]]
 
 
+class HistoryMemory(_Open):
+    """The memory the id resolves to, as ``GET /v1/memories/{id}`` shows it (the fields the
+    dashboard reads are named; the rest are kept). Not ``surface.MemoryModel``: surface imports
+    this module."""
+
+    id: str
+    tenant: str
+    session: str
+    kind: str
+    content: str
+    created_at: str
+    source_ids: list[str] = []
+
+
+class HistoryAccess(_Open):
+    """How often a memory went into contexts."""
+
+    access_count: int
+    access_score: float
+    last_accessed_at: str | None
+    included_tokens_total: int
+
+
+class FoldedRepeat(_Open):
+    """A repeat folded into the memory: its id, the de-dup layer, when."""
+
+    id: str
+    layer: str
+    at: str
+
+
+class HistoryTombstone(_Open):
+    """A retired id's tombstone: when, why, the summary it went into (none for an erasure)."""
+
+    id: str
+    deleted_at: str
+    summary_id: str | None
+    reason: str
+    time_range: list[str] | None
+
+
+class RetiredSource(_Open):
+    """One memory a summary replaced, as its tombstone tells."""
+
+    id: str
+    deleted_at: str
+    reason: str
+    time_range: list[str] | None
+
+
+class HistoryInclusion(_Open):
+    """One context that included the memory."""
+
+    context_id: str
+    created_at: str
+    session: str
+    model: str | None
+    block: str
+    tokens: int
+
+
+class HistoryVersion(_Open):
+    """A text an edit replaced: in force from ``valid_from`` until ``valid_until``, when
+    ``replaced_by`` (the next version's text, or the current one) took its place."""
+
+    version: int
+    content: str
+    valid_from: str
+    valid_until: str
+    replaced_by: str
+
+
+class SupersessionLink(_Open):
+    """A supersession link to another memory: its id, its creation time, when the older of the
+    two stopped being in force, and why."""
+
+    id: str
+    created_at: str | None
+    valid_until: str
+    reason: str
+
+
+class HistoryEvent(_Open):
+    """One event on the memory's timeline (``created``, a fold layer, ``edited``,
+    ``superseded``, ``supersedes``, ``retired``, ``source retired``, ``included (block)``)."""
+
+    at: str
+    event: str
+    id: str
+
+
 class MemoryHistoryResponse(_Open):
     """One memory's history (see :func:`ctxwarden.store.history.memory_history`)."""
 
     asked: str
     found_as: str
-    memory: dict[str, Any]
-    access: dict[str, Any]
-    folded: list[dict[str, Any]]
-    tombstone: dict[str, Any] | None
-    sources: list[dict[str, Any]]
-    inclusions: list[dict[str, Any]]
-    versions: str
-    events: list[dict[str, Any]]
+    memory: HistoryMemory
+    access: HistoryAccess
+    folded: list[FoldedRepeat]
+    tombstone: HistoryTombstone | None
+    sources: list[RetiredSource]
+    inclusions: list[HistoryInclusion]
+    versions: list[HistoryVersion]
+    superseded_by: SupersessionLink | None
+    supersedes: list[SupersessionLink]
+    events: list[HistoryEvent]
 
 
 async def _read(request: Request, work: Any) -> Any:
@@ -124,8 +217,9 @@ async def stats_history(
 
 @router.get("/v1/memories/{memory_id}/history", response_model=MemoryHistoryResponse)
 async def memory_history(request: Request, memory_id: Annotated[str, Path()]) -> Any:
-    """One memory's history: what its id resolves to, the repeats folded into it, its tombstone
-    and the summary it went into, a summary's sources, and the contexts that included it."""
+    """One memory's history: what its id resolves to, the repeats folded into it, the texts
+    edits replaced, the memories that superseded it or that it superseded, its tombstone and
+    the summary it went into, a summary's sources, and the contexts that included it."""
     return await _read(
         request, lambda store, tenant: history.memory_history(store, tenant, memory_id)
     )

@@ -741,7 +741,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                 "compacted": result.compacted,
                 "already_done": result.already_done,
                 "stale": result.stale,
-                "tokens_saved": plan.tokens_saved,
+                "left_alone": result.left_alone,
+                "tokens_saved": result.tokens_saved,
             }
 
         return await caller.run("delete", work)

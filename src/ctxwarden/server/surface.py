@@ -396,12 +396,15 @@ class CompactPlanResponse(BaseModel):
 
 
 class CompactApplyResponse(BaseModel):
-    """What compaction did."""
+    """What compaction did: the summaries written, the memories they replaced, the clusters
+    skipped (already done, stale, left alone because a summary would lose a fact) and the
+    tokens saved (the originals' line tokens minus their summaries')."""
 
     summaries: list[str]
     compacted: int
     already_done: int
     stale: int
+    left_alone: int
     tokens_saved: int
 
 

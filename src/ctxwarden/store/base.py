@@ -402,7 +402,9 @@ class Writer(Protocol):
     ) -> ErasureReceipt | None:
         """:meth:`delete`, with a receipt; also erases an id compacted into a summary (its
         tombstone names the summary): every summary citing an erased id is rewritten without
-        the lines that cite it, or removed (with a tombstone) when no cited line is left.
+        the lines that cite it, or removed (with a tombstone) when no cited line is left. A
+        compacted id goes with the aliases compaction moved from it onto its summary, and such
+        an alias's id erases that compacted id (not the whole summary).
         None if ``id`` is neither stored, an alias nor compacted in ``tenant``."""
 
     def erase_session(
@@ -435,8 +437,9 @@ class Writer(Protocol):
     ) -> int:
         """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction).
 
-        For each id that is a memory of its own: its aliases are re-pointed to the summary and
-        the id itself resolves through its tombstone (``get`` and ``resolve`` follow
+        For each id that is a memory of its own: its aliases are re-pointed to the summary (the
+        summary's metadata records, as ``alias_sources``, alias id -> that id) and the id
+        itself resolves through its tombstone (``get`` and ``resolve`` follow
         ``tombstone.summary_id``), so lookups by any old id find the summary; tombstones that
         named it as their summary now name the summary (summaries of summaries); one content-free
         :class:`Tombstone` is written (``time_range`` = created_at .. last_seen_at, or the

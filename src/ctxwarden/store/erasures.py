@@ -26,6 +26,17 @@ __all__ = ["ErasureWrites", "without_sources"]
 _HEADER = re.compile(r"^Summary of \d+ messages?")
 
 
+def _metadata(value: Any) -> dict[str, Any]:
+    """A memory's metadata column as a dict (``{}`` for none or unreadable)."""
+    if isinstance(value, dict):
+        return dict(value)
+    try:
+        loaded = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 def without_sources(content: str, erased: Collection[str], remaining: int) -> str | None:
     r"""A rendered summary (:meth:`ctxwarden.summary.Summary.render`) without the text of the
     ``erased`` sources: only item lines that cite sources, none of them erased, stay (an
@@ -147,6 +158,31 @@ class ErasureWrites:
         )
         return int(rows[0][0]) if rows else None
 
+    def _note_alias_sources(self, summary_rowid: int, moved: dict[str, str]) -> None:
+        """Record in the summary's metadata (``alias_sources``: alias id -> source id) which
+        source each alias compaction moved onto it was folded into."""
+        rows = self._rows("SELECT metadata FROM memories WHERE rowid = ?", (summary_rowid,))
+        metadata = _metadata(rows[0][0]) if rows else {}
+        known = metadata.get("alias_sources")
+        metadata["alias_sources"] = {**(known if isinstance(known, dict) else {}), **moved}
+        self._run(
+            "UPDATE memories SET metadata = ? WHERE rowid = ?",
+            (json.dumps(metadata), summary_rowid),
+        )
+
+    def _alias_source(self, tenant: str, id: str, rowid: int) -> str | None:
+        """When ``id`` is an alias compaction moved onto the summary at ``rowid``: the source it
+        was folded into (recorded by :meth:`_note_alias_sources`); else None."""
+        rows = self._rows(
+            "SELECT id, kind, metadata FROM memories WHERE rowid = ? AND tenant = ?",
+            (rowid, tenant),
+        )
+        if not rows or rows[0][0] == id or rows[0][1] != "summary":
+            return None
+        sources = _metadata(rows[0][2]).get("alias_sources")
+        source = sources.get(id) if isinstance(sources, dict) else None
+        return str(source) if source is not None else None
+
     def delete(self, tenant: str, id: str, *, deleted_at: float, reason: str) -> bool:
         """Erase the memory holding ``id`` (see :meth:`erase_id`); False if there is none."""
         return self.erase_id(tenant, id, deleted_at=deleted_at, reason=reason) is not None
@@ -158,7 +194,12 @@ class ErasureWrites:
         compacted, its lines in the summary its tombstone names; None if it is none of these."""
         rowid = self._rowid(tenant, id)
         if rowid is not None:
-            return self.erase_receipt(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+            source = self._alias_source(tenant, id, rowid)
+            if source is None:
+                return self.erase_receipt(tenant, [rowid], deleted_at=deleted_at, reason=reason)
+            # A repeat of a memory that compaction moved onto a summary: its text is that
+            # source's, so the source goes as an erased compacted id does (below).
+            id = source
         found = self._rows(
             "SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ? "
             "AND summary_id IS NOT NULL",
@@ -167,23 +208,63 @@ class ErasureWrites:
         if not found:
             return None
         # Compacted: the id itself goes (its tombstone no longer names a summary), and its
-        # text with the summary lines that cite it.
+        # text with the summary lines that cite it; so do the repeats folded into it, which
+        # compaction moved onto the summary (their text is its).
+        holder = self._rows(
+            "SELECT rowid, source_ids, metadata FROM memories WHERE tenant = ? AND id = ?",
+            (tenant, str(found[0][0])),
+        )
+        repeats = self._repeats_of(tenant, id, holder[0] if holder else None)
+        self._run_many(
+            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, time_start, "
+            "time_end, ? FROM tombstones WHERE tenant = ? AND id = ? "
+            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+            "summary_id = NULL, content_hash = excluded.content_hash, "
+            "time_start = excluded.time_start, time_end = excluded.time_end, "
+            "reason = excluded.reason",
+            [(alias, deleted_at, reason, tenant, id) for alias in repeats],
+        )
+        self._run_many(
+            "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a in repeats]
+        )
         self._run(
             "UPDATE tombstones SET summary_id = NULL, deleted_at = ?, reason = ? "
             "WHERE tenant = ? AND id = ?",
             (deleted_at, reason, tenant, id),
         )
-        holder = self._rows(
-            "SELECT rowid, source_ids FROM memories WHERE tenant = ? AND id = ?",
-            (tenant, str(found[0][0])),
-        )
         if holder and id not in json.loads(holder[0][1] or "[]"):
             # Compacted into a summary that was compacted in turn: which of the summary's lines
             # came through the erased one is unknown, so the summary goes whole.
             return self.erase_receipt(
-                tenant, [int(holder[0][0])], deleted_at=deleted_at, reason=reason, ids=[id]
+                tenant, [int(holder[0][0])], deleted_at=deleted_at, reason=reason,
+                ids=[id, *repeats],
+            )  # fmt: skip
+        return self.erase_receipt(
+            tenant, [], deleted_at=deleted_at, reason=reason, ids=[id, *repeats]
+        )
+
+    def _repeats_of(self, tenant: str, source: str, holder: Sequence[Any] | None) -> list[str]:
+        """The aliases on the summary ``holder`` (rowid, source_ids, metadata) that were folded
+        into ``source`` before compaction moved them there."""
+        if holder is None:
+            return []
+        sources = _metadata(holder[2]).get("alias_sources")
+        if not isinstance(sources, dict):
+            return []
+        named = sorted(alias for alias, of in sources.items() if of == source)
+        out: list[str] = []
+        for chunk in self._chunks(named):
+            where, params = self._in(chunk)
+            out.extend(
+                str(r[0])
+                for r in self._rows(
+                    f"SELECT id FROM aliases WHERE tenant = ? AND memory_rowid = ? AND id {where} "
+                    "ORDER BY id",
+                    [tenant, int(holder[0]), *params],
+                )
             )
-        return self.erase_receipt(tenant, [], deleted_at=deleted_at, reason=reason, ids=[id])
+        return out
 
     def erase(
         self, tenant: str, rowids: Sequence[int], *, deleted_at: float, reason: str

@@ -344,10 +344,14 @@ def memory_history(store: object, tenant: str, id: str) -> dict[str, Any]:
     it was folded into, or the summary that absorbed it) and how it got there; the repeats
     folded into it (id, layer, time); its tombstone when ``id`` itself was retired; for a summary,
     the tombstones of its sources; and the contexts that included it (among the tenant's
-    newest :data:`RECENT_CONTEXTS`).
+    newest :data:`RECENT_CONTEXTS`); the texts edits replaced (``versions``: each old text, in
+    force from ``valid_from`` until it was replaced at ``valid_until`` by ``replaced_by``, the
+    next version's text or the current one) and the supersession links (``superseded_by``: the
+    newer memory that replaced it, None while it is in force; ``supersedes``: the memories it
+    replaced; each with the id, that memory's creation time, ``valid_until`` and a ``reason``).
+    Versions and links are the resolved memory's (an aggregate's for a folded id); a retired id
+    has none (they went with its memory).
 
-    The store keeps no earlier versions of a memory's content (an id it knows is a no-op at
-    ingest) and no supersession links: ``versions`` says so rather than inventing them.
     Raises :class:`~ctxwarden.errors.NotFound` when nothing in the tenant has that id.
     """
     reads = _reads(store)
@@ -406,6 +410,11 @@ def memory_history(store: object, tenant: str, id: str) -> dict[str, Any]:
             [memory.id, tenant, RECENT_CONTEXTS],
         )
     ]
+    if tombstone is None:
+        versions = _versions(reads, tenant, memory.id, memory.content)
+        superseded_by, supersedes = _links(reads, tenant, memory.id)
+    else:
+        versions, superseded_by, supersedes = [], None, []
     if tombstone is not None:
         # a retired id: its own life (from its tombstone), then the summary's use
         began = tombstone["time_range"][0] if tombstone["time_range"] else tombstone["deleted_at"]
@@ -422,6 +431,12 @@ def memory_history(store: object, tenant: str, id: str) -> dict[str, Any]:
         events += [
             {"at": s["deleted_at"], "event": "source retired", "id": s["id"]} for s in sources
         ]
+    events += [{"at": v["valid_until"], "event": "edited", "id": memory.id} for v in versions]
+    if superseded_by is not None:
+        events.append(
+            {"at": superseded_by["valid_until"], "event": "superseded", "id": superseded_by["id"]}
+        )
+    events += [{"at": s["valid_until"], "event": "supersedes", "id": s["id"]} for s in supersedes]
     events += [
         {"at": i["created_at"], "event": f"included ({i['block']})", "id": i["context_id"]}
         for i in inclusions
@@ -446,7 +461,66 @@ def memory_history(store: object, tenant: str, id: str) -> dict[str, Any]:
         "tombstone": tombstone,
         "sources": sources,
         "inclusions": inclusions,
-        "versions": "not recorded: a known id is a no-op at ingest, so the store keeps one "
-        "content per memory (repeats are in 'folded', with the newest text as latest_content)",
+        "versions": versions,
+        "superseded_by": superseded_by,
+        "supersedes": supersedes,
         "events": events,
     }
+
+
+def _versions(reads: MemoryReads, tenant: str, id: str, current: str) -> list[dict[str, Any]]:
+    """The texts edits replaced in the memory ``id``, oldest first, each with what replaced it
+    (the next version's text, the current text for the last)."""
+    found = reads.versions(tenant, id)
+    after = [v.content for v in found[1:]] + [current] if found else []
+    return [
+        {
+            "version": v.version,
+            "content": v.content,
+            "valid_from": format_time(v.valid_from),
+            "valid_until": format_time(v.valid_until),
+            "replaced_by": replaced_by,
+        }
+        for v, replaced_by in zip(found, after, strict=True)
+    ]
+
+
+def _reason(key: Any, other_key: Any) -> str:
+    # The supersessions table records no reason: a link between two memories with one subject
+    # (Record.key) is that key's; any other is a change found in the text.
+    if key is not None and key == other_key:
+        return f"same key {key!r}"
+    return "changed by a later record"
+
+
+def _links(
+    reads: MemoryReads, tenant: str, id: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The memory ``id``'s supersession links: the newer memory that replaced it (None while it
+    is in force) and those it replaced, oldest first."""
+
+    def link(row: tuple[Any, ...]) -> dict[str, Any]:
+        other, created_at, until, key, other_key = row
+        return {
+            "id": other,
+            "created_at": format_time(created_at) if created_at is not None else None,
+            "valid_until": format_time(until),
+            "reason": _reason(key, other_key),
+        }
+
+    newer = reads._read(
+        "SELECT s.superseded_by, n.created_at, s.valid_until, m.fact_key, n.fact_key "
+        "FROM supersessions s JOIN memories m ON m.rowid = s.memory_rowid "
+        "LEFT JOIN memories n ON n.tenant = m.tenant AND n.id = s.superseded_by "
+        "WHERE m.tenant = ? AND m.id = ?",
+        [tenant, id],
+    )
+    # no index on superseded_by: the table holds one row per superseded memory, few per tenant
+    older = reads._read(
+        "SELECT m.id, m.created_at, s.valid_until, m.fact_key, n.fact_key "
+        "FROM supersessions s JOIN memories m ON m.rowid = s.memory_rowid "
+        "JOIN memories n ON n.tenant = m.tenant AND n.id = s.superseded_by "
+        "WHERE s.superseded_by = ? AND m.tenant = ? ORDER BY m.created_at, m.id",
+        [id, tenant],
+    )
+    return (link(newer[0]) if newer else None), [link(r) for r in older]

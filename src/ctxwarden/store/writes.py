@@ -246,6 +246,7 @@ class MemoryWrites(ErasureWrites):
         summary_id = str(found[0][0])
         retired = 0
         summaries: list[str] = []
+        moved: dict[str, str] = {}
         for chunk in self._chunks(list(dict.fromkeys(ids))):
             where, params = self._in(chunk)
             # Locked in rowid order (as log_context does), so writers never deadlock here.
@@ -259,6 +260,16 @@ class MemoryWrites(ErasureWrites):
                 continue
             summaries.extend(r[1] for r in rows if r[7] == "summary")
             at, at_params = self._in([r[0] for r in rows])
+            # Which source each alias was folded into, kept with the summary: erasing the alias
+            # then takes out that source's lines only (ErasureWrites.erase_id).
+            moved.update(
+                (str(alias), str(source))
+                for alias, source in self._rows(
+                    "SELECT a.id, m.id FROM aliases a JOIN memories m ON m.rowid = a.memory_rowid "
+                    f"WHERE a.memory_rowid {at}",
+                    at_params,
+                )
+            )
             # Aliases first: deleting the rows would cascade them away.
             self._run(
                 f"UPDATE aliases SET memory_rowid = ? WHERE memory_rowid {at}",
@@ -298,6 +309,8 @@ class MemoryWrites(ErasureWrites):
                 f"UPDATE tombstones SET summary_id = ? WHERE tenant = ? AND summary_id {where}",
                 [summary_id, tenant, *params],
             )
+        if moved:
+            self._note_alias_sources(summary_rowid, moved)
         return retired
 
     def merge(

@@ -23,8 +23,22 @@ function memoryLink(td, id) {
   td.textContent = "";
   const link = document.createElement("a");
   link.textContent = id;
-  link.addEventListener("click", () => showMemory(id));
+  link.addEventListener("click", guarded(() => showMemory(id)));
   td.appendChild(link);
+}
+
+// An answer of the API that is not a success: its message is already on the page.
+class ApiError extends Error {}
+
+// An event handler that runs `work` (async): an API error is shown by `call` and ends there;
+// anything else is a bug, shown too and raised again (it reaches the console).
+function guarded(work) {
+  return (...args) => work(...args).catch((error) => {
+    if (error instanceof ApiError) return;
+    $("#error").textContent = "error: " + error.message;
+    $("#error").hidden = false;
+    throw error;
+  });
 }
 
 async function call(method, path, body) {
@@ -38,7 +52,7 @@ async function call(method, path, body) {
     const message = data.error ? data.error.message : response.statusText;
     $("#error").textContent = response.status + ": " + message;
     $("#error").hidden = false;
-    throw new Error(message);
+    throw new ApiError(message);
   }
   return data;
 }
@@ -48,8 +62,8 @@ function show(view) {
   document.querySelectorAll("nav button").forEach((node) => {
     node.classList.toggle("active", node.dataset.view === view);
   });
-  if (view === "store") loadStore();
-  if (view === "health") loadHealth();
+  if (view === "store") guarded(loadStore)();
+  if (view === "health") guarded(loadHealth)();
 }
 
 // -- a context's composition: blocks as a stacked bar against the budget ---------------------
@@ -337,6 +351,7 @@ async function search(event) {
 async function showMemory(id) {
   show("memory");
   $("#memory-history").hidden = true;
+  $("#memory").replaceChildren();  // no earlier memory's record under this one's error
   $("#memory-form").elements.id.value = id;
   const memory = await call("GET", "/v1/memories/" + encodeURIComponent(id));
   const list = document.createElement("dl");
@@ -353,7 +368,7 @@ async function showMemory(id) {
         if (index) detail.append(", ");
         const link = document.createElement("a");
         link.textContent = source;
-        link.addEventListener("click", () => showMemory(source));
+        link.addEventListener("click", guarded(() => showMemory(source)));
         detail.appendChild(link);
       });
     } else {
@@ -365,7 +380,83 @@ async function showMemory(id) {
   await showHistory(id);
 }
 
-const EVENT_COLORS = { created: COLORS[0], exact: COLORS[2], near: COLORS[3], semantic: COLORS[4], retired: "#b3261e", "source retired": "#b3261e" };
+const EDITED = "#ab47bc";
+const EVENT_COLORS = {
+  created: COLORS[0], exact: COLORS[2], near: COLORS[3], semantic: COLORS[4], retired: "#b3261e",
+  "source retired": "#b3261e", edited: EDITED, superseded: COLORS[6], supersedes: COLORS[6],
+};
+
+// A word diff of two texts (longest common subsequence of words and spaces): [kind, text] with
+// kind "same", "del" or "ins". Texts too long for the table are shown whole, old then new.
+function wordDiff(before, after) {
+  const a = before.split(/(\s+)/);
+  const b = after.split(/(\s+)/);
+  if (a.length * b.length > 250000) return [["del", before], ["ins", after]];
+  const common = Array.from({ length: a.length + 1 }, () => new Uint32Array(b.length + 1));
+  for (let i = a.length - 1; i >= 0; i--) {
+    for (let j = b.length - 1; j >= 0; j--) {
+      common[i][j] = a[i] === b[j] ? common[i + 1][j + 1] + 1 : Math.max(common[i + 1][j], common[i][j + 1]);
+    }
+  }
+  const parts = [];
+  const push = (kind, text) => {
+    const last = parts[parts.length - 1];
+    if (last && last[0] === kind) last[1] += text; else parts.push([kind, text]);
+  };
+  let i = 0;
+  let j = 0;
+  while (i < a.length && j < b.length) {
+    if (a[i] === b[j]) { push("same", a[i]); i++; j++; }
+    else if (common[i + 1][j] >= common[i][j + 1]) push("del", a[i++]);
+    else push("ins", b[j++]);
+  }
+  while (i < a.length) push("del", a[i++]);
+  while (j < b.length) push("ins", b[j++]);
+  return parts;
+}
+
+function drawVersions(history) {
+  const list = $("#history-versions");
+  list.replaceChildren();
+  $("#history-versions-none").hidden = history.versions.length > 0;
+  for (const version of history.versions) {
+    const item = document.createElement("li");
+    item.className = "version";
+    const when = document.createElement("div");
+    when.className = "when";
+    when.textContent = "version " + version.version + ": in force from " + version.valid_from +
+      ", replaced " + version.valid_until;
+    const diff = document.createElement("div");
+    diff.className = "diff";
+    for (const [kind, text] of wordDiff(version.content, version.replaced_by)) {
+      const node = document.createElement(kind === "same" ? "span" : kind);
+      node.textContent = text;
+      diff.appendChild(node);
+    }
+    item.append(when, diff);
+    list.appendChild(item);
+  }
+}
+
+function linkItem(prefix, link, suffix) {
+  const item = document.createElement("li");
+  const anchor = document.createElement("a");
+  anchor.textContent = link.id;
+  anchor.addEventListener("click", guarded(() => showMemory(link.id)));
+  item.append(prefix, anchor, suffix + " (" + link.reason + ")");
+  return item;
+}
+
+function drawLinks(history) {
+  const list = $("#history-links");
+  list.replaceChildren();
+  const newer = history.superseded_by;
+  if (newer) list.appendChild(linkItem("superseded by ", newer, ", in force until " + newer.valid_until));
+  for (const older of history.supersedes) {
+    list.appendChild(linkItem("supersedes ", older, " (created " + older.created_at + "), in force until " + older.valid_until));
+  }
+  $("#history-links-none").hidden = list.children.length > 0;
+}
 
 async function showHistory(id) {
   const history = await call("GET", "/v1/memories/" + encodeURIComponent(id) + "/history");
@@ -374,7 +465,11 @@ async function showHistory(id) {
     id + how[history.found_as] + ": " + history.folded.length + " repeats folded, " +
     history.inclusions.length + " contexts included it, " + history.sources.length + " sources retired" +
     (history.tombstone ? "; tombstone " + history.tombstone.deleted_at + " (" + history.tombstone.reason + ")" : "") +
-    ". Earlier versions: " + history.versions;
+    "; " + history.versions.length + " earlier versions" +
+    (history.superseded_by ? "; superseded by " + history.superseded_by.id : "") +
+    (history.supersedes.length ? "; supersedes " + history.supersedes.map((link) => link.id).join(", ") : "") + ".";
+  drawVersions(history);
+  drawLinks(history);
   $("#memory-history").hidden = false;  // shown before drawing, so the plot has its width
   const svg = $("#history-timeline");
   svg.replaceChildren();
@@ -394,7 +489,8 @@ async function showHistory(id) {
   });
   svg.appendChild(svgNode("text", { x: PAD.left, y: 70, class: "axis" }, events.length ? events[0].at : ""));
   svg.appendChild(svgNode("text", { x: width - PAD.right, y: 70, "text-anchor": "end", class: "axis" }, events.length ? events[events.length - 1].at : ""));
-  legendRow(svg, [["created", COLORS[0]], ["folded repeat", COLORS[2]], ["included", COLORS[1]], ["retired", "#b3261e"]], 76);
+  legendRow(svg, [["created", COLORS[0]], ["folded repeat", COLORS[2]], ["included", COLORS[1]], ["edited", EDITED],
+    ["superseded", COLORS[6]], ["retired", "#b3261e"]], 76);
   const body = $("#history-events tbody");
   body.replaceChildren();
   for (const event of events) {
@@ -409,12 +505,12 @@ async function showHistory(id) {
 document.querySelectorAll("nav button").forEach((node) => node.addEventListener("click", () => show(node.dataset.view)));
 $("#key").value = sessionStorage.getItem("ctxwarden-key") || "";
 $("#key").addEventListener("change", (event) => sessionStorage.setItem("ctxwarden-key", event.target.value));
-$("#context-form").addEventListener("submit", assemble);
-$("#search-form").addEventListener("submit", search);
-$("#health-form").addEventListener("submit", loadHealth);
-$("#memory-form").addEventListener("submit", (event) => {
+$("#context-form").addEventListener("submit", guarded(assemble));
+$("#search-form").addEventListener("submit", guarded(search));
+$("#health-form").addEventListener("submit", guarded(loadHealth));
+$("#memory-form").addEventListener("submit", guarded(async (event) => {
   event.preventDefault();
-  showMemory(new FormData(event.target).get("id"));
-});
+  await showMemory(new FormData(event.target).get("id"));
+}));
 const start = new URLSearchParams(location.search).get("view");
 if (start) show(start);
