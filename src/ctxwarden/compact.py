@@ -658,6 +658,7 @@ def apply(
     tokenizers: Sequence[TokenCounter] = (),
     now: float | None = None,
     progress: Callable[[Cluster, str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> CompactionResult:
     """Carry out a plan: per cluster, summarise, then one transaction (see the module doc).
 
@@ -665,13 +666,16 @@ def apply(
     cached for the summary (default: ``tokenizer``). ``progress(cluster, outcome)`` is called
     after each cluster with ``"compacted"``, ``"already_done"``, ``"stale"`` or ``"left_alone"``
     (its summary would lose a fact: see :func:`summarise_cluster`).
-    Safe to re-run: finished clusters are recognised and skipped.
+    Safe to re-run: finished clusters are recognised and skipped. ``stop()`` is asked before
+    each cluster; when true the run ends there (a shutdown: every cluster is whole or untouched).
     """
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
     written: list[str] = []
     compacted = already = stale = left_alone = 0
     for cluster in compaction.clusters:
+        if stop is not None and stop():
+            break
         sources, outcome = _sources(store, cluster)
         summary = None
         if outcome == "compacted":

@@ -78,6 +78,7 @@ class Compaction:
         policy: compaction.CompactionPolicy | None,
         tenant: str | None,
         progress: Callable[[compaction.Cluster, str], None] | None,
+        stop: Callable[[], bool] | None = None,
     ) -> compaction.CompactionResult:
         """Compact old, unused memories into summaries (see :meth:`Engine.compact`)."""
         plan = plan or self.compact_plan(
@@ -95,6 +96,7 @@ class Compaction:
             tokenizers=self._summary_tokenizers(tok),
             now=self.clock(),
             progress=progress,
+            stop=stop,
         )
         # The originals' text leaves the files (FTS index pages, WAL frames, vector index
         # files) as part of apply, not at a later scrub; retried until done, as after a delete.

@@ -479,7 +479,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     app.router.route_class = _DirectRoute
     app.state.engine = engine
     app.state.config = config
-    metrics = Metrics(engine.log_counters)
+    metrics = Metrics(engine.log_counters, engine.compactor.stats)
     app.state.metrics = metrics
     local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
     # idle threads end when the app is collected (ThreadPoolExecutor's own weak reference)
