@@ -369,3 +369,51 @@ def test_cli_compact_every_runs_at_once_and_stops_on_sigterm(tmp_path: Path) -> 
     assert "stopping" in err
     with Engine.open(db) as engine:
         assert len(engine.store.summaries("default")) == 2
+
+
+def test_serve_compacts_on_its_schedule_and_stops_cleanly(tmp_path: Path) -> None:
+    import socket
+
+    db = tmp_path / "s.db"
+    with Engine.open(db) as engine:
+        engine.ingest(_messages(time.time() - 20 * DAY, days=2, per_day=6))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    argv = ["--db", str(db), "serve", "--no-auth", "--port", str(port)]
+    env = {**os.environ, "CTXWARDEN_COMPACT_EVERY": "1s"}  # the first run one second in
+    with subprocess.Popen(
+        [sys.executable, "-m", "ctxwarden", *argv],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    ) as process:
+        try:
+            assert process.stderr is not None
+            process.stderr.readline()  # warming up
+            assert "ready" in process.stderr.readline()
+            deadline = time.monotonic() + WAIT  # a bound on waiting, not a measurement
+            runs = 0.0
+            while runs < 1 and time.monotonic() < deadline:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+                (value,) = [
+                    line.split()[1]
+                    for line in text.splitlines()
+                    if line.startswith("ctxwarden_compactor_runs_total ")
+                ]
+                runs = float(value)
+                time.sleep(0.1)
+            assert runs >= 1
+            assert "ctxwarden_compactor_skipped_total 0.0" in text
+            process.send_signal(signal.SIGTERM)
+            process.wait(WAIT)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 0
+    with Engine.open(db) as engine:
+        assert len(engine.store.summaries("default")) == 2
+        store = engine.store
+        assert isinstance(store, SQLiteStore)
+        assert store.integrity_check() == "ok"

@@ -41,6 +41,7 @@ def _run_server(
 ) -> None:
     """Warm up (:func:`ctxwarden.server.runtime.prepare`), then serve with uvicorn: one line
     on stderr when warming up starts, one when the port is open (JSON with ``as_json``)."""
+    import signal
     import time
 
     import uvicorn
@@ -58,6 +59,15 @@ def _run_server(
     took = time.perf_counter() - began
 
     class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and sig in self._captured_signals:
+                # uvicorn raises a captured SIGTERM again once it has shut down, which ended
+                # the process before the engine closed: the compactor's run and the queued
+                # inclusion log were cut short. A stop is not a crash: run() returns, the
+                # engine closes (see Engine.close) and the command exits 0.
+                self._captured_signals.remove(sig)
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # false when the port could not be bound
