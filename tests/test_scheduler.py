@@ -417,3 +417,23 @@ def test_serve_compacts_on_its_schedule_and_stops_cleanly(tmp_path: Path) -> Non
         store = engine.store
         assert isinstance(store, SQLiteStore)
         assert store.integrity_check() == "ok"
+
+
+def test_a_session_erased_while_its_window_summary_is_made_stays_erased(clock: Clock) -> None:
+    gate = Gate()
+    config = EngineConfig(
+        auto_summarize=True,
+        window_summaries="background",
+        summarizer=gate,
+        default_model="gpt-4",
+    )
+    with Engine.open(":memory:", clock=clock, config=config) as engine:
+        engine.ingest(_messages(clock.now - DAY, days=1, per_day=140))
+        assert gate.entered.wait(WAIT)  # the summary's text is being made from the sources
+        engine.erase_session("team")
+        gate.opened.set()
+        stats = _until(engine, lambda s: s.window_pending == 0)
+        assert stats.window_summaries == 0
+        assert stats.window_failures == 0
+        assert not engine.store.summaries("default")
+        assert engine.stats()["memories"] == 0

@@ -552,8 +552,9 @@ def write_summary(
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
-    Returns False, writing nothing, when the summary already exists or a source is no longer a
-    memory of its own (compacted meanwhile: the caller should plan again).
+    Returns False, writing nothing, when the summary already exists, a source is no longer a
+    memory of its own (``retire``: compacted meanwhile, the caller should plan again), or a
+    source was erased meanwhile.
     """
     created = max(m.created_at for m in sources)
     # What the sources cost per tokenizer as lines (the size compaction plans with), kept with
@@ -596,6 +597,10 @@ def write_summary(
         if writer.resolve(tenant, id) is not None:
             return False
         if retire and any(writer.resolve(tenant, m.id) != m.id for m in sources):
+            return False
+        # A source erased while its summary was being written (a window summary made in the
+        # background) must not come back as the summary's text.
+        if not retire and any(writer.resolve(tenant, m.id) is None for m in sources):
             return False
         rowid = writer.insert(new)
         writer.put_token_counts(
