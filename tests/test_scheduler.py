@@ -437,3 +437,48 @@ def test_a_session_erased_while_its_window_summary_is_made_stays_erased(clock: C
         assert stats.window_failures == 0
         assert not engine.store.summaries("default")
         assert engine.stats()["memories"] == 0
+
+
+def test_compaction_asked_for_waits_for_no_one_and_says_who_runs(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "s.db"
+    with Engine.open(path, clock=clock) as engine, Engine.open(path, clock=clock) as other:
+        engine.ingest(_messages(clock.now - 20 * DAY, days=1, per_day=6))
+        store = other.store
+        assert isinstance(store, Maintenance)
+        assert store.acquire_lease(LEASE, other.compactor.owner, now=clock.now, ttl=60) is None
+        with serve(create_app(engine)) as url, httpx.Client(base_url=url) as client:
+            held = client.post("/v1/compact/apply", json={})
+            assert held.status_code == 409, held.text
+            assert other.compactor.owner in held.text
+            assert not engine.store.tombstones("default")
+            store.release_lease(LEASE, other.compactor.owner)
+            done = client.post("/v1/compact/apply", json={})
+            assert done.status_code == 200, done.text
+            assert done.json()["compacted"] == 6
+        # the lease was given back after the request
+        assert store.acquire_lease(LEASE, "next", now=clock.now, ttl=60) is None
+
+
+def test_cli_compact_apply_refuses_while_another_compactor_runs(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    now = time.time()
+    with Engine.open(db) as engine:
+        engine.ingest(_messages(now - 20 * DAY, days=1, per_day=6))
+        store = engine.store
+        assert isinstance(store, Maintenance)
+        store.acquire_lease(LEASE, "elsewhere", now=now, ttl=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxwarden", "--db", str(db), "compact", "--apply"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: compaction: another compactor holds the lease (elsewhere); retry later"
+    )
+    with Engine.open(db) as engine:
+        assert not engine.store.tombstones("default")

@@ -513,7 +513,10 @@ def compact(
             skipped = ", ".join(f"{k} {v}" for k, v in plan.skipped.items() if v)
             console.print(f"considered {plan.considered}; left alone: {skipped or 'none'}")
             return
-        with progress_bar("compacting", "clusters", console=Console(stderr=True)) as progress:
+        with (
+            engine.compactor.lease(),  # never beside a scheduled run (ConflictError names it)
+            progress_bar("compacting", "clusters", console=Console(stderr=True)) as progress,
+        ):
             task = progress.add_task("clusters", total=len(plan.clusters))
             result = engine.compact(
                 plan, summarizer=chosen, progress=lambda _c, _o: progress.advance(task)

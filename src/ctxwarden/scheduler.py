@@ -32,13 +32,14 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ctxwarden import compact as compaction
 from ctxwarden.compaction import Compaction
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import ConfigError
+from ctxwarden.errors import ConfigError, ConflictError
 from ctxwarden.store.base import Maintenance, Store
 from ctxwarden.summary import Summarizer
 
@@ -233,6 +234,31 @@ class Compactor:
                 summaries=tuple(done),
                 error=error,
             )
+
+    @contextmanager
+    def lease(self) -> Iterator[None]:
+        """Hold the compactor lease around a compaction a caller asked for
+        (``POST /v1/compact/apply``, ``ctxwarden compact --apply``), so it never runs beside a
+        scheduled one; :class:`~ctxwarden.errors.ConflictError` (HTTP 409) when another
+        compactor holds it."""
+        if not self._run_lock.acquire(blocking=False):
+            raise ConflictError("compaction: this server's compactor is running; retry later")
+        try:
+            store = self._store
+            lease = store if isinstance(store, Maintenance) else None
+            now, ttl = self._clock(), self._config.compact_lease
+            holder = lease.acquire_lease(LEASE, self.owner, now=now, ttl=ttl) if lease else None
+            if holder is not None:
+                raise ConflictError(
+                    f"compaction: another compactor holds the lease ({holder}); retry later"
+                )
+            try:
+                yield
+            finally:
+                if lease is not None:
+                    lease.release_lease(LEASE, self.owner)
+        finally:
+            self._run_lock.release()
 
     def start(
         self,
