@@ -482,3 +482,30 @@ def test_cli_compact_apply_refuses_while_another_compactor_runs(tmp_path: Path) 
     )
     with Engine.open(db) as engine:
         assert not engine.store.tombstones("default")
+
+
+def test_a_run_that_lost_its_lease_stops_after_the_cluster_in_hand(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "s.db"
+    config = EngineConfig(compact_lease=60)
+    with Engine.open(path, clock=clock, config=config) as engine:
+        engine.ingest(_messages(clock.now - 20 * DAY, days=3, per_day=6))
+        store = engine.store
+        assert isinstance(store, Maintenance)
+        inner = ExtractiveSummarizer()
+
+        class Slow:
+            """The first cluster outlasts the lease, and another compactor takes it."""
+
+            def summarize(self, items: Any, *, max_tokens: int, tokenizer: Any) -> Summary:
+                if clock.now < 1_900_000_000:
+                    clock.now = 1_900_000_000.0
+                    assert store.acquire_lease(LEASE, "usurper", now=clock.now, ttl=60) is None
+                return inner.summarize(items, max_tokens=max_tokens, tokenizer=tokenizer)
+
+        run = engine.compactor.run_once(summarizer=Slow())
+        assert (run.outcome, run.clusters) == ("stopped", 1)
+        assert len(engine.store.summaries("default")) == 1
+        # the usurper's lease is left alone
+        assert store.acquire_lease(LEASE, "third", now=clock.now, ttl=60) == "usurper"
