@@ -509,3 +509,17 @@ def test_a_run_that_lost_its_lease_stops_after_the_cluster_in_hand(
         assert len(engine.store.summaries("default")) == 1
         # the usurper's lease is left alone
         assert store.acquire_lease(LEASE, "third", now=clock.now, ttl=60) == "usurper"
+
+
+def test_a_failed_run_is_counted_and_the_schedule_goes_on(tmp_path: Path, clock: Clock) -> None:
+    config = EngineConfig(compact_every=3600)
+    with Engine.open(tmp_path / "s.db", clock=clock, config=config) as engine:
+        engine.store.close()  # every store call fails from here on
+        for expected in (1, 2):
+            engine.compactor.trigger()
+            stats = _until(engine, lambda s, n=expected: s.failures >= n)
+            assert (stats.failures, stats.runs, stats.last_run_at) == (expected, 0, None)
+        run = engine.compactor.run_once()
+        assert run.outcome == "failed"
+        assert run.error is not None
+        assert "closed" in run.error

@@ -72,8 +72,8 @@ class CompactorRun:
 class CompactorStats:
     """Counts since the engine opened: runs that compacted (or found nothing to), runs skipped
     because another compactor held the lease, failed runs, clusters compacted, memories
-    compacted, tokens saved (the plans' estimate), the time of the last run that was not
-    skipped; window summaries written, window checks that failed, sessions queued."""
+    compacted, tokens saved (the plans' estimate), the time of the last run that held the
+    lease; window summaries written, window checks that failed, sessions queued."""
 
     runs: int = 0
     skipped: int = 0
@@ -153,16 +153,21 @@ class Compactor:
             now = self._clock()
             ttl = self._config.compact_lease
             lease = store if isinstance(store, Maintenance) else None
-            holder = lease.acquire_lease(LEASE, self.owner, now=now, ttl=ttl) if lease else None
+            try:
+                holder = lease.acquire_lease(LEASE, self.owner, now=now, ttl=ttl) if lease else None
+            except Exception as exc:  # the store is busy or gone: this run fails, the next tries
+                log.exception("compaction failed: the lease could not be taken")
+                with self._changed:
+                    self._counts.failures += 1
+                    self._changed.notify_all()
+                return CompactorRun(outcome="failed", at=now, error=f"{type(exc).__name__}: {exc}")
             if holder is not None:
                 log.info("compaction skipped: the %s lease is held by %s", LEASE, holder)
                 with self._changed:
                     self._counts.skipped += 1
                     self._changed.notify_all()
                 return CompactorRun(outcome="skipped", at=now, holder=holder)
-            names = sorted(tenants) if tenants is not None else None
-            if names is None:
-                names = lease.tenants() if lease else [self._config.tenant]
+            names: list[str] = sorted(tenants) if tenants is not None else []
             done: list[str] = []
             clusters = compacted = saved = 0
             lost: list[str] = []
@@ -174,7 +179,12 @@ class Compactor:
                     compacted += cluster.size
                     saved += cluster.tokens_saved
                 if lease is not None and not lost:
-                    taken = lease.acquire_lease(LEASE, self.owner, now=self._clock(), ttl=ttl)
+                    # Never raises: a failure here would skip the scrub after the clusters
+                    # already applied; a lease that cannot be renewed ends the run instead.
+                    try:
+                        taken = lease.acquire_lease(LEASE, self.owner, now=self._clock(), ttl=ttl)
+                    except Exception as exc:
+                        taken = f"unknown ({type(exc).__name__}: {exc})"
                     if taken is not None:  # our lease ran out and another took it: stop
                         log.warning("compaction stopped: the lease passed to %s", taken)
                         lost.append(taken)
@@ -184,6 +194,8 @@ class Compactor:
 
             outcome, error = "ran", None
             try:
+                if tenants is None:
+                    names = lease.tenants() if lease else [self._config.tenant]
                 for tenant in names:
                     if stop():
                         break
@@ -309,7 +321,11 @@ class Compactor:
                 if self._stopping:
                     return
                 self._triggered = False
-            run = self.run_once(policy=policy, summarizer=summarizer, tenants=tenants)
+            try:
+                run = self.run_once(policy=policy, summarizer=summarizer, tenants=tenants)
+            except Exception:  # run_once counts its own failures; this keeps the schedule alive
+                log.exception("compaction: the scheduled run failed")
+                continue
             if report is not None:
                 try:
                     report(run)

@@ -79,7 +79,7 @@ class _CompactorCollector(Collector):
             yield CounterMetricFamily(f"ctxwarden_compactor_{name}", text, value=value)
         yield GaugeMetricFamily(
             "ctxwarden_compactor_last_run_timestamp_seconds",
-            "When the last compaction run that was not skipped started (0: none yet).",
+            "When the last compaction run that held the lease started (0: none yet).",
             value=s.last_run_at or 0.0,
         )
         yield GaugeMetricFamily(
