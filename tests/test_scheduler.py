@@ -380,14 +380,13 @@ def test_serve_compacts_on_its_schedule_and_stops_cleanly(tmp_path: Path) -> Non
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    argv = ["--db", str(db), "serve", "--no-auth", "--port", str(port)]
-    env = {**os.environ, "CTXWARDEN_COMPACT_EVERY": "1s"}  # the first run one second in
+    # the first run one second in
+    argv = ["--db", str(db), "serve", "--no-auth", "--port", str(port), "--compact-every", "1s"]
     with subprocess.Popen(
         [sys.executable, "-m", "ctxwarden", *argv],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env=env,
     ) as process:
         try:
             assert process.stderr is not None

@@ -20,7 +20,11 @@ def _settings() -> Settings:
 
 
 def _engine(
-    settings: Settings | None = None, *, server: bool = False, inclusion_log: str | None = None
+    settings: Settings | None = None,
+    *,
+    server: bool = False,
+    inclusion_log: str | None = None,
+    compact_every: str | None = None,
 ) -> Engine:
     """The engine of a command. ``inclusion_log`` (a server's ``--inclusion-log``) wins over
     the setting, which wins over the default: ``deferred`` for a server (the log write leaves
@@ -29,6 +33,8 @@ def _engine(
     settings = settings or _settings()
     if inclusion_log is not None:
         settings = settings.model_copy(update={"inclusion_log": inclusion_log})
+    if compact_every is not None:  # a server's --compact-every
+        settings = settings.model_copy(update={"compact_every": compact_every})
     default = "deferred" if server else "sync"
     config = settings.engine_config(
         inclusion_log=default,

@@ -82,6 +82,14 @@ def _run_server(
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
 ]
+CompactEvery = Annotated[
+    str | None,
+    typer.Option(
+        "--compact-every",
+        help="Compact in the background this often (6h, 90m) or off; default 6h "
+        "(setting compact_every).",
+    ),
+]
 ServerJson = Annotated[
     bool, typer.Option("--json", help="Write the start-up lines (stderr) as JSON.")
 ]
@@ -102,12 +110,13 @@ def serve(
     threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
     from ctxwarden.server.http import create_app
 
-    with _engine(server=True, inclusion_log=inclusion_log) as engine:
+    with _engine(server=True, inclusion_log=inclusion_log, compact_every=compact_every) as engine:
         config = _server_config(
             engine,
             host,
@@ -214,6 +223,7 @@ def proxy(
     ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
 ) -> None:
     """Serve the proxy: chat completions and Responses to --upstream (key from
@@ -242,7 +252,9 @@ def proxy(
         else None
     )
     with (
-        _engine(settings, server=True, inclusion_log=inclusion_log) as engine,
+        _engine(
+            settings, server=True, inclusion_log=inclusion_log, compact_every=compact_every
+        ) as engine,
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
         server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
@@ -261,6 +273,7 @@ def mcp(
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
     remember_facts: Annotated[
         bool,
@@ -280,7 +293,7 @@ def mcp(
 
     if transport not in ("stdio", "http"):
         raise ConfigError(f"transport: {transport!r} is not stdio or http")
-    with _engine(server=True, inclusion_log=inclusion_log) as engine:
+    with _engine(server=True, inclusion_log=inclusion_log, compact_every=compact_every) as engine:
         if transport == "stdio":
             create_mcp_server(engine, remember_facts=remember_facts).run("stdio")
             return
