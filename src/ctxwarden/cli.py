@@ -36,7 +36,8 @@ from ctxwarden.terminal import (
 from ctxwarden.types import Scope
 
 if TYPE_CHECKING:
-    from ctxwarden.compact import ClusterSummary
+    from ctxwarden.compact import ClusterSummary, CompactionPolicy
+    from ctxwarden.summary import Summarizer
 
 __all__ = ["app", "main", "parse_duration", "show_context"]
 
@@ -438,13 +439,23 @@ def compact(
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan/result as JSON.")] = False,
+    every: Annotated[
+        str | None,
+        typer.Option(
+            "--every",
+            help="Compact now and then every this long (6h), every tenant, until stopped "
+            "(Ctrl-C or SIGTERM); skips a run while another compactor holds the store's lease.",
+        ),
+    ] = None,
 ) -> None:
     """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
     from ctxwarden.compact import CompactionPolicy
-    from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
+    from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer
 
+    if every is not None:
+        apply_it = not plan_only  # --every applies
     if plan_only == apply_it:
-        raise InputError("pass exactly one of --plan or --apply", field="compact")
+        raise InputError("pass exactly one of --plan or --apply (or --every)", field="compact")
     policy = CompactionPolicy(older_than=parse_duration(older_than))
     chosen: Summarizer
     if summarizer == "extractive":
@@ -460,6 +471,9 @@ def compact(
     else:
         raise InputError(f"{summarizer!r} is not extractive or llm", field="summarizer")
     console = Console(stderr=as_json)
+    if every is not None:
+        _compact_every(parse_duration(every), policy, chosen, tenant=tenant, as_json=as_json)
+        return
     with _engine() as engine:
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
@@ -499,7 +513,10 @@ def compact(
             skipped = ", ".join(f"{k} {v}" for k, v in plan.skipped.items() if v)
             console.print(f"considered {plan.considered}; left alone: {skipped or 'none'}")
             return
-        with progress_bar("compacting", "clusters", console=Console(stderr=True)) as progress:
+        with (
+            engine.compactor.lease(),  # never beside a scheduled run (ConflictError names it)
+            progress_bar("compacting", "clusters", console=Console(stderr=True)) as progress,
+        ):
             task = progress.add_task("clusters", total=len(plan.clusters))
             result = engine.compact(
                 plan, summarizer=chosen, progress=lambda _c, _o: progress.advance(task)
@@ -525,6 +542,58 @@ def compact(
                 else ""
             )
         )
+
+
+def _compact_every(
+    every: float,
+    policy: CompactionPolicy,
+    summarizer: Summarizer,
+    *,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """``compact --every``: the engine's compactor in the foreground, one line per run, until
+    SIGINT or SIGTERM; then the run in progress ends between clusters and the command exits 0."""
+    import signal
+    import threading
+
+    from ctxwarden.scheduler import CompactorRun
+
+    if not every > 0:
+        raise InputError(f"{every:g}: compact every how long? write e.g. 6h", field="every")
+    stopping = threading.Event()
+
+    def report(run: CompactorRun) -> None:
+        if as_json:
+            fields = ("outcome", "at", "holder", "clusters", "compacted", "tokens_saved", "error")
+            echo_json({name: getattr(run, name) for name in fields}, indent=None)
+        elif run.outcome == "skipped":
+            typer.echo(f"compaction skipped: another compactor holds the lease ({run.holder})")
+        else:
+            typer.echo(
+                f"compaction {run.outcome}: {run.compacted} memories in {run.clusters} clusters, "
+                f"about {run.tokens_saved} tokens saved" + (f" ({run.error})" if run.error else "")
+            )
+
+    previous = {
+        sig: signal.signal(sig, lambda *_: stopping.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        with _engine() as engine:
+            engine.compactor.start(
+                every,
+                now=True,
+                policy=policy,
+                summarizer=summarizer,
+                report=report,
+                tenants=[tenant] if tenant else None,
+            )
+            stopping.wait()
+            typer.echo("compaction: stopping (the cluster in progress finishes)", err=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()

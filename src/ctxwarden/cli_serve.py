@@ -41,6 +41,7 @@ def _run_server(
 ) -> None:
     """Warm up (:func:`ctxwarden.server.runtime.prepare`), then serve with uvicorn: one line
     on stderr when warming up starts, one when the port is open (JSON with ``as_json``)."""
+    import signal
     import time
 
     import uvicorn
@@ -58,6 +59,15 @@ def _run_server(
     took = time.perf_counter() - began
 
     class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and sig in self._captured_signals:
+                # uvicorn raises a captured SIGTERM again once it has shut down, which ended
+                # the process before the engine closed: the compactor's run and the queued
+                # inclusion log were cut short. A stop is not a crash: run() returns, the
+                # engine closes (see Engine.close) and the command exits 0.
+                self._captured_signals.remove(sig)
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:  # false when the port could not be bound
@@ -71,6 +81,14 @@ def _run_server(
 
 NoAuth = Annotated[
     bool, typer.Option("--no-auth", help="Serve without API keys (loopback hosts only).")
+]
+CompactEvery = Annotated[
+    str | None,
+    typer.Option(
+        "--compact-every",
+        help="Compact in the background this often (6h, 90m) or off; default 6h "
+        "(setting compact_every).",
+    ),
 ]
 ServerJson = Annotated[
     bool, typer.Option("--json", help="Write the start-up lines (stderr) as JSON.")
@@ -92,12 +110,13 @@ def serve(
     threads: Annotated[int, typer.Option(help="Worker threads for engine work.")] = 4,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
 ) -> None:
     """Serve the HTTP API (ingest, assemble, search, memories, stats) with uvicorn."""
     from ctxwarden.server.http import create_app
 
-    with _engine(server=True, inclusion_log=inclusion_log) as engine:
+    with _engine(server=True, inclusion_log=inclusion_log, compact_every=compact_every) as engine:
         config = _server_config(
             engine,
             host,
@@ -204,6 +223,7 @@ def proxy(
     ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
 ) -> None:
     """Serve the proxy: chat completions and Responses to --upstream (key from
@@ -232,7 +252,9 @@ def proxy(
         else None
     )
     with (
-        _engine(settings, server=True, inclusion_log=inclusion_log) as engine,
+        _engine(
+            settings, server=True, inclusion_log=inclusion_log, compact_every=compact_every
+        ) as engine,
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
         server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
@@ -251,6 +273,7 @@ def mcp(
     port: Annotated[int, typer.Option(help="Port for http.")] = 8767,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
+    compact_every: CompactEvery = None,
     as_json: ServerJson = False,
     remember_facts: Annotated[
         bool,
@@ -270,7 +293,7 @@ def mcp(
 
     if transport not in ("stdio", "http"):
         raise ConfigError(f"transport: {transport!r} is not stdio or http")
-    with _engine(server=True, inclusion_log=inclusion_log) as engine:
+    with _engine(server=True, inclusion_log=inclusion_log, compact_every=compact_every) as engine:
         if transport == "stdio":
             create_mcp_server(engine, remember_facts=remember_facts).run("stdio")
             return

@@ -592,8 +592,9 @@ def write_summary(
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
-    Returns False, writing nothing, when the summary already exists or a source is no longer a
-    memory of its own (compacted meanwhile: the caller should plan again).
+    Returns False, writing nothing, when the summary already exists, a source is no longer a
+    memory of its own (``retire``: compacted meanwhile, the caller should plan again), or a
+    source was erased meanwhile.
     """
     created = max(m.created_at for m in sources)
     # What the sources cost per tokenizer as lines (the size compaction plans with), kept with
@@ -636,6 +637,10 @@ def write_summary(
         if writer.resolve(tenant, id) is not None:
             return False
         if retire and any(writer.resolve(tenant, m.id) != m.id for m in sources):
+            return False
+        # A source erased while its summary was being written (a window summary made in the
+        # background) must not come back as the summary's text.
+        if not retire and any(writer.resolve(tenant, m.id) is None for m in sources):
             return False
         rowid = writer.insert(new)
         writer.put_token_counts(
@@ -698,6 +703,7 @@ def apply(
     tokenizers: Sequence[TokenCounter] = (),
     now: float | None = None,
     progress: Callable[[Cluster, str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> CompactionResult:
     """Carry out a plan: per cluster, summarise, then one transaction (see the module doc).
 
@@ -705,13 +711,16 @@ def apply(
     cached for the summary (default: ``tokenizer``). ``progress(cluster, outcome)`` is called
     after each cluster with ``"compacted"``, ``"already_done"``, ``"stale"`` or ``"left_alone"``
     (its summary would lose a fact: see :func:`summarise_cluster`).
-    Safe to re-run: finished clusters are recognised and skipped.
+    Safe to re-run: finished clusters are recognised and skipped. ``stop()`` is asked before
+    each cluster; when true the run ends there (a shutdown: every cluster is whole or untouched).
     """
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
     written: list[str] = []
     compacted = already = stale = left_alone = saved = 0
     for cluster in compaction.clusters:
+        if stop is not None and stop():
+            break
         sources, outcome = _sources(store, cluster)
         summary = None
         if outcome == "compacted":

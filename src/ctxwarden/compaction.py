@@ -19,6 +19,7 @@ from ctxwarden import render, tokens
 from ctxwarden.budget import allocate
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.engine_config import EngineConfig
+from ctxwarden.errors import NotFound
 from ctxwarden.models import ModelRegistry
 from ctxwarden.store.base import Store, scrub_until_done
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
@@ -79,6 +80,7 @@ class Compaction:
         policy: compaction.CompactionPolicy | None,
         tenant: str | None,
         progress: Callable[[compaction.Cluster, str], None] | None,
+        stop: Callable[[], bool] | None = None,
     ) -> compaction.CompactionResult:
         """Compact old, unused memories into summaries (see :meth:`Engine.compact`)."""
         plan = plan or self.compact_plan(
@@ -96,6 +98,7 @@ class Compaction:
             tokenizers=self._summary_tokenizers(tok),
             now=self.clock(),
             progress=progress,
+            stop=stop,
         )
         # The originals' text leaves the files (FTS index pages, WAL frames, vector index
         # files) as part of apply, not at a later scrub; retried until done, as after a delete.
@@ -199,22 +202,23 @@ class Compaction:
             while cut < len(pending) and pending[cut].role == "tool":
                 cut += 1
             sources = pending[:cut]
+            made = None
             if sources:
-                written.append(
-                    self._write_window_summary(
-                        tenant, session, sources, summarizer, tok, sum(costs[:cut]), retire=False
-                    )
+                made = self._write_window_summary(
+                    tenant, session, sources, summarizer, tok, sum(costs[:cut]), retire=False
                 )
-                windows.append(self.store.get(tenant, written[-1]))
+            if made is not None:
+                written.append(made)
+                windows.append(self.store.get(tenant, made))
         if len(windows) > self.config.max_window_summaries:
             oldest = sorted(windows, key=lambda s: (s.created_at, s.rowid))
             merge = oldest[: len(oldest) // 2 + 1]
             cost = sum(self.counter.counts(merge, tok)[m.rowid].line for m in merge)
-            written.append(
-                self._write_window_summary(
-                    tenant, session, merge, summarizer, tok, cost, retire=True
-                )
+            made = self._write_window_summary(
+                tenant, session, merge, summarizer, tok, cost, retire=True
             )
+            if made is not None:
+                written.append(made)
         return written
 
     def _write_window_summary(
@@ -227,7 +231,9 @@ class Compaction:
         cost: int,
         *,
         retire: bool,
-    ) -> str:
+    ) -> str | None:
+        """Summarise ``sources`` and write the summary; its id (also when it was there
+        already), or None when nothing was written because a source went meanwhile."""
         ids = [m.id for m in sources]
         summary_id = compaction.summary_id(tenant, ids)
         # Messages shrink to a quarter; summaries, already dense, to a half.
@@ -239,7 +245,7 @@ class Compaction:
         # One end user's lines make their summary; a session shared by several makes one of
         # no user (read in session scope only).
         users = {m.user for m in sources}
-        compaction.write_summary(
+        done = compaction.write_summary(
             self.store,
             tenant=tenant,
             session=session,
@@ -256,4 +262,9 @@ class Compaction:
         )
         if retire:
             scrub_until_done(self.store)  # the retired summaries' text leaves the files too
+        if not done:
+            try:
+                self.store.get(tenant, summary_id)  # there already (written before)
+            except NotFound:
+                return None  # a source was erased meanwhile: nothing written
         return summary_id

@@ -37,6 +37,7 @@ from ctxwarden.ingestion import CANDIDATE_CACHE_SIZE as CANDIDATE_CACHE_SIZE
 from ctxwarden.ingestion import Ingestion
 from ctxwarden.logwriter import LogCounters, LogWriter
 from ctxwarden.models import default_registry
+from ctxwarden.scheduler import Compactor
 from ctxwarden.scoped_reads import ScopedReads
 from ctxwarden.semantic import SemanticConfig, SemanticReport
 from ctxwarden.store.base import Store, Version
@@ -50,6 +51,8 @@ class Engine(ScopedReads, ErasureFaces):
     """The engine most users touch: ``ingest``, ``assemble``, ``get``, ``stats``.
 
     Open with :meth:`open`; close with :meth:`close` or use it as a context manager.
+    ``engine.compactor`` (:class:`~ctxwarden.scheduler.Compactor`) runs compaction on a schedule
+    (``config.compact_every``) and window summaries in the background.
     """
 
     def __init__(
@@ -92,6 +95,9 @@ class Engine(ScopedReads, ErasureFaces):
         self._compaction = Compaction(
             store, config, clock=clock, registry=registry, counter=counter, flush_log=flush
         )
+        self.compactor = Compactor(self._compaction, store, config, clock=clock)
+        if config.compact_every is not None:
+            self.compactor.start(config.compact_every)
         caches = (ingestion.forget, counter.clear)  # of stored rows: emptied by an erasure
         self._erasure = Erasure(
             store, config, clock=clock, flush_log=flush, get=self.get, caches=caches
@@ -121,8 +127,10 @@ class Engine(ScopedReads, ErasureFaces):
         self.close()
 
     def close(self) -> None:
-        """Stop background embedding (finishing its batch), write the inclusion-log entries
-        still queued (``inclusion_log="deferred"``) and close the store."""
+        """Stop the :attr:`compactor` (a run ends between clusters) and background embedding
+        (finishing its batch), write the inclusion-log entries still queued
+        (``inclusion_log="deferred"``) and close the store."""
+        self.compactor.stop()
         self._embeddings.close()
         if self._log_writer is not None:
             self._log_writer.close()
@@ -189,8 +197,13 @@ class Engine(ScopedReads, ErasureFaces):
         result, summarize, embed = self._ingestion.ingest(
             records, tenant=tenant, session=session, user=user, fold=fold
         )
-        for tenant_name, session_name in summarize:
-            self.summarize_session(session_name, tenant=tenant_name)
+        if self.config.window_summaries == "background":
+            self.compactor.request_windows(summarize)  # ingest never waits on a summariser
+        else:
+            for tenant_name, session_name in summarize:
+                self.summarize_session(
+                    session_name, tenant=tenant_name, summarizer=self.config.summarizer
+                )
         if self.config.edit_history == "erase" and result.counts["edited"]:
             self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if embed:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ctxwarden.budget import BudgetPolicy, chat_policy
+from ctxwarden.compact import CompactionPolicy
 from ctxwarden.counts import COUNT_CACHE_SIZE
 from ctxwarden.dedupe import DedupeConfig
 from ctxwarden.errors import ConfigError
@@ -22,6 +23,7 @@ from ctxwarden.provenance import Verifier
 from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights
 from ctxwarden.semantic import SemanticConfig
 from ctxwarden.store.sqlite_connection import STORE_TIMEOUT_SECONDS
+from ctxwarden.summary import Summarizer
 
 __all__ = ["DEFAULT_DEDUPE", "STORE_TIMEOUT_SECONDS", "EngineConfig"]
 
@@ -92,6 +94,20 @@ class EngineConfig:
     #: seconds (SQLite; :meth:`Engine.open` passes it to the store). The servers default to
     #: a few seconds (``Settings.store_timeout``) and answer 503 with ``Retry-After``.
     store_timeout: float = STORE_TIMEOUT_SECONDS
+    #: Where ``auto_summarize``'s window summaries are made: ``"sync"`` (in :meth:`ingest`,
+    #: before it returns) or ``"background"`` (ingest queues the session for a thread of the
+    #: engine's :attr:`~Engine.compactor` and returns; nothing waits on the summariser).
+    window_summaries: str = "sync"
+    #: The summariser of window summaries and of scheduled compaction (default: extractive).
+    summarizer: Summarizer | None = field(default=None, repr=False, compare=False)
+    #: Seconds between scheduled compaction runs (:mod:`ctxwarden.scheduler`); None (the
+    #: library's default) schedules none. ``ctxwarden serve`` defaults to 6 hours.
+    compact_every: float | None = None
+    #: What scheduled runs compact (default :class:`~ctxwarden.compact.CompactionPolicy`).
+    compact_policy: CompactionPolicy | None = None
+    #: How long a SQLite compaction lease lasts unless renewed (after each cluster), in
+    #: seconds: a killed compactor blocks others at most this long.
+    compact_lease: float = 900.0
 
     def __post_init__(self) -> None:
         if self.edit_history not in ("keep", "erase"):
@@ -126,6 +142,16 @@ class EngineConfig:
             raise ConfigError(
                 f"window_threshold: {self.window_threshold} must be in (0, 1], e.g. 0.9"
             )
+        if self.window_summaries not in ("sync", "background"):
+            raise ConfigError(
+                f"window_summaries: {self.window_summaries!r} must be 'sync' or 'background'"
+            )
+        if self.compact_every is not None and not self.compact_every > 0:
+            raise ConfigError(
+                f"compact_every: {self.compact_every} must be above 0 seconds, or None for off"
+            )
+        if not self.compact_lease > 0:
+            raise ConfigError(f"compact_lease: {self.compact_lease} must be above 0 seconds")
         if self.max_window_summaries < 2:
             raise ConfigError(
                 f"max_window_summaries: {self.max_window_summaries} must be at least 2"

@@ -479,7 +479,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     app.router.route_class = _DirectRoute
     app.state.engine = engine
     app.state.config = config
-    metrics = Metrics(engine.log_counters)
+    metrics = Metrics(engine.log_counters, engine.compactor.stats)
     app.state.metrics = metrics
     local = Principal(tenant=engine.config.tenant, scopes=frozenset(SCOPES))
     # idle threads end when the app is collected (ThreadPoolExecutor's own weak reference)
@@ -730,11 +730,13 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     @app.post("/v1/compact/apply")
     async def compact_apply(body: CompactBody, caller: CallerCredentials) -> dict[str, Any]:
         """Compact the caller's old, unused memories into summaries (extractive, offline),
-        one transaction per cluster; originals leave tombstones. Needs the delete scope."""
+        one transaction per cluster; originals leave tombstones. Needs the delete scope. 409
+        while another compactor (a scheduled run, here or in another process) is running."""
 
         def work(principal: Principal) -> dict[str, Any]:
-            plan = engine.compact_plan(policy=body.policy(), tenant=principal.tenant)
-            result = engine.compact(plan)
+            with engine.compactor.lease():
+                plan = engine.compact_plan(policy=body.policy(), tenant=principal.tenant)
+                result = engine.compact(plan)
             metrics.observe_compaction(len(result.summaries), result.compacted)
             return {
                 "summaries": list(result.summaries),

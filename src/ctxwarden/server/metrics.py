@@ -1,5 +1,5 @@
 """Prometheus metrics of a server: requests, assembly latency, budget use per block, de-dup,
-compaction.
+compaction (asked for and scheduled: ``ctxwarden_compactor_*``).
 
 Each app owns its :class:`Metrics` (its own registry, nothing global), exposed at ``/metrics``
 in the Prometheus text format. Paths are labelled by route template (``/v1/memories/{memory_id}``),
@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ctxwarden.logwriter import LogCounters
+from ctxwarden.scheduler import CompactorStats
 from ctxwarden.types import Context
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -53,15 +54,57 @@ class _LogCollector(Collector):
         yield entries
 
 
+class _CompactorCollector(Collector):
+    """The engine's background compactor (:meth:`Compactor.stats`), read at each scrape."""
+
+    def __init__(self, stats: Callable[[], CompactorStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        for name, text, value in (
+            ("runs", "Scheduled compaction runs that ran (or found nothing to do).", s.runs),
+            ("skipped", "Compaction runs skipped: another compactor held the lease.", s.skipped),
+            ("failures", "Compaction runs that failed (logged; finished clusters stay).",
+             s.failures),
+            ("clusters", "Clusters compacted by scheduled runs.", s.clusters),
+            ("memories", "Memories compacted by scheduled runs.", s.compacted),
+            ("tokens_saved", "Tokens saved by scheduled runs (the plans' estimate).",
+             s.tokens_saved),
+            ("window_summaries", "Window summaries written in the background.",
+             s.window_summaries),
+            ("window_failures", "Background window-summary checks that failed (logged).",
+             s.window_failures),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"ctxwarden_compactor_{name}", text, value=value)
+        yield GaugeMetricFamily(
+            "ctxwarden_compactor_last_run_timestamp_seconds",
+            "When the last compaction run that held the lease started (0: none yet).",
+            value=s.last_run_at or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "ctxwarden_compactor_window_pending",
+            "Sessions queued for a window-summary check.",
+            value=s.window_pending,
+        )
+
+
 class Metrics:
     """The counters and histograms of one server; with ``log_counters`` (the engine's
-    :meth:`~ctxwarden.engine.Engine.log_counters`) also its inclusion-log writer's."""
+    :meth:`~ctxwarden.engine.Engine.log_counters`) also its inclusion-log writer's, with
+    ``compactor_stats`` (``engine.compactor.stats``) its background compactor's."""
 
-    def __init__(self, log_counters: Callable[[], LogCounters] | None = None) -> None:
+    def __init__(
+        self,
+        log_counters: Callable[[], LogCounters] | None = None,
+        compactor_stats: Callable[[], CompactorStats] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         if log_counters is not None:
             r.register(_LogCollector(log_counters))
+        if compactor_stats is not None:
+            r.register(_CompactorCollector(compactor_stats))
         self.requests = Counter(
             "ctxwarden_http_requests", "HTTP requests answered.", ["route", "status"], registry=r
         )

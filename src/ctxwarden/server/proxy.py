@@ -227,7 +227,7 @@ def create_proxy_app(
     """The proxy application; ``upstream`` is the configured model server's client (chat
     completions and Responses), ``anthropic`` the Messages API upstream if there is one."""
     config = config or ProxyConfig()
-    metrics = Metrics(engine.log_counters)
+    metrics = Metrics(engine.log_counters, engine.compactor.stats)
     proxy = _Proxy(
         engine=engine,
         upstream=upstream,

@@ -52,6 +52,7 @@ __all__ = [
     "Inclusion",
     "KeyStore",
     "Link",
+    "Maintenance",
     "NewMemory",
     "Store",
     "TokenCount",
@@ -289,6 +290,28 @@ class KeyStore(Protocol):
 
     def revoke_api_key(self, key_id: str, at: float) -> bool:
         """Mark a key revoked; False if there is no such key."""
+
+
+@runtime_checkable
+class Maintenance(Protocol):
+    """What a background compactor needs of a store (a separate seam from :class:`Store`): a
+    lease that lets one compactor run at a time across every process and server sharing the
+    store, and the tenants to visit.
+
+    SQLite keeps the lease as a row (owner, expiry): a holder that dies without releasing it
+    blocks others until it expires. PostgreSQL holds a session advisory lock on a connection of
+    its own, which the server lets go when the holder's connection ends.
+    """
+
+    def acquire_lease(self, name: str, owner: str, *, now: float, ttl: float) -> str | None:
+        """Take the lease ``name`` for ``owner`` until ``now + ttl`` (or extend it when
+        ``owner`` holds it already). None when taken; else who holds it (nothing changed)."""
+
+    def release_lease(self, name: str, owner: str) -> None:
+        """Give the lease up if ``owner`` holds it (a no-op otherwise)."""
+
+    def tenants(self) -> list[str]:
+        """Every tenant with stored memories, sorted."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

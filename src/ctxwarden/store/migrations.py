@@ -532,6 +532,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX aliases_session ON aliases (tenant, session) WHERE session IS NOT NULL",
         ),
     ),
+    Migration(
+        version=18,
+        name="compaction_lease",
+        statements=(
+            # One background compactor at a time across the processes sharing the file (issue
+            # 19): the holder's id and when its lease runs out, so a killed holder's lease
+            # lapses instead of blocking compaction for good.
+            """
+            CREATE TABLE leases (
+                name TEXT PRIMARY KEY,
+                owner TEXT NOT NULL,
+                acquired_at REAL NOT NULL,
+                expires_at REAL NOT NULL
+            ) WITHOUT ROWID
+            """,
+        ),
+    ),
 )
 
 

@@ -22,6 +22,7 @@ the vector methods in :mod:`~ctxwarden.store.pg_vectors` (a mixin over this stor
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -63,6 +64,22 @@ _ANALYZE_ROWS = 1000
 _ANALYZE_SHARE = 0.1
 
 
+#: The advisory-lock key of a lease: its name within this schema (servers of other schemas in
+#: the same database do not block each other).
+_LEASE_KEY = "hashtext(current_schema() || ':' || %s)"
+
+
+def _unlock(conn: Conn, name: str) -> None:
+    """Let a lease's advisory lock go and close its connection (errors logged: a connection
+    that is gone has let go already)."""
+    try:
+        conn.execute(f"SELECT pg_advisory_unlock({_LEASE_KEY})", (f"ctxwarden.{name}",))
+    except psycopg.Error as exc:
+        log.warning("releasing the lease %r: %s (its connection is closed anyway)", name, exc)
+    finally:
+        conn.close()
+
+
 class PostgresStore(PostgresVectors, MemoryReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
@@ -80,6 +97,9 @@ class PostgresStore(PostgresVectors, MemoryReads):
         except psycopg.Error as exc:
             raise StoreError(f"cannot open PostgreSQL database: {exc}") from exc
         self._closed = False
+        # Leases held by this store: name -> (owner, the connection holding the advisory lock).
+        self._leases: dict[str, tuple[str, Conn]] = {}
+        self._lease_lock = threading.Lock()
         self._lexical = Lexical()
         self._inserted = 0  # rows of memories this store inserted since it last analysed
         self._analysed_rows = 0.0  # the table's rows then (pg_class.reltuples)
@@ -275,6 +295,7 @@ class PostgresStore(PostgresVectors, MemoryReads):
         """Close the pool. Idempotent."""
         if not self._closed:
             self._closed = True
+            self._close_leases()
             self._pool.close()
 
     def _check_open(self) -> None:
@@ -286,6 +307,57 @@ class PostgresStore(PostgresVectors, MemoryReads):
         (auto)vacuum reclaims their space. For a byte-level guarantee on disk run
         ``VACUUM FULL`` in a maintenance window (it rewrites the tables)."""
         self._check_open()
+
+    # -- the background compactor's lease (the Maintenance seam) --------------------------------
+
+    def acquire_lease(self, name: str, owner: str, *, now: float, ttl: float) -> str | None:
+        """Take the lease ``name``: a session advisory lock (keyed by the schema and ``name``)
+        on a connection of its own, held until :meth:`release_lease` or until that connection
+        ends (the holder's process died): PostgreSQL lets go, no expiry needed (``now`` and
+        ``ttl`` are the SQLite lease's)."""
+        self._check_open()
+        with self._lease_lock:
+            held = self._leases.get(name)
+            if held is not None:
+                return None if held[0] == owner else held[0]
+            try:
+                conn = psycopg.connect(self.dsn, autocommit=True)
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot open a connection for the lease {name!r}: {exc}") from exc
+            try:
+                row = conn.execute(
+                    f"SELECT pg_try_advisory_lock({_LEASE_KEY})", (f"ctxwarden.{name}",)
+                ).fetchone()
+            except psycopg.Error as exc:
+                conn.close()
+                raise StoreError(f"cannot take the lease {name!r}: {exc}") from exc
+            if not (row and row[0]):
+                conn.close()
+                return "another process (PostgreSQL advisory lock)"
+            self._leases[name] = (owner, conn)
+            return None
+
+    def release_lease(self, name: str, owner: str) -> None:
+        """Unlock and close the lease's connection (a closed connection's lock is let go only
+        when its server process has ended, a moment later: the unlock makes it immediate)."""
+        with self._lease_lock:
+            held = self._leases.get(name)
+            if held is None or held[0] != owner:
+                return
+            del self._leases[name]
+            _unlock(held[1], name)
+
+    def _close_leases(self) -> None:
+        with self._lease_lock:
+            for name, (_owner, conn) in self._leases.items():
+                _unlock(conn, name)
+            self._leases.clear()
+
+    def tenants(self) -> list[str]:
+        """Tenants with stored memories."""
+        return [
+            str(r[0]) for r in self._query("SELECT DISTINCT tenant FROM memories ORDER BY 1", ())
+        ]
 
     # -- API keys (the KeyStore seam) ---------------------------------------------------------
 

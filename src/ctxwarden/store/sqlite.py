@@ -413,6 +413,36 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
             )
             return cursor.rowcount > 0
 
+    # -- the background compactor's lease (the Maintenance seam) --------------------------------
+
+    def acquire_lease(self, name: str, owner: str, *, now: float, ttl: float) -> str | None:
+        """Take (or extend) the lease row ``name`` unless another owner's has not expired."""
+        with self.write():
+            row = self._conn.execute(
+                "SELECT owner, expires_at FROM leases WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] != owner and row[1] > now:
+                return str(row[0])
+            self._conn.execute(
+                "INSERT INTO leases (name, owner, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+                "acquired_at = CASE WHEN leases.owner = excluded.owner THEN leases.acquired_at "
+                "ELSE excluded.acquired_at END, expires_at = excluded.expires_at",
+                (name, owner, now, now + ttl),
+            )
+            return None
+
+    def release_lease(self, name: str, owner: str) -> None:
+        """Delete the lease row ``name`` if ``owner`` holds it."""
+        with self.write():
+            self._conn.execute("DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
+
+    def tenants(self) -> list[str]:
+        """Tenants with stored memories (a skip scan of the tenant-first indexes)."""
+        return [
+            str(r[0]) for r in self._query("SELECT DISTINCT tenant FROM memories ORDER BY 1", ())
+        ]
+
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``'s answer ("ok" when sound)."""
         return str(self._query("PRAGMA integrity_check", ())[0][0])
