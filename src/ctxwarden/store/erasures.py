@@ -6,7 +6,7 @@ of other sessions' aggregates. Each erasure returns an
 :class:`~ctxwarden.store.base.ErasureReceipt`.
 
 Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.writes` is; the primitives
-(:meth:`ErasureWrites._rows` and the rest) are each backend writer's.
+(:meth:`StatementWrites._rows` and the rest) are each backend writer's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.summary import line_sources
 
-__all__ = ["ErasureWrites", "without_sources"]
+__all__ = ["ErasureWrites", "StatementWrites", "without_sources"]
 
 _HEADER = re.compile(r"^Summary of \d+ messages?")
 
@@ -77,9 +77,9 @@ def without_sources(content: str, erased: Collection[str], remaining: int) -> st
     return "\n".join(out)
 
 
-class ErasureWrites:
-    """The erasures of one write transaction, and the statement primitives every write of
-    :class:`~ctxwarden.store.writes.MemoryWrites` uses (mixed into each backend's writer)."""
+class StatementWrites:
+    """The statement primitives every write of :class:`~ctxwarden.store.writes.MemoryWrites`
+    and :class:`ErasureWrites` uses; each backend's writer implements the first three."""
 
     #: Values per membership test (:meth:`_in`): SQLite binds each value (short statements
     #: plan faster); PostgreSQL binds one array, so it sets no real limit.
@@ -106,6 +106,10 @@ class ErasureWrites:
         """``values`` in pieces of at most :attr:`_CHUNK` (none when empty)."""
         for start in range(0, len(values), self._CHUNK):
             yield list(values[start : start + self._CHUNK])
+
+
+class ErasureWrites(StatementWrites):
+    """The erasures of one write transaction (mixed into each backend's writer)."""
 
     def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
         """The rowids of ``tenant``'s summaries whose ``source_ids`` name any of ``ids``."""
