@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import xxhash
 
@@ -84,6 +85,10 @@ class CompactionPolicy:
     - ``max_summary_share``: a summary keeps at most this share of its cluster's tokens; a
       cluster whose facts need more is left alone (a summary that keeps more is not worth what
       it drops).
+    - ``keep_originals``: ``"delete"`` (default) removes a cluster's originals when its summary
+      is written; ``"archive"`` keeps them, compressed, in the store's archive for
+      ``archive_days`` days (``Engine.expand(summary_id)`` gives them back; erasure removes
+      them; expired ones go at the next compaction or ``Engine.purge_archive()``).
 
     >>> CompactionPolicy(older_than=-1)
     Traceback (most recent call last):
@@ -102,6 +107,8 @@ class CompactionPolicy:
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
     max_summary_share: float = 0.5
+    keep_originals: Literal["delete", "archive"] = "delete"
+    archive_days: float = 30.0
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -130,6 +137,12 @@ class CompactionPolicy:
             raise bad(
                 "max_summary_tokens", f"is below min_summary_tokens ({self.min_summary_tokens})"
             )
+        if self.keep_originals not in ("delete", "archive"):
+            raise ConfigError(
+                f"compact.keep_originals: {self.keep_originals!r} is not 'delete' or 'archive'"
+            )
+        if not _number(self.archive_days) or self.archive_days <= 0:
+            raise bad("archive_days", "must be a positive number of days")
         if not _number(self.topic_threshold) or not -1 <= self.topic_threshold <= 1:
             raise bad("topic_threshold", "must be a cosine similarity in [-1, 1]")
 
@@ -210,6 +223,7 @@ class CompactionPlan:
             "memories": self.memories,
             "tokens": self.tokens,
             "tokens_saved": self.tokens_saved,
+            "keep_originals": self.policy.keep_originals,
             "clusters": [
                 {
                     "summary_id": c.summary_id,
@@ -229,13 +243,17 @@ class CompactionPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class CompactionResult:
-    """What :func:`apply` did."""
+    """What :func:`apply` did: ``archived`` of the ``compacted`` originals were kept in the
+    archive (``keep_originals="archive"``); ``purged``: expired archived originals deleted
+    (by :meth:`Engine.compact`, before it compacts)."""
 
     summaries: tuple[str, ...] = ()
     compacted: int = 0
     already_done: int = 0
     stale: int = 0
     left_alone: int = 0
+    archived: int = 0
+    purged: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -549,9 +567,11 @@ def write_summary(
     now: float,
     retire: bool = True,
     user: str | None = None,
+    archive_until: float | None = None,
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
+    With ``archive_until`` the retired sources are kept in the store's archive until then.
     Returns False, writing nothing, when the summary already exists or a source is no longer a
     memory of its own (compacted meanwhile: the caller should plan again).
     """
@@ -611,7 +631,12 @@ def write_summary(
         )
         if retire:
             writer.retire(
-                tenant, [m.id for m in sources], summary_rowid=rowid, deleted_at=now, reason=reason
+                tenant,
+                [m.id for m in sources],
+                summary_rowid=rowid,
+                deleted_at=now,
+                reason=reason,
+                archive_until=archive_until,
             )
     return True
 
@@ -669,6 +694,8 @@ def apply(
     """
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
+    policy = compaction.policy
+    archive_until = when + policy.archive_days * DAY if policy.keep_originals == "archive" else None
     written: list[str] = []
     compacted = already = stale = left_alone = 0
     for cluster in compaction.clusters:
@@ -693,6 +720,7 @@ def apply(
                 reason="compacted",
                 now=when,
                 user=cluster.user,
+                archive_until=archive_until,
             )
             outcome = "compacted" if done else "stale"
         if outcome == "compacted":
@@ -712,4 +740,5 @@ def apply(
         already_done=already,
         stale=stale,
         left_alone=left_alone,
+        archived=compacted if archive_until is not None else 0,
     )

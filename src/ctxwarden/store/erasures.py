@@ -18,6 +18,7 @@ import re
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
+from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.summary import line_sources
 
@@ -66,7 +67,7 @@ def without_sources(content: str, erased: Collection[str], remaining: int) -> st
     return "\n".join(out)
 
 
-class ErasureWrites:
+class ErasureWrites(ArchiveWrites):
     """The erasures of one write transaction, and the statement primitives every write of
     :class:`~ctxwarden.store.writes.MemoryWrites` uses (mixed into each backend's writer)."""
 
@@ -282,6 +283,8 @@ class ErasureWrites:
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
         for key, user in sorted(keyed):
             self._relink(tenant, key, user)  # an erased value no longer supersedes anything
+        # The archived originals of what was erased (compacted ids, summaries) go too.
+        self._erase_archived(tenant, [*erased_ids, *removed_ids])
         vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
         return ErasureReceipt(
             ids=tuple(dict.fromkeys([*erased_ids, *removed_ids])),
@@ -336,6 +339,9 @@ class ErasureWrites:
         receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
         receipt = self._unfold_session(
             tenant, session, receipt, deleted_at=deleted_at, reason=reason
+        )
+        self._run(
+            "DELETE FROM archived_memories WHERE tenant = ? AND session = ?", (tenant, session)
         )
         self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
         return receipt
@@ -404,6 +410,7 @@ class ErasureWrites:
             int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
         ]
         receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._run("DELETE FROM archived_memories WHERE tenant = ?", (tenant,))
         self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
         # A deleted tenant's API keys must stop working in the same transaction.
         self._run(

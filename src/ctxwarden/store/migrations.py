@@ -83,6 +83,13 @@ Migration 14 (``fact_keys``) adds ``memories.fact_key`` (a fact's or pin's subje
 ``Record.key``) with ``memories_fact_key``, and ``supersessions``: for each memory a newer one
 with the same key (tenant and end user) replaced, the successor's id and ``valid_until`` (the
 successor's time); removed with the memory by cascade.
+
+Migration 16 (``archive``) adds ``archived_memories``: with
+``CompactionPolicy(keep_originals="archive")`` compaction keeps each original it retires here,
+its record as zlib-compressed JSON (``codec``, ``record``), with the summary that replaced it,
+its session and end user (so erasure by session or user finds it) and the time it expires
+(``expires_at``: the retention in days after compaction; purged by the next compaction or
+``Engine.purge_archive``). Erasure removes archived rows with the memories they came from.
 """
 
 from __future__ import annotations
@@ -530,6 +537,30 @@ MIGRATIONS: tuple[Migration, ...] = (
             # and for those of compaction and semantic merges.
             "ALTER TABLE aliases ADD COLUMN session TEXT",
             "CREATE INDEX aliases_session ON aliases (tenant, session) WHERE session IS NOT NULL",
+        ),
+    ),
+    Migration(
+        version=16,
+        name="archive",
+        statements=(
+            # Compaction's originals kept compressed for a while (keep_originals="archive").
+            """
+            CREATE TABLE archived_memories (
+                tenant TEXT NOT NULL,
+                id TEXT NOT NULL,
+                summary_id TEXT NOT NULL,
+                session TEXT NOT NULL,
+                end_user TEXT,
+                archived_at REAL NOT NULL,
+                expires_at REAL NOT NULL,
+                codec TEXT NOT NULL,
+                record BLOB NOT NULL,
+                PRIMARY KEY (tenant, id)
+            )
+            """,
+            "CREATE INDEX archived_summary ON archived_memories (tenant, summary_id)",
+            "CREATE INDEX archived_session ON archived_memories (tenant, session)",
+            "CREATE INDEX archived_expiry ON archived_memories (expires_at)",
         ),
     ),
 )

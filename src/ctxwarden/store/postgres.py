@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool
 from ctxwarden.errors import ConflictError, StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store import pg_migrations
+from ctxwarden.store.archive import ArchiveReads
 from ctxwarden.store.base import (
     ApiKey,
     ContextLog,
@@ -63,7 +64,7 @@ _ANALYZE_ROWS = 1000
 _ANALYZE_SHARE = 0.1
 
 
-class PostgresStore(PostgresVectors, MemoryReads):
+class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).

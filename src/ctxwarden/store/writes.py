@@ -234,9 +234,11 @@ class MemoryWrites(ErasureWrites):
         summary_rowid: int,
         deleted_at: float,
         reason: str,
+        archive_until: float | None = None,
     ) -> int:
         """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction; see
-        :meth:`Store.retire`); how many were retired."""
+        :meth:`Store.retire`), archived until ``archive_until`` when given; how many were
+        retired."""
         self._before_delete()
         found = self._rows(
             "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
@@ -259,6 +261,11 @@ class MemoryWrites(ErasureWrites):
                 continue
             summaries.extend(r[1] for r in rows if r[7] == "summary")
             at, at_params = self._in([r[0] for r in rows])
+            if archive_until is not None:
+                self._archive_rows(
+                    tenant, [r[0] for r in rows], summary_id=summary_id,
+                    archived_at=deleted_at, expires_at=archive_until,
+                )  # fmt: skip
             # Aliases first: deleting the rows would cascade them away.
             self._run(
                 f"UPDATE aliases SET memory_rowid = ? WHERE memory_rowid {at}",
