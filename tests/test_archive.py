@@ -237,3 +237,39 @@ def test_http_sources_are_scoped_to_the_keys_tenant(tmp_path: Any) -> None:
             gone = call("GET", f"/v1/memories/{summary_id}/sources", "acme")
             assert gone.status_code == 404
             assert summary_id in gone.text
+
+
+def test_cli_compacts_into_the_archive_and_expands(tmp_path: Any) -> None:
+    """``ctxwarden compact --apply --keep-originals archive`` then ``ctxwarden expand``, as a
+    user runs them (a real subprocess on a database file)."""
+    import json
+    import time
+
+    from test_cli import ctxwarden
+
+    db = str(tmp_path / "cli.db")
+    start = time.time() - 20 * DAY
+    # small talk around the facts, so the summary is worth writing at the default share
+    words = "apples pears plums kiwis limes figs dates grapes melons cherries lemons berries"
+    talk = [f"{CHAT[1]}, and {CHAT[5]}, like the {w} chat" for w in words.split()]
+    chat = [*CHAT, *talk]
+    lines = [
+        json.dumps({"id": f"c{i}", "session": "team", "author": "ana", "content": text,
+                    "created_at": start + i * 60})
+        for i, text in enumerate(chat)
+    ]  # fmt: skip
+    (tmp_path / "log.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ctxwarden("--db", db, "ingest", str(tmp_path / "log.jsonl"))
+    bad = ctxwarden("--db", db, "compact", "--apply", "--keep-originals", "keep", check=False)
+    assert bad.returncode == 1
+    assert "keep_originals" in bad.stderr
+    done = json.loads(
+        ctxwarden("--db", db, "compact", "--apply", "--keep-originals", "archive", "--json").stdout
+    )
+    assert done["archived"] == len(chat)
+    (summary_id,) = done["summaries"]
+    out = ctxwarden("--db", db, "expand", summary_id, "--json").stdout.splitlines()
+    assert [json.loads(line)["content"] for line in out] == chat
+    gone = ctxwarden("--db", db, "expand", "nothing-here", check=False)
+    assert gone.returncode == 1
+    assert "nothing-here" in gone.stderr

@@ -426,6 +426,17 @@ def compact(
     older_than: Annotated[
         str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
     ] = "14d",
+    keep_originals: Annotated[
+        str,
+        typer.Option(
+            "--keep-originals",
+            help="delete (default): the originals go; archive: kept compressed for "
+            "--archive-days (ctxwarden expand and the API's /sources return them).",
+        ),
+    ] = "delete",
+    archive_days: Annotated[
+        float, typer.Option("--archive-days", help="Days archived originals are kept.")
+    ] = 30.0,
     summarizer: Annotated[
         str, typer.Option(help="extractive (offline, default) or llm.")
     ] = "extractive",
@@ -445,7 +456,11 @@ def compact(
 
     if plan_only == apply_it:
         raise InputError("pass exactly one of --plan or --apply", field="compact")
-    policy = CompactionPolicy(older_than=parse_duration(older_than))
+    policy = CompactionPolicy(
+        older_than=parse_duration(older_than),
+        keep_originals=keep_originals,  # type: ignore[arg-type]  # checked by the policy
+        archive_days=archive_days,
+    )
     chosen: Summarizer
     if summarizer == "extractive":
         chosen = ExtractiveSummarizer()
@@ -510,13 +525,34 @@ def compact(
             "compacted": result.compacted,
             "already_done": result.already_done,
             "stale": result.stale,
+            "archived": result.archived,
+            "purged": result.purged,
         }
         typer.echo(json.dumps(data))
     else:
         console.print(
             f"{result.compacted} memories compacted into {len(result.summaries)} summaries"
             + (f"; {result.stale} stale cluster(s) skipped (run again)" if result.stale else "")
+            + (f"; {result.archived} archived" if result.archived else "")
+            + (f"; {result.purged} expired archived originals deleted" if result.purged else "")
         )
+
+
+@app.command()
+def expand(
+    id: Annotated[str, typer.Argument(help="A summary's id, or an offloaded tool result's.")],
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Print what an id stands for: the originals a summary was made from (archived by
+    compact --keep-originals archive) or an offloaded tool result's whole text."""
+    with _engine() as engine:
+        found = engine.expand(id, tenant=tenant)
+    for memory in found:
+        if as_json:
+            typer.echo(json.dumps(memory.to_dict(), ensure_ascii=False))
+        else:
+            typer.echo(f"[{memory.id}] {memory.author or memory.role}: {memory.content}")
 
 
 @app.command()
