@@ -273,3 +273,35 @@ def test_cli_compacts_into_the_archive_and_expands(tmp_path: Any) -> None:
     gone = ctxwarden("--db", db, "expand", "nothing-here", check=False)
     assert gone.returncode == 1
     assert "nothing-here" in gone.stderr
+
+
+@pytest.mark.parametrize("how", ["id", "session", "tenant"])
+def test_erasure_takes_archived_originals_with_it(backend: Store, clock: Clock, how: str) -> None:
+    """On both backends: what an erasure removes leaves the archive in the same transaction."""
+    engine = _engine(backend, clock)
+    _history(engine, clock, session="s1")
+    _history(engine, clock, session="s2")
+    summaries = engine.compact(
+        policy=CompactionPolicy(max_summary_share=0.9, keep_originals="archive")
+    ).summaries
+    assert len(summaries) == 2
+    first, second = (engine.get(s) for s in summaries)
+    if first.session != "s1":
+        first, second = second, first
+    if how == "id":
+        engine.delete("s1-3")
+        left = engine.expand(first.id)
+        assert [m.id for m in left] == [f"s1-{i}" for i in range(len(CHAT)) if i != 3]
+        with pytest.raises(NotFound):
+            engine.expand("s1-3")
+    elif how == "session":
+        engine.erase_session("s1")
+        with pytest.raises(NotFound):
+            engine.expand(first.id)
+    else:
+        engine.erase_tenant()
+        with pytest.raises(NotFound):
+            engine.expand(second.id)
+        assert backend.archived("default", second.id, now=clock.now) == []
+        return
+    assert len(engine.expand(second.id)) == len(CHAT)  # the other session's stay

@@ -427,16 +427,17 @@ def compact(
         str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
     ] = "14d",
     keep_originals: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--keep-originals",
             help="delete (default): the originals go; archive: kept compressed for "
             "--archive-days (ctxwarden expand and the API's /sources return them).",
         ),
-    ] = "delete",
+    ] = None,
     archive_days: Annotated[
-        float, typer.Option("--archive-days", help="Days archived originals are kept.")
-    ] = 30.0,
+        float | None,
+        typer.Option("--archive-days", help="Days archived originals are kept (default 30)."),
+    ] = None,
     summarizer: Annotated[
         str, typer.Option(help="extractive (offline, default) or llm.")
     ] = "extractive",
@@ -456,10 +457,12 @@ def compact(
 
     if plan_only == apply_it:
         raise InputError("pass exactly one of --plan or --apply", field="compact")
+    settings = _settings()
     policy = CompactionPolicy(
         older_than=parse_duration(older_than),
-        keep_originals=keep_originals,  # type: ignore[arg-type]  # checked by the policy
-        archive_days=archive_days,
+        # checked by the policy (a ConfigError naming compact.keep_originals)
+        keep_originals=keep_originals or settings.keep_originals,  # type: ignore[arg-type]
+        archive_days=archive_days if archive_days is not None else settings.archive_days,
     )
     chosen: Summarizer
     if summarizer == "extractive":
@@ -475,7 +478,7 @@ def compact(
     else:
         raise InputError(f"{summarizer!r} is not extractive or llm", field="summarizer")
     console = Console(stderr=as_json)
-    with _engine() as engine:
+    with _engine(settings) as engine:
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
             previews = engine.compact_preview(plan, summarizer=chosen)

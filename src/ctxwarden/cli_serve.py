@@ -245,7 +245,10 @@ def proxy(
     ):
         server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
         config = ProxyConfig(
-            destructive=patterns, server=server, memory=memory, offload_tokens=offload_tokens
+            destructive=patterns,
+            server=server,
+            memory=memory,
+            offload_tokens=offload_tokens or settings.offload_tokens,
         )
         app_ = create_proxy_app(engine, client, config, anthropic=claude)
         try:
