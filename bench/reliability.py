@@ -514,14 +514,15 @@ ERASURES = (
 
 
 def _archived_records(db: Path, ids: tuple[str, ...]) -> list[bytes]:
-    """The archive's compressed records of ``ids`` (read with a connection of our own)."""
+    """The archive's compressed records that hold any of ``ids`` (one per summary; read with
+    a connection of our own)."""
+    from ctxwarden.store.archive import decode_rows
+
     with contextlib.closing(sqlite3.connect(db)) as conn:
         return [
-            bytes(r[0])
-            for r in conn.execute(
-                f"SELECT record FROM archived_memories WHERE id IN ({','.join('?' * len(ids))})",
-                ids,
-            )
+            bytes(record)
+            for codec, record in conn.execute("SELECT codec, record FROM archived_memories")
+            if any(row[1] in ids for row in decode_rows(record, codec))
         ]
 
 

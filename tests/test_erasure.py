@@ -436,14 +436,17 @@ def test_erasing_a_session_takes_its_records_out_of_other_sessions_aggregates(
     assert _needle(mine) in _file_bytes(path)
 
 
-def _archived(path: Path) -> dict[str, bytes]:
-    """The archive's compressed records, by id, read from the file with a separate connection."""
+def _archived(path: Path) -> dict[str, tuple[bytes, list[str]]]:
+    """The archive's compressed records and the ids they hold, by summary id, read from the
+    file with a connection of its own."""
     import sqlite3
+
+    from ctxwarden.store.archive import decode_rows
 
     with sqlite3.connect(path) as conn:
         return {
-            str(i): bytes(r)
-            for i, r in conn.execute("SELECT id, record FROM archived_memories ORDER BY id")
+            str(s): (bytes(r), [str(row[1]) for row in decode_rows(r, c)])
+            for s, c, r in conn.execute("SELECT summary_id, codec, record FROM archived_memories")
         }
 
 
@@ -456,15 +459,15 @@ def test_an_erased_memory_leaves_the_archive_too(tmp_path: Path, how: str) -> No
     engine, summary_id = _compacted(path, canary, keep_originals="archive")
     try:
         records = _archived(path)
-        assert "secret" in records, "the canary's original must be archived for the test to bite"
-        blob = records["secret"]
+        assert "secret" in records[summary_id][1], "the canary's original must be archived"
+        blob = records[summary_id][0]
         assert any(blob in data for data in _store_bytes(path).values())
         assert canary in engine.expand("secret", tenant="acme")[0].content
         if how == "id":
             engine.delete("secret", tenant="acme")
             left = _archived(path)
-            assert "secret" not in left
-            assert left, "the summary's other originals stay archived"
+            assert "secret" not in left[summary_id][1]
+            assert left[summary_id][1], "the summary's other originals stay archived"
             assert all(m.id != "secret" for m in engine.expand(summary_id, tenant="acme"))
         elif how == "summary":
             engine.delete(summary_id, tenant="acme")

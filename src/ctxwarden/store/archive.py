@@ -1,55 +1,57 @@
 """The archive of compacted originals (migration ``archive``), shared by the SQL backends.
 
-With ``CompactionPolicy(keep_originals="archive")`` a retired memory's row is kept, before it
-is deleted, in ``archived_memories``: its columns (:data:`~ctxwarden.store.reads.MEMORY_COLUMNS`)
-as one zlib-compressed JSON array, with the summary that replaced it, its session and end user,
-and the time it expires. :meth:`ArchiveReads.archived` gives the originals of a summary back as
-:class:`~ctxwarden.types.Memory` values while they have not expired; the writer's
-:meth:`ArchiveWrites.purge_archive` deletes the expired ones, and erasure deletes the archived
-rows of what it erases (:meth:`ArchiveWrites._erase_archived`), so an erased text leaves the
-archive too.
+With ``CompactionPolicy(keep_originals="archive")`` the rows a summary replaces are kept,
+before they are deleted, in ``archived_memories``: one row per summary, its originals' columns
+(:data:`~ctxwarden.store.reads.MEMORY_COLUMNS`) as one zlib-compressed JSON array (a cluster
+of short messages compresses about three times better together than one by one), with the
+summary's session and the time they expire. :meth:`ArchiveReads.archived` gives them back as
+:class:`~ctxwarden.types.Memory` values until then; the writer's
+:meth:`ArchiveWrites.purge_archive` deletes the expired ones, and erasure rewrites a summary's
+archive without the records it erases, or deletes it with the summary
+(:meth:`ArchiveWrites._erase_archived`), so an erased text leaves the archive too.
 
 Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.writes` is.
 
->>> blob = encode_row((1, "m1", "t"))
->>> decode_row(blob, CODEC)
-[1, 'm1', 't']
+>>> blob = encode_rows([(1, "m1", "t")])
+>>> decode_rows(blob, CODEC)
+[[1, 'm1', 't']]
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ctxwarden.errors import StoreError
 from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
 from ctxwarden.types import Memory
 
-__all__ = ["CODEC", "ArchiveReads", "ArchiveWrites", "decode_row", "encode_row"]
+__all__ = ["CODEC", "ArchiveReads", "ArchiveWrites", "decode_rows", "encode_rows"]
 
 #: How ``archived_memories.record`` is compressed (stdlib zlib; zstd is not in Python 3.11's
 #: standard library, and the column names the codec so another can be added).
 CODEC = "zlib"
 
 
-def encode_row(row: Sequence[Any]) -> bytes:
-    """A memory row (:data:`MEMORY_COLUMNS`) as compressed JSON."""
-    return zlib.compress(
-        json.dumps(list(row), separators=(",", ":"), ensure_ascii=False).encode(), 6
-    )
+def encode_rows(rows: Sequence[Sequence[Any]]) -> bytes:
+    """Memory rows (:data:`MEMORY_COLUMNS`) as compressed JSON."""
+    text = json.dumps([list(r) for r in rows], separators=(",", ":"), ensure_ascii=False)
+    return zlib.compress(text.encode("utf-8", "surrogatepass"), 9)
 
 
-def decode_row(blob: bytes | memoryview, codec: str) -> list[Any]:
-    """The row :func:`encode_row` compressed; :class:`StoreError` for an unknown codec."""
+def decode_rows(blob: bytes | memoryview, codec: str) -> list[list[Any]]:
+    """The rows :func:`encode_rows` compressed; :class:`StoreError` for an unknown codec."""
     if codec != CODEC:
         raise StoreError(f"archived_memories: unknown codec {codec!r}: upgrade ctxwarden")
-    return list(json.loads(zlib.decompress(bytes(blob))))
+    return [
+        list(r) for r in json.loads(zlib.decompress(bytes(blob)).decode("utf-8", "surrogatepass"))
+    ]
 
 
 class ArchiveReads:
-    """The archive's read (mixed into :class:`~ctxwarden.store.reads.MemoryReads`)."""
+    """The archive's read (mixed into each backend's store)."""
 
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         raise NotImplementedError
@@ -62,20 +64,17 @@ class ArchiveReads:
             "AND expires_at > ?",
             (tenant, summary_id, now),
         )
-        found = [memory_of(decode_row(record, codec)) for codec, record in rows]
+        found = [memory_of(r) for codec, record in rows for r in decode_rows(record, codec)]
         return sorted(found, key=lambda m: (m.created_at, m.rowid))
 
 
 class ArchiveWrites:
-    """The archive's writes (mixed into :class:`~ctxwarden.store.writes.MemoryWrites`)."""
+    """The archive's writes (the base of :class:`~ctxwarden.store.erasures.ErasureWrites`)."""
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         raise NotImplementedError
 
     def _run(self, sql: str, params: Sequence[Any]) -> None:
-        raise NotImplementedError
-
-    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         raise NotImplementedError
 
     def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
@@ -84,67 +83,99 @@ class ArchiveWrites:
     def _chunks(self, values: Sequence[Any]) -> Iterator[list[Any]]:
         raise NotImplementedError
 
-    def _archive_rows(
+    def _archive_read(self, tenant: str, rowids: Sequence[int]) -> list[Any]:
+        """The rows at ``rowids`` (at most a chunk) as the archive keeps them."""
+        where, params = self._in(rowids)
+        return self._rows(
+            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND rowid {where} "
+            "ORDER BY rowid",
+            [tenant, *params],
+        )
+
+    def _archive_write(
         self,
         tenant: str,
-        rowids: Sequence[int],
-        *,
         summary_id: str,
+        rows: Sequence[Sequence[Any]],
+        *,
+        session: str,
         archived_at: float,
         expires_at: float,
     ) -> None:
-        """Keep the memories at ``rowids`` (at most a chunk) in the archive, about to be
-        retired into ``summary_id``."""
-        where, params = self._in(rowids)
-        rows = self._rows(
-            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND rowid {where}",
-            [tenant, *params],
+        """Keep ``rows`` (read by :meth:`_archive_read`) as the originals of ``summary_id``,
+        with those it already keeps."""
+        old = self._rows(
+            "SELECT codec, record FROM archived_memories WHERE tenant = ? AND summary_id = ?",
+            (tenant, summary_id),
         )
-        self._run_many(
-            "INSERT INTO archived_memories (tenant, id, summary_id, session, end_user, "
-            "archived_at, expires_at, codec, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (tenant, id) DO UPDATE SET summary_id = excluded.summary_id, "
-            "session = excluded.session, end_user = excluded.end_user, "
-            "archived_at = excluded.archived_at, expires_at = excluded.expires_at, "
-            "codec = excluded.codec, record = excluded.record",
-            [
-                (tenant, r[1], summary_id, r[3], r[30], archived_at, expires_at, CODEC, blob)
-                for r in rows
-                for blob in (encode_row(r),)
-            ],
+        kept = [r for codec, record in old for r in decode_rows(record, codec)]
+        ids = {r[1] for r in rows}
+        merged = [*(r for r in kept if r[1] not in ids), *rows]
+        self._run(
+            "DELETE FROM archived_memories WHERE tenant = ? AND summary_id = ?",
+            (tenant, summary_id),
         )
+        self._run(
+            "INSERT INTO archived_memories (tenant, summary_id, session, archived_at, "
+            "expires_at, originals, codec, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (tenant, summary_id, session, archived_at, expires_at, len(merged), CODEC,
+             encode_rows(merged)),
+        )  # fmt: skip
 
     def purge_archive(self, now: float) -> int:
         """Delete every archived original that expired by ``now``; how many."""
-        found = self._rows("SELECT count(*) FROM archived_memories WHERE expires_at <= ?", (now,))
+        found = self._rows(
+            "SELECT coalesce(sum(originals), 0) FROM archived_memories WHERE expires_at <= ?",
+            (now,),
+        )
         count = int(found[0][0])
         if count:
             self._run("DELETE FROM archived_memories WHERE expires_at <= ?", (now,))
         return count
 
-    def _erase_archived(self, tenant: str, ids: Sequence[str]) -> int:
-        """Delete the archived originals with these ids and those archived under them as
-        summaries, transitively (a summary compacted into another keeps its own originals
-        under its id); how many."""
-        erased = 0
-        frontier = list(dict.fromkeys(ids))
+    def _erase_archived(
+        self, tenant: str, summaries: Collection[str], gone: Collection[str]
+    ) -> None:
+        """Erase from the archive: the originals of the ``summaries`` that lose ids (rewritten
+        without the records of ``gone``), and the whole archive of every id in ``gone`` that
+        is a summary, with, transitively, the archives of summaries archived in it."""
+        gone = set(gone)
+        for summary_id in sorted(set(summaries) - gone):
+            rows = self._rows(
+                "SELECT session, archived_at, expires_at, codec, record FROM archived_memories "
+                "WHERE tenant = ? AND summary_id = ?",
+                (tenant, summary_id),
+            )
+            if not rows:
+                continue
+            session, archived_at, expires_at, codec, record = rows[0]
+            kept = [r for r in decode_rows(record, codec) if r[1] not in gone]
+            self._run(
+                "DELETE FROM archived_memories WHERE tenant = ? AND summary_id = ?",
+                (tenant, summary_id),
+            )
+            if kept:
+                self._archive_write(
+                    tenant, summary_id, kept, session=str(session),
+                    archived_at=float(archived_at), expires_at=float(expires_at),
+                )  # fmt: skip
+        frontier = sorted(gone)
         seen = set(frontier)
         while frontier:
-            found: list[str] = []
+            inner: list[str] = []
             for chunk in self._chunks(frontier):
                 where, params = self._in(chunk)
-                rows = self._rows(
-                    "SELECT id FROM archived_memories WHERE tenant = ? "
-                    f"AND (id {where} OR summary_id {where})",
-                    [tenant, *params, *params],
-                )
-                found.extend(str(r[0]) for r in rows)
+                for codec, record in self._rows(
+                    "SELECT codec, record FROM archived_memories WHERE tenant = ? "
+                    f"AND summary_id {where}",
+                    [tenant, *params],
+                ):
+                    inner.extend(
+                        str(r[1]) for r in decode_rows(record, codec) if r[12] == "summary"
+                    )
                 self._run(
-                    "DELETE FROM archived_memories WHERE tenant = ? "
-                    f"AND (id {where} OR summary_id {where})",
-                    [tenant, *params, *params],
+                    f"DELETE FROM archived_memories WHERE tenant = ? AND summary_id {where}",
+                    [tenant, *params],
                 )
-                erased += len(rows)
-            frontier = [i for i in dict.fromkeys(found) if i not in seen]
+            frontier = [i for i in dict.fromkeys(inner) if i not in seen]
             seen.update(frontier)
-        return erased

@@ -221,12 +221,11 @@ class ErasureWrites(ArchiveWrites):
         rewritten: dict[int, str] = {}
         gone = set(erased_ids)  # ids whose text must leave every summary
         frontier = list(gone)
+        citing: set[str] = set()  # summaries whose archived originals may hold erased ids
         while frontier:
-            found = [
-                r
-                for r in self._summaries_citing(tenant, frontier)
-                if r not in doomed and r not in removed
-            ]
+            cited = self._summaries_citing(tenant, frontier)
+            citing.update(self._ids_of(tenant, cited))
+            found = [r for r in cited if r not in doomed and r not in removed]
             frontier = []
             for rowid in found:
                 row = self._rows(
@@ -283,8 +282,9 @@ class ErasureWrites(ArchiveWrites):
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
         for key, user in sorted(keyed):
             self._relink(tenant, key, user)  # an erased value no longer supersedes anything
-        # The archived originals of what was erased (compacted ids, summaries) go too.
-        self._erase_archived(tenant, [*erased_ids, *removed_ids])
+        # The archived originals of what was erased go too: out of the archives of the
+        # summaries that cited them, and whole with an erased summary.
+        self._erase_archived(tenant, citing, [*erased_ids, *removed_ids, *summaries_removed])
         vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
         return ErasureReceipt(
             ids=tuple(dict.fromkeys([*erased_ids, *removed_ids])),

@@ -85,11 +85,13 @@ with the same key (tenant and end user) replaced, the successor's id and ``valid
 successor's time); removed with the memory by cascade.
 
 Migration 16 (``archive``) adds ``archived_memories``: with
-``CompactionPolicy(keep_originals="archive")`` compaction keeps each original it retires here,
-its record as zlib-compressed JSON (``codec``, ``record``), with the summary that replaced it,
-its session and end user (so erasure by session or user finds it) and the time it expires
-(``expires_at``: the retention in days after compaction; purged by the next compaction or
-``Engine.purge_archive``). Erasure removes archived rows with the memories they came from.
+``CompactionPolicy(keep_originals="archive")`` compaction keeps the originals it retires into
+one summary here, one row per summary: their records (the columns of ``memory_rows``) as one
+zlib-compressed JSON array (``codec``, ``record``; a cluster compresses about three times
+better than its messages one by one), how many (``originals``), the summary's session (erasure
+by session) and the time they expire (``expires_at``: the retention in days after compaction;
+purged by the next compaction or ``Engine.purge_archive``). Erasure rewrites a row without the
+records it erases, or deletes it with its summary.
 """
 
 from __future__ import annotations
@@ -547,18 +549,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             """
             CREATE TABLE archived_memories (
                 tenant TEXT NOT NULL,
-                id TEXT NOT NULL,
                 summary_id TEXT NOT NULL,
                 session TEXT NOT NULL,
-                end_user TEXT,
                 archived_at REAL NOT NULL,
                 expires_at REAL NOT NULL,
+                originals INTEGER NOT NULL,
                 codec TEXT NOT NULL,
                 record BLOB NOT NULL,
-                PRIMARY KEY (tenant, id)
+                PRIMARY KEY (tenant, summary_id)
             )
             """,
-            "CREATE INDEX archived_summary ON archived_memories (tenant, summary_id)",
             "CREATE INDEX archived_session ON archived_memories (tenant, session)",
             "CREATE INDEX archived_expiry ON archived_memories (expires_at)",
         ),

@@ -401,18 +401,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             """
             CREATE TABLE archived_memories (
                 tenant TEXT NOT NULL,
-                id TEXT NOT NULL,
                 summary_id TEXT NOT NULL,
                 session TEXT NOT NULL,
-                end_user TEXT,
                 archived_at DOUBLE PRECISION NOT NULL,
                 expires_at DOUBLE PRECISION NOT NULL,
+                originals INTEGER NOT NULL,
                 codec TEXT NOT NULL,
                 record BYTEA NOT NULL,
-                PRIMARY KEY (tenant, id)
+                PRIMARY KEY (tenant, summary_id)
             )
             """,
-            "CREATE INDEX archived_summary ON archived_memories (tenant, summary_id)",
             "CREATE INDEX archived_session ON archived_memories (tenant, session)",
             "CREATE INDEX archived_expiry ON archived_memories (expires_at)",
         ),

@@ -241,11 +241,13 @@ class MemoryWrites(ErasureWrites):
         retired."""
         self._before_delete()
         found = self._rows(
-            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
+            "SELECT id, session FROM memories WHERE rowid = ? AND tenant = ?",
+            (summary_rowid, tenant),
         )
         if not found:
             raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
         summary_id = str(found[0][0])
+        archive: list[Any] = []  # the originals' rows, kept when archive_until is given
         retired = 0
         summaries: list[str] = []
         for chunk in self._chunks(list(dict.fromkeys(ids))):
@@ -262,10 +264,7 @@ class MemoryWrites(ErasureWrites):
             summaries.extend(r[1] for r in rows if r[7] == "summary")
             at, at_params = self._in([r[0] for r in rows])
             if archive_until is not None:
-                self._archive_rows(
-                    tenant, [r[0] for r in rows], summary_id=summary_id,
-                    archived_at=deleted_at, expires_at=archive_until,
-                )  # fmt: skip
+                archive.extend(self._archive_read(tenant, [r[0] for r in rows]))
             # Aliases first: deleting the rows would cascade them away.
             self._run(
                 f"UPDATE aliases SET memory_rowid = ? WHERE memory_rowid {at}",
@@ -295,6 +294,11 @@ class MemoryWrites(ErasureWrites):
             )
             self._run(f"DELETE FROM memories WHERE rowid {at}", at_params)
             retired += len(rows)
+        if archive:
+            self._archive_write(
+                tenant, summary_id, archive, session=str(found[0][1]),
+                archived_at=deleted_at, expires_at=float(archive_until or deleted_at),
+            )  # fmt: skip
         for chunk in self._chunks(summaries):
             # Summaries of summaries: tombstones that named a retired summary now name this one,
             # in a pass over the tenant's tombstones (migration 4 dropped the summary_id index,
