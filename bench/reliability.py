@@ -32,6 +32,8 @@ Scenarios (each against a fresh SQLite file in a temporary folder):
   repeat), a summary built from it and a summary of that summary, with vectors on; then each
   kind of erasure the library has is run and the database, its ``-wal`` and ``-shm`` and the
   vector index files are searched for the canary's bytes (and for the bytes of its vector).
+  The ``archived ...`` kinds compact with ``keep_originals="archive"`` first: the archived
+  record is compressed, so the files are searched for that record's bytes as well.
   Whatever is found is reported, not hidden.
 
 After every kill: ``PRAGMA integrity_check`` and FTS5's ``integrity-check`` (against the
@@ -66,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from ctxwarden import Engine
+from ctxwarden.compact import CompactionPolicy
 from ctxwarden.engine import EngineConfig
 from ctxwarden.errors import CtxwardenError, NotFound
 
@@ -501,7 +504,26 @@ def _vector_patterns(db: Path, rowid: int) -> list[bytes]:
 #: The kinds of erasure: ``delete`` by id and by an alias's id, ``delete_session``,
 #: ``delete_tenant``, ``delete`` of a memory compacted into a summary, and compaction itself
 #: (its originals leave the store: their text should leave the files with them).
-ERASURES = ("memory", "alias", "session", "tenant", "compacted memory", "compaction")
+#: The ``archived ...`` kinds compact with ``keep_originals="archive"`` first and erase the
+#: compacted id, its session or its tenant: the archived record (compressed, so the canary's
+#: bytes are not in it as such) is searched for as a whole.
+ERASURES = (
+    "memory", "alias", "session", "tenant", "compacted memory", "compaction",
+    "archived memory", "archived session", "archived tenant",
+)  # fmt: skip
+
+
+def _archived_records(db: Path, ids: tuple[str, ...]) -> list[bytes]:
+    """The archive's compressed records that hold any of ``ids`` (one per summary; read with
+    a connection of our own)."""
+    from ctxwarden.store.archive import decode_rows
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [
+            bytes(record)
+            for codec, record in conn.execute("SELECT codec, record FROM archived_memories")
+            if any(row[1] in ids for row in decode_rows(record, codec))
+        ]
 
 
 class TerseSummarizer:
@@ -545,8 +567,14 @@ def erasure(folder: Path, kind: str) -> Row:
             tenant="acme",
         )  # fmt: skip
         vector = _vector_patterns(db, engine.get("secret", tenant="acme").rowid)
+        archived: list[bytes] = []
         if kind == "compacted memory":
             engine.compact(tenant="acme")
+        elif kind.startswith("archived"):
+            engine.compact(tenant="acme", policy=CompactionPolicy(keep_originals="archive"))
+            archived = _archived_records(db, ("secret", "secret-again"))
+            if not archived:
+                row.notes.append("the canary's memory was not archived: the run means nothing")
         elif kind == "compaction":
             engine.compact(tenant="acme", summarizer=TerseSummarizer())
             with contextlib.suppress(NotFound):
@@ -573,8 +601,12 @@ def erasure(folder: Path, kind: str) -> Row:
         if not vector:
             row.notes.append("no vector was stored for the canary (vectors not checked)")
         try:
-            if kind in ("memory", "compacted memory"):
+            if kind in ("memory", "compacted memory", "archived memory"):
                 engine.delete("secret", tenant="acme")
+            elif kind == "archived session":
+                engine.delete_session("s1", tenant="acme")
+            elif kind == "archived tenant":
+                engine.delete_tenant(tenant="acme")
             elif kind == "alias":
                 engine.delete("secret-again", tenant="acme")
             elif kind == "session":
@@ -591,7 +623,10 @@ def erasure(folder: Path, kind: str) -> Row:
             row.notes.append(f"search still finds it: {[m.id for m, _ in hits]}")
     text = found_bytes(db, [needle(word)])
     vectors = found_bytes(db, vector)
-    row.canary_bytes = sum(text.values()) + sum(vectors.values())
+    records = found_bytes(db, archived) if archived else {}
+    row.canary_bytes = sum(text.values()) + sum(vectors.values()) + sum(records.values())
+    if records:
+        row.notes.append(f"archived canary records left: {records}")
     if text:
         row.notes.append(f"canary text bytes left: {text}")
     if vectors:

@@ -23,8 +23,8 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     assert header[:4] == ["scenario", "kills", "acknowledged", "lost"]
     assert {"integrity failures", "5xx", "canary bytes", "slowest (s)"} <= set(header)
     body = {line.split("|")[1].strip(): line for line in lines[1:]}
-    # three crash scenarios, concurrency, contention, six kinds of erasure
-    assert len(body) == len(rows) == 3 + 1 + 1 + 6
+    # three crash scenarios, concurrency, contention, nine kinds of erasure
+    assert len(body) == len(rows) == 3 + 1 + 1 + 9
     for row in rows[:3]:
         assert row.kills == 1
         assert (row.lost, row.wrong, row.integrity_failures) == (0, 0, 0), row.notes
@@ -33,6 +33,10 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     assert rows[4].acknowledged
     assert rows[4].slowest > 0
     assert all(row.canary_bytes is not None for row in rows[5:])
+    # compacted with keep_originals="archive", then erased: the archived record is gone too
+    archived = [row for row in rows if row.scenario.startswith("erase: archived")]
+    assert len(archived) == 3
+    assert all(row.canary_bytes == 0 and not row.notes for row in archived), archived
 
 
 def test_unknown_scenarios_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from fastapi.testclient import TestClient
@@ -239,6 +239,7 @@ def _compacted(
     canary: str,
     summarizer: QuotingSummarizer | None = None,
     secret: str | None = None,
+    keep_originals: Literal["delete", "archive"] = "delete",
 ) -> tuple[Engine, str]:
     """An engine whose tenant's old history, the canary's memory among it, is compacted into
     one summary that quotes it."""
@@ -271,7 +272,7 @@ def _compacted(
     )
     engine.ingest(records, tenant="acme")
     # a small cluster: its summary (header, entities, the quoted line) may take most of it
-    policy = CompactionPolicy(max_summary_share=0.9)
+    policy = CompactionPolicy(max_summary_share=0.9, keep_originals=keep_originals)
     engine.compact(tenant="acme", summarizer=summarizer or QuotingSummarizer(), policy=policy)
     summary = engine.get("secret", tenant="acme")
     assert summary.kind == "summary", "the canary's memory must have been compacted"
@@ -490,3 +491,54 @@ def test_erasing_a_session_takes_its_records_out_of_other_sessions_aggregates(
         assert theirs not in rendered
     assert _canary_files(path, theirs) == {}
     assert _needle(mine) in _file_bytes(path)
+
+
+def _archived(path: Path) -> dict[str, tuple[bytes, list[str]]]:
+    """The archive's compressed records and the ids they hold, by summary id, read from the
+    file with a connection of its own."""
+    import sqlite3
+
+    from ctxwarden.store.archive import decode_rows
+
+    with sqlite3.connect(path) as conn:
+        return {
+            str(s): (bytes(r), [str(row[1]) for row in decode_rows(r, c)])
+            for s, c, r in conn.execute("SELECT summary_id, codec, record FROM archived_memories")
+        }
+
+
+@pytest.mark.parametrize("how", ["id", "summary", "session", "tenant"])
+def test_an_erased_memory_leaves_the_archive_too(tmp_path: Path, how: str) -> None:
+    """With keep_originals="archive" the canary's original is kept compressed: zlib output does
+    not hold the canary's bytes, so the files are searched for the archived record itself."""
+    path = tmp_path / f"archived-{how}.db"
+    canary = _canary()
+    engine, summary_id = _compacted(path, canary, keep_originals="archive")
+    try:
+        records = _archived(path)
+        assert "secret" in records[summary_id][1], "the canary's original must be archived"
+        blob = records[summary_id][0]
+        assert any(blob in data for data in _store_bytes(path).values())
+        assert canary in engine.expand("secret", tenant="acme")[0].content
+        if how == "id":
+            engine.delete("secret", tenant="acme")
+            left = _archived(path)
+            assert "secret" not in left[summary_id][1]
+            assert left[summary_id][1], "the summary's other originals stay archived"
+            assert all(m.id != "secret" for m in engine.expand(summary_id, tenant="acme"))
+        elif how == "summary":
+            engine.delete(summary_id, tenant="acme")
+            assert _archived(path) == {}
+        elif how == "session":
+            engine.erase_session("s1", tenant="acme")
+            assert _archived(path) == {}
+        else:
+            engine.erase_tenant(tenant="acme")
+            assert _archived(path) == {}
+        with pytest.raises(NotFound, match="secret"):
+            engine.expand("secret", tenant="acme")
+        assert not any(blob in data for data in _store_bytes(path).values())
+    finally:
+        engine.close()
+    assert not any(blob in data for data in _store_bytes(path).values())
+    assert _canary_files(path, canary) == {}

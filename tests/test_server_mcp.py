@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -53,6 +54,7 @@ async def exercise(client: Client) -> None:
         "recall",
         "update",
         "forget",
+        "expand",
         "assemble_context",
     }
 
@@ -108,6 +110,65 @@ async def exercise(client: Client) -> None:
     missing = await client.call_tool("forget", {"id": a["id"]})
     assert missing.is_error
     assert "no memory" in missing.content[0].text
+
+
+def test_expand_brings_back_archived_originals_and_offloaded_results() -> None:
+    """The ``expand`` tool over the SDK client: a summary's archived originals, an offloaded
+    tool result, and tool errors naming the id for a plain memory and for originals gone."""
+    from ctxwarden.compact import CompactionPolicy
+
+    clock = [1_700_000_000.0 + 30 * 86_400]
+    lines = [
+        "the release train leaves on Thursday at 10:00",
+        "sounds good to me, let us talk about it later",
+        "sure, i will take a look when i get a chance",
+        "thanks for the update, that makes sense",
+        "ok, no strong opinion from my side",
+        "i think we can leave it as it is for now",
+        "great, talk soon then",
+    ]
+
+    async def main() -> None:
+        with Engine.open(":memory:", clock=lambda: clock[0]) as engine:
+            engine.ingest(
+                [
+                    {
+                        "id": f"m{i}",
+                        "session": "s",
+                        "author": "ana",
+                        "content": line,
+                        "created_at": 1_700_000_000 + i,
+                    }
+                    for i, line in enumerate(lines)
+                ]
+            )
+            policy = CompactionPolicy(max_summary_share=0.9, keep_originals="archive")
+            (summary_id,) = engine.compact(policy=policy).summaries
+            big = "\n".join(f"row {i}: ok in {i * 7} ms" for i in range(400))
+            out = engine.offload(
+                [{"role": "tool", "tool_call_id": "c1", "content": big}],
+                max_tokens=100, session="s",
+            )  # fmt: skip
+            engine.ingest([{"id": "plain", "session": "s", "content": "a plain message"}])
+            async with Client(create_mcp_server(engine)) as client:
+                got = result_json(await client.call_tool("expand", {"id": summary_id}))
+                assert [s["content"] for s in got["sources"]] == lines
+                assert [s["id"] for s in got["sources"]] == [f"m{i}" for i in range(7)]
+                got = result_json(
+                    await client.call_tool("expand", {"id": out.ids[0], "session": "s"})
+                )
+                assert got["sources"][0]["content"] == big
+                plain = await client.call_tool("expand", {"id": "plain"})
+                assert plain.is_error
+                assert "'plain' is not a summary" in plain.content[0].text
+                elsewhere = await client.call_tool("expand", {"id": out.ids[0], "session": "x"})
+                assert elsewhere.is_error
+                clock[0] += 31 * 86_400  # past archive_days: the originals are gone
+                gone = await client.call_tool("expand", {"id": summary_id})
+                assert gone.is_error
+                assert summary_id in gone.content[0].text
+
+    anyio.run(main)
 
 
 def test_in_process() -> None:
@@ -195,9 +256,14 @@ def kept_id(engine: Engine) -> str:
 
 @pytest.mark.slow
 def test_stdio_via_cli(tmp_path: Path) -> None:
+    import ctxwarden
+
+    # the package under test (a worktree's source), not whichever one the venv installed
+    source = str(Path(ctxwarden.__file__).resolve().parents[1])
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "ctxwarden.cli", "--db", str(tmp_path / "m.db"), "mcp"],
+        env={**os.environ, "PYTHONPATH": source},
     )
 
     async def main() -> None:

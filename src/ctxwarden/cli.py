@@ -427,6 +427,18 @@ def compact(
     older_than: Annotated[
         str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
     ] = "14d",
+    keep_originals: Annotated[
+        str | None,
+        typer.Option(
+            "--keep-originals",
+            help="delete (default): the originals go; archive: kept compressed for "
+            "--archive-days (ctxwarden expand and the API's /sources return them).",
+        ),
+    ] = None,
+    archive_days: Annotated[
+        float | None,
+        typer.Option("--archive-days", help="Days archived originals are kept (default 30)."),
+    ] = None,
     summarizer: Annotated[
         str, typer.Option(help="extractive (offline, default) or llm.")
     ] = "extractive",
@@ -456,7 +468,13 @@ def compact(
         apply_it = not plan_only  # --every applies
     if plan_only == apply_it:
         raise InputError("pass exactly one of --plan or --apply (or --every)", field="compact")
-    policy = CompactionPolicy(older_than=parse_duration(older_than))
+    settings = _settings()
+    policy = CompactionPolicy(
+        older_than=parse_duration(older_than),
+        # checked by the policy (a ConfigError naming compact.keep_originals)
+        keep_originals=keep_originals or settings.keep_originals,  # type: ignore[arg-type]
+        archive_days=archive_days if archive_days is not None else settings.archive_days,
+    )
     chosen: Summarizer
     if summarizer == "extractive":
         chosen = ExtractiveSummarizer()
@@ -474,7 +492,7 @@ def compact(
     if every is not None:
         _compact_every(parse_duration(every), policy, chosen, tenant=tenant, as_json=as_json)
         return
-    with _engine() as engine:
+    with _engine(settings) as engine:
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
             previews = engine.compact_preview(plan, summarizer=chosen)
@@ -529,6 +547,8 @@ def compact(
             "stale": result.stale,
             "left_alone": result.left_alone,
             "tokens_saved": result.tokens_saved,
+            "archived": result.archived,
+            "purged": result.purged,
         }
         typer.echo(json.dumps(data))
     else:
@@ -541,6 +561,8 @@ def compact(
                 if result.left_alone
                 else ""
             )
+            + (f"; {result.archived} archived" if result.archived else "")
+            + (f"; {result.purged} expired archived originals deleted" if result.purged else "")
         )
 
 
@@ -594,6 +616,23 @@ def _compact_every(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@app.command()
+def expand(
+    id: Annotated[str, typer.Argument(help="A summary's id, or an offloaded tool result's.")],
+    tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines.")] = False,
+) -> None:
+    """Print what an id stands for: the originals a summary was made from (archived by
+    compact --keep-originals archive) or an offloaded tool result's whole text."""
+    with _engine() as engine:
+        found = engine.expand(id, tenant=tenant)
+    for memory in found:
+        if as_json:
+            typer.echo(json.dumps(memory.to_dict(), ensure_ascii=False))
+        else:
+            typer.echo(f"[{memory.id}] {memory.author or memory.role}: {memory.content}")
 
 
 @app.command()

@@ -221,6 +221,14 @@ def proxy(
             "(key from CTXWARDEN_ANTHROPIC_API_KEY or the config)."
         ),
     ] = None,
+    offload_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--offload-tokens",
+            help="Store tool results over this many tokens as memories and send a preview "
+            "naming the id (requests that name a user or session; off by default).",
+        ),
+    ] = None,
     no_auth: NoAuth = False,
     inclusion_log: InclusionLog = None,
     compact_every: CompactEvery = None,
@@ -258,7 +266,12 @@ def proxy(
         LLMClient(url, api_key=settings.upstream_api_key, timeout=120.0) as client,
     ):
         server = _server_config(engine, host, no_auth, max_body_bytes=max_body_bytes)
-        config = ProxyConfig(destructive=patterns, server=server, memory=memory)
+        config = ProxyConfig(
+            destructive=patterns,
+            server=server,
+            memory=memory,
+            offload_tokens=offload_tokens or settings.offload_tokens,
+        )
         app_ = create_proxy_app(engine, client, config, anthropic=claude)
         try:
             _run_server(app_, engine, name="proxy", host=host, port=port, as_json=as_json)

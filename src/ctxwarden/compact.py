@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import xxhash
 
@@ -86,6 +87,10 @@ class CompactionPolicy:
     - ``max_summary_share``: a summary keeps at most this share of its cluster's tokens; a
       cluster whose facts need more is left alone (a summary that keeps more is not worth what
       it drops).
+    - ``keep_originals``: ``"delete"`` (default) removes a cluster's originals when its summary
+      is written; ``"archive"`` keeps them, compressed, in the store's archive for
+      ``archive_days`` days (``Engine.expand(summary_id)`` gives them back; erasure removes
+      them; expired ones go at the next compaction or ``Engine.purge_archive()``).
 
     >>> CompactionPolicy(older_than=-1)
     Traceback (most recent call last):
@@ -104,6 +109,8 @@ class CompactionPolicy:
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
     max_summary_share: float = 0.5
+    keep_originals: Literal["delete", "archive"] = "delete"
+    archive_days: float = 30.0
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -132,6 +139,12 @@ class CompactionPolicy:
             raise bad(
                 "max_summary_tokens", f"is below min_summary_tokens ({self.min_summary_tokens})"
             )
+        if self.keep_originals not in ("delete", "archive"):
+            raise ConfigError(
+                f"compact.keep_originals: {self.keep_originals!r} is not 'delete' or 'archive'"
+            )
+        if not _number(self.archive_days) or self.archive_days <= 0:
+            raise bad("archive_days", "must be a positive number of days")
         if not _number(self.topic_threshold) or not -1 <= self.topic_threshold <= 1:
             raise bad("topic_threshold", "must be a cosine similarity in [-1, 1]")
 
@@ -218,6 +231,7 @@ class CompactionPlan:
             "memories": self.memories,
             "tokens": self.tokens,
             "tokens_saved": self.tokens_saved,
+            "keep_originals": self.policy.keep_originals,
             "clusters": [
                 {
                     "summary_id": c.summary_id,
@@ -237,7 +251,9 @@ class CompactionPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class CompactionResult:
-    """What :func:`apply` did."""
+    """What :func:`apply` did: ``archived`` of the ``compacted`` originals were kept in the
+    archive (``keep_originals="archive"``); ``purged``: expired archived originals deleted
+    (by :meth:`Engine.compact`, before it compacts)."""
 
     summaries: tuple[str, ...] = ()
     compacted: int = 0
@@ -246,6 +262,8 @@ class CompactionResult:
     left_alone: int = 0
     #: The compacted originals' tokens (as lines, the plan's sizes) minus their summaries'.
     tokens_saved: int = 0
+    archived: int = 0
+    purged: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -589,9 +607,11 @@ def write_summary(
     now: float,
     retire: bool = True,
     user: str | None = None,
+    archive_until: float | None = None,
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
+    With ``archive_until`` the retired sources are kept in the store's archive until then.
     Returns False, writing nothing, when the summary already exists, a source is no longer a
     memory of its own (``retire``: compacted meanwhile, the caller should plan again), or a
     source was erased meanwhile.
@@ -656,7 +676,12 @@ def write_summary(
         )
         if retire:
             writer.retire(
-                tenant, [m.id for m in sources], summary_rowid=rowid, deleted_at=now, reason=reason
+                tenant,
+                [m.id for m in sources],
+                summary_rowid=rowid,
+                deleted_at=now,
+                reason=reason,
+                archive_until=archive_until,
             )
     return True
 
@@ -716,6 +741,8 @@ def apply(
     """
     counters = tuple(tokenizers) or (tokenizer,)
     when = compaction.now if now is None else now
+    policy = compaction.policy
+    archive_until = when + policy.archive_days * DAY if policy.keep_originals == "archive" else None
     written: list[str] = []
     compacted = already = stale = left_alone = saved = 0
     for cluster in compaction.clusters:
@@ -742,6 +769,7 @@ def apply(
                 reason="compacted",
                 now=when,
                 user=cluster.user,
+                archive_until=archive_until,
             )
             outcome = "compacted" if done else "stale"
         if outcome == "compacted":
@@ -763,4 +791,5 @@ def apply(
         stale=stale,
         left_alone=left_alone,
         tokens_saved=saved,
+        archived=compacted if archive_until is not None else 0,
     )

@@ -11,6 +11,7 @@ summaries are written by the configured :class:`~ctxwarden.summarize.Summarizer`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -83,6 +84,9 @@ class Compaction:
         stop: Callable[[], bool] | None = None,
     ) -> compaction.CompactionResult:
         """Compact old, unused memories into summaries (see :meth:`Engine.compact`)."""
+        # Archived originals past their retention go first (keep_originals="archive").
+        with self.store.write() as writer:
+            purged = writer.purge_archive(self.clock())
         plan = plan or self.compact_plan(
             policy=policy, tenant=tenant, model=None, embeddings=None, tokenizer=None
         )
@@ -103,7 +107,7 @@ class Compaction:
         # The originals' text leaves the files (FTS index pages, WAL frames, vector index
         # files) as part of apply, not at a later scrub; retried until done, as after a delete.
         scrub_until_done(self.store)
-        return result
+        return dataclasses.replace(result, purged=purged) if purged else result
 
     def compact_preview(
         self, plan: compaction.CompactionPlan, *, summarizer: Summarizer | None

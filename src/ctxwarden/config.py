@@ -133,6 +133,14 @@ class Settings(BaseSettings):
     anthropic_count_tokens: bool = True
     #: Tool-name patterns the proxy holds for approval (``delete_*``, ``post_*``).
     destructive_tools: list[str] = Field(default_factory=list)
+    #: The proxy stores tool results over this many tokens as memories and sends a preview
+    #: naming the id (``expand`` brings them back); unset: off (conversations go as sent).
+    offload_tokens: int | None = Field(default=None, ge=1)
+    #: What ``ctxwarden compact`` does with the originals: ``delete``, or ``archive`` (kept
+    #: compressed for ``archive_days``, returned by ``expand``).
+    keep_originals: Literal["delete", "archive"] = "delete"
+    #: Days archived originals are kept (``keep_originals = "archive"``).
+    archive_days: float = Field(default=30.0, gt=0)
     #: Per-tenant keys that sign tool results (:mod:`ctxwarden.provenance`), at least 16
     #: characters each; kept out of ``repr`` and logs.
     tool_keys: dict[str, str] = Field(default_factory=dict, repr=False)

@@ -9,7 +9,8 @@
 
 ``Engine`` is a facade: it wires one service per flow (:mod:`ctxwarden.ingestion`,
 :mod:`~ctxwarden.assembly`, :mod:`~ctxwarden.embedding`, :mod:`~ctxwarden.compaction`,
-:mod:`~ctxwarden.erasure`, :mod:`~ctxwarden.scoped_reads`) and delegates to them.
+:mod:`~ctxwarden.erasure`, :mod:`~ctxwarden.expansion`, :mod:`~ctxwarden.scoped_reads`) and
+delegates to them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import DEFAULT_DEDUPE, EngineConfig
 from ctxwarden.erasure import Erasure, ErasureFaces
 from ctxwarden.errors import InputError
+from ctxwarden.expansion import Expansion, ExpansionFaces
 from ctxwarden.ingestion import CANDIDATE_CACHE_SIZE as CANDIDATE_CACHE_SIZE
 from ctxwarden.ingestion import Ingestion
 from ctxwarden.logwriter import LogCounters, LogWriter
@@ -47,7 +49,7 @@ from ctxwarden.types import Context, IngestOutcome, IngestResult, Record, Scope
 __all__ = ["DEFAULT_DEDUPE", "Engine", "EngineConfig"]
 
 
-class Engine(ScopedReads, ErasureFaces):
+class Engine(ScopedReads, ErasureFaces, ExpansionFaces):
     """The engine most users touch: ``ingest``, ``assemble``, ``get``, ``stats``.
 
     Open with :meth:`open`; close with :meth:`close` or use it as a context manager.
@@ -101,6 +103,9 @@ class Engine(ScopedReads, ErasureFaces):
         caches = (ingestion.forget, counter.clear)  # of stored rows: emptied by an erasure
         self._erasure = Erasure(
             store, config, clock=clock, flush_log=flush, get=self.get, caches=caches
+        )
+        self._expansion = Expansion(
+            store, config, clock=clock, registry=registry, get=self.get, ingest=self.ingest
         )
 
     @classmethod

@@ -12,11 +12,14 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     POST   /v1/memories/{id}/unpin      unpin
     PATCH  /v1/memories/{id}[?user=&session=]  {"content"} -> edited (old text kept as a version)
     GET    /v1/memories/{id}/versions   the texts edits replaced, oldest first
+    GET    /v1/memories/{id}/sources[?user=&session=]  a summary's archived originals, or an
+                                        offloaded tool result (Engine.expand)
     DELETE /v1/memories/{id}[?user=&session=]  erase (and summaries built from it)
     DELETE /v1/sessions/{session}       erase a session's memories and inclusion log
     DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats?session=&user=&scope=  counts
-    POST   /v1/compact/plan             {"older_than"?, "access_threshold"?, "max_summary_share"?}
+    POST   /v1/compact/plan             {"older_than"?, "access_threshold"?, "max_summary_share"?,
+                                         "keep_originals"?, "archive_days"?}
                                         -> plan (reads only)
     POST   /v1/compact/apply            same body -> summaries written, memories compacted
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
@@ -268,11 +271,14 @@ class CompactBody(StrictBody):
     """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
     with a decayed access score below ``access_threshold``; a summary may keep at most
     ``max_summary_share`` of its cluster's tokens (a cluster whose facts need more is left
-    alone)."""
+    alone). ``keep_originals="archive"`` keeps the originals compressed for ``archive_days``
+    (``GET /v1/memories/{id}/sources`` returns them); ``"delete"`` (default) removes them."""
 
     older_than: float = Field(default=14 * DAY, ge=0)
     access_threshold: float = Field(default=0.5, ge=0)
     max_summary_share: float = Field(default=CompactionPolicy.max_summary_share, gt=0, lt=1)
+    keep_originals: Literal["delete", "archive"] = "delete"
+    archive_days: float = Field(default=CompactionPolicy.archive_days, gt=0)
 
     def policy(self) -> CompactionPolicy:
         """The :class:`CompactionPolicy` this body asks for."""
@@ -280,6 +286,8 @@ class CompactBody(StrictBody):
             older_than=self.older_than,
             access_threshold=self.access_threshold,
             max_summary_share=self.max_summary_share,
+            keep_originals=self.keep_originals,
+            archive_days=self.archive_days,
         )
 
 
@@ -669,6 +677,23 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             return {"id": memory_id, "versions": [v.to_dict() for v in found]}
 
         return await caller.run("read", work)
+
+    @app.get("/v1/memories/{memory_id}/sources")
+    async def sources(
+        memory_id: str,
+        caller: CallerCredentials,
+        user: str | None = None,
+        session: str | None = None,
+    ) -> Response:
+        """What a summary was made from (its originals, archived by compaction with
+        ``keep_originals="archive"``) or an offloaded tool result's whole text; 404 when they
+        are gone or outside that user/session, 422 when the id is neither."""
+
+        def work(principal: Principal) -> dict[str, Any]:
+            found = engine.expand(memory_id, tenant=principal.tenant, user=user, session=session)
+            return {"id": memory_id, "sources": [m.to_dict() for m in found]}
+
+        return _json(await caller.run("read", work))
 
     @app.delete("/v1/memories/{memory_id}")
     async def delete(

@@ -4,7 +4,8 @@ Tools: ``summarize_text`` (text -> summary within ``max_tokens``), ``remember`` 
 a message memory by the agent, shown like any other memory as quoted data; a ``fact`` only when
 the operator allows it with ``remember_facts=True``, ``ctxwarden mcp --remember-facts``),
 ``recall`` (search memories, as many as fit ``max_tokens``), ``update`` (replace the text of a
-note stored with ``remember``; the old text is kept as a version), ``forget`` (delete one) and
+note stored with ``remember``; the old text is kept as a version), ``forget`` (delete one),
+``expand`` (the originals of a summary, or an offloaded tool result, by id) and
 ``assemble_context`` (a whole context for a session). Every tool works in the server's one
 tenant. ``remember`` takes the end user (``user``) a note belongs to; ``recall`` and
 ``assemble_context`` take ``session``, ``user`` and ``scope`` and read the narrowest scope named
@@ -44,7 +45,7 @@ from ctxwarden.render import line_text
 from ctxwarden.server.access import client_message
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
-from ctxwarden.types import SCOPES
+from ctxwarden.types import SCOPES, format_time
 from ctxwarden.types import Scope as ReadScopeName
 
 __all__ = ["MCPAuthMiddleware", "create_mcp_http_app", "create_mcp_server"]
@@ -242,6 +243,31 @@ def create_mcp_server(
                 )
             outcome = engine.update(id, content, tenant=where, user=user, session=session)
             return outcome.to_dict()
+
+    @server.tool()
+    def expand(
+        id: str, user: str | None = None, session: str | None = None, ctx: Context | None = None
+    ) -> dict[str, Any]:
+        """The whole text behind ``id``: the originals a summary was made from (while the
+        archive keeps them) or a tool result that was offloaded and replaced by a preview
+        naming this id. With ``user`` or ``session``, only if it is that end user's or
+        session's."""
+        with _tool_errors():
+            where = caller(ctx, "read")
+            found = engine.expand(id, tenant=where, user=user, session=session)
+            return {
+                "id": id,
+                "sources": [
+                    {
+                        "id": m.id,
+                        "role": m.role,
+                        "author": m.author,
+                        "created_at": format_time(m.created_at),
+                        "content": m.content,
+                    }
+                    for m in found
+                ],
+            }
 
     @server.tool()
     def forget(

@@ -83,6 +83,7 @@ from ctxwarden.server.proxymemory import (
     Who,
     who_of,
 )
+from ctxwarden.server.proxyoffload import offload_request
 from ctxwarden.server.proxyreply import check_tool_calls, completion_events
 from ctxwarden.server.proxyreport import ProxyMetrics, cached_tokens
 from ctxwarden.server.windows import ModelChoice, Windows, window_from_error
@@ -140,7 +141,12 @@ class ProxyConfig:
     any of its memories.
     ``keep_fraction``: when a conversation must be trimmed it is cut in steps of
     ``(1 - keep_fraction)`` of the cap (:func:`ctxwarden.fit.fit`). ``probe_window``: ask the
-    upstream the window it serves. ``server``: body limit, concurrency gate and authentication;
+    upstream the window it serves. ``offload_tokens``: for a request that names an end user or
+    session, a tool result over this many tokens is stored as a memory and replaced by a
+    preview of ``offload_preview_chars`` characters naming its id (the MCP tool ``expand`` and
+    ``GET /v1/memories/{id}/sources`` bring it back; :mod:`ctxwarden.server.proxyoffload`);
+    None (default) keeps every conversation as sent. ``server``: body limit, concurrency gate
+    and authentication;
     the default allows 32 MiB bodies (:data:`DEFAULT_MAX_BODY_BYTES`), a :class:`ServerConfig`
     of your own has its own default (1 MiB): pass ``max_body_bytes`` with it.
     """
@@ -152,6 +158,8 @@ class ProxyConfig:
     memory_refresh: Literal["cut", "topic"] = "cut"
     keep_fraction: float = 0.6
     probe_window: bool = True
+    offload_tokens: int | None = None
+    offload_preview_chars: int = 400
     server: ServerConfig = dataclasses.field(default_factory=_proxy_server)
     turn_slots: int = 8
     turn_timeout: float = 120.0
@@ -161,6 +169,19 @@ class ProxyConfig:
             raise ConfigError(f"memory_tokens: {self.memory_tokens} must not be negative")
         if self.memory_refresh not in ("cut", "topic"):
             raise ConfigError(f"memory_refresh: {self.memory_refresh!r} is not 'cut' or 'topic'")
+        if self.offload_tokens is not None and (
+            isinstance(self.offload_tokens, bool)
+            or not isinstance(self.offload_tokens, int)
+            or self.offload_tokens < 1
+        ):
+            raise ConfigError(
+                f"offload_tokens: {self.offload_tokens!r} must be a positive number of tokens "
+                "or None (off)"
+            )
+        if self.offload_preview_chars < 0:
+            raise ConfigError(
+                f"offload_preview_chars: {self.offload_preview_chars} must not be negative"
+            )
         if not 0.0 <= self.keep_fraction < 1.0:
             raise ConfigError(f"keep_fraction: {self.keep_fraction} must be from 0 to below 1")
 
@@ -367,6 +388,7 @@ class _Plan:
     counted: int
     stored: dict[str, int]
     conversation_tokens: int  # what sending the whole conversation would cost
+    offloaded: list[str] = dataclasses.field(default_factory=list)
 
 
 def _fit(
@@ -376,8 +398,10 @@ def _fit(
     headers: Mapping[str, str],
     checked: Checked,
     remember: bool,
+    offloaded: Sequence[dict[str, Any]] = (),
 ) -> _Plan:
-    """Fit the conversation to the chosen window, with the memory block when there is one."""
+    """Fit the conversation to the chosen window, with the memory block when there is one;
+    ``offloaded``: the records of tool results offloaded from it, stored when it is."""
     messages: list[Any] = body["messages"]
     model: str = body["model"]
     choice = proxy.windows.choose(model, headers)
@@ -405,6 +429,9 @@ def _fit(
     if remember:
         # only now: a request that cannot be fitted stores nothing
         stored, _ = proxy.memory.remember(who, messages, keys)
+        if offloaded:
+            for status, count in proxy.memory.store(who, list(offloaded)).items():
+                stored[status] = stored.get(status, 0) + count
     lead = 0
     while lead < len(units) and units[lead].kind == "system":
         lead += 1
@@ -461,10 +488,13 @@ def _fit(
         counted=counted,
         stored=stored,
         conversation_tokens=fixed + sum([u.tokens for u in units]),
+        offloaded=[str(r["id"]) for r in offloaded],
     )
 
 
 def _report(plan: _Plan, who: Who, received: int, started: float, **extra: Any) -> dict[str, Any]:
+    """The ``x-ctxwarden-report`` header's content (``offloaded``: the ids of tool results
+    replaced by previews, when any)."""
     choice = plan.choice
     fitted = plan.fitted
     report: dict[str, Any] = {
@@ -497,6 +527,8 @@ def _report(plan: _Plan, who: Who, received: int, started: float, **extra: Any) 
         "notes": [*choice.notes, *fitted.notes],
         "proxy_ms": round((time.perf_counter() - started) * 1000, 2),
     }
+    if plan.offloaded:
+        report["offloaded"] = plan.offloaded
     report.update(extra)
     return report
 
@@ -512,6 +544,15 @@ def _turn(
     started = time.perf_counter()
     with collections_paused():
         body = _parse(raw)
+        offloaded = offload_request(
+            body,
+            who_of(caller.tenant, headers, body, reads=can_read(caller)),
+            headers,
+            max_tokens=proxy.config.offload_tokens,
+            preview_chars=proxy.config.offload_preview_chars,
+            windows=proxy.windows,
+            cache=proxy.cache,
+        )
         checked = proxy.conversations.check(body.get("messages"))
     who = who_of(caller.tenant, headers, body, reads=can_read(caller))
     wants_stream = bool(body.get("stream"))
@@ -525,7 +566,7 @@ def _turn(
     handed = False  # to the relay of a stream, which releases it when the stream ends
     try:
         with collections_paused():  # a big conversation is ~100k new objects: no GC passes
-            plan = _fit(proxy, who, body, headers, checked, who.named)
+            plan = _fit(proxy, who, body, headers, checked, who.named, offloaded)
         proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
         proxy.metrics.sent_tokens.inc(plan.fitted.tokens)
         if plan.block is not None:
@@ -590,6 +631,7 @@ def _send(
                 raise
             proxy.windows.learn(body["model"], served)
             refitted = _fit(proxy, who, body, headers, checked, who.named)
+            refitted.offloaded = plan.offloaded  # stored by the first fit
             plan.__dict__.update(refitted.__dict__)
     raise AssertionError("unreachable")
 

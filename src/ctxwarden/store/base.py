@@ -457,8 +457,12 @@ class Writer(Protocol):
         summary_rowid: int,
         deleted_at: float,
         reason: str,
+        archive_until: float | None = None,
     ) -> int:
         """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction).
+
+        With ``archive_until`` each row is first kept, compressed, in the archive
+        (:meth:`Store.archived` reads it back) until that time.
 
         For each id that is a memory of its own: its aliases are re-pointed to the summary (the
         summary's metadata records, as ``alias_sources``, alias id -> that id) and the id
@@ -469,6 +473,9 @@ class Writer(Protocol):
         memory's own time_range) and the row is deleted from every table and index.
         Returns how many were retired; ids that are not memories are left alone.
         """
+
+    def purge_archive(self, now: float) -> int:
+        """Delete the archived originals that expired by ``now``; how many."""
 
     def merge(
         self,
@@ -568,6 +575,11 @@ class Store(Protocol):
     def supersessions(self, tenant: str, rowids: Sequence[int]) -> dict[int, tuple[str, float]]:
         """Of the memories at ``rowids``, those superseded by a newer one with the same key:
         rowid -> (the successor's id, the time it stopped being in force)."""
+
+    def archived(self, tenant: str, summary_id: str, *, now: float) -> list[Memory]:
+        """The originals compacted into ``summary_id`` and archived
+        (``keep_originals="archive"``), not expired at ``now``, oldest first; ``[]`` for none.
+        Erasure removes an erased memory's archived copy with it."""
 
     def versions(self, tenant: str, id: str) -> list[Version]:
         """The texts edits replaced in the memory ``id`` lives in, oldest first (``[]`` for

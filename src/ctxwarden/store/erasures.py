@@ -6,7 +6,7 @@ of other sessions' aggregates. Each erasure returns an
 :class:`~ctxwarden.store.base.ErasureReceipt`.
 
 Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.writes` is; the primitives
-(:meth:`StatementWrites._rows` and the rest) are each backend writer's.
+(:meth:`~ctxwarden.store.statements.StatementWrites._rows` and the rest) are each backend writer's.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
+from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.summary import line_sources
 
-__all__ = ["ErasureWrites", "StatementWrites", "without_sources"]
+__all__ = ["ErasureWrites", "without_sources"]
 
 _HEADER = re.compile(r"^Summary of \d+ messages?")
 
@@ -77,38 +78,7 @@ def without_sources(content: str, erased: Collection[str], remaining: int) -> st
     return "\n".join(out)
 
 
-class StatementWrites:
-    """The statement primitives every write of :class:`~ctxwarden.store.writes.MemoryWrites`
-    and :class:`ErasureWrites` uses; each backend's writer implements the first three."""
-
-    #: Values per membership test (:meth:`_in`): SQLite binds each value (short statements
-    #: plan faster); PostgreSQL binds one array, so it sets no real limit.
-    _CHUNK = 400
-
-    def _rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Run one statement written with ``?`` placeholders; its rows."""
-        raise NotImplementedError
-
-    def _run(self, sql: str, params: Sequence[Any]) -> None:
-        """Run one statement written with ``?`` placeholders that returns no rows."""
-        raise NotImplementedError
-
-    def _run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run one statement written with ``?`` placeholders once per row of parameters."""
-        raise NotImplementedError
-
-    def _in(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
-        """``values`` as the right side of a membership test (``IN (?, ?, ...)``) and its
-        parameters; at most :attr:`_CHUNK` values."""
-        return f"IN ({','.join('?' * len(values))})", list(values)
-
-    def _chunks(self, values: Sequence[Any]) -> Iterator[list[Any]]:
-        """``values`` in pieces of at most :attr:`_CHUNK` (none when empty)."""
-        for start in range(0, len(values), self._CHUNK):
-            yield list(values[start : start + self._CHUNK])
-
-
-class ErasureWrites(StatementWrites):
+class ErasureWrites(ArchiveWrites):
     """The erasures of one write transaction (mixed into each backend's writer)."""
 
     def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
@@ -305,12 +275,11 @@ class ErasureWrites(StatementWrites):
         rewritten: dict[int, str] = {}
         gone = set(erased_ids)  # ids whose text must leave every summary
         frontier = list(gone)
+        citing: set[str] = set()  # summaries whose archived originals may hold erased ids
         while frontier:
-            found = [
-                r
-                for r in self._summaries_citing(tenant, frontier)
-                if r not in doomed and r not in removed
-            ]
+            cited = self._summaries_citing(tenant, frontier)
+            citing.update(self._ids_of(tenant, cited))
+            found = [r for r in cited if r not in doomed and r not in removed]
             frontier = []
             for rowid in found:
                 row = self._rows(
@@ -367,6 +336,9 @@ class ErasureWrites(StatementWrites):
             self._run(f"DELETE FROM memories WHERE tenant = ? AND rowid {where}", [tenant, *params])
         for key, user in sorted(keyed):
             self._relink(tenant, key, user)  # an erased value no longer supersedes anything
+        # The archived originals of what was erased go too: out of the archives of the
+        # summaries that cited them, and whole with an erased summary.
+        self._erase_archived(tenant, citing, [*erased_ids, *removed_ids, *summaries_removed])
         vectors += len(rewritten)  # a rewritten summary's vector (of its old text) went too
         return ErasureReceipt(
             ids=tuple(dict.fromkeys([*erased_ids, *removed_ids])),
@@ -421,6 +393,9 @@ class ErasureWrites(StatementWrites):
         receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
         receipt = self._unfold_session(
             tenant, session, receipt, deleted_at=deleted_at, reason=reason
+        )
+        self._run(
+            "DELETE FROM archived_memories WHERE tenant = ? AND session = ?", (tenant, session)
         )
         self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
         return receipt
@@ -489,6 +464,7 @@ class ErasureWrites(StatementWrites):
             int(r[0]) for r in self._rows("SELECT rowid FROM memories WHERE tenant = ?", (tenant,))
         ]
         receipt = self.erase_receipt(tenant, rowids, deleted_at=deleted_at, reason=reason)
+        self._run("DELETE FROM archived_memories WHERE tenant = ?", (tenant,))
         self._run("DELETE FROM contexts WHERE tenant = ?", (tenant,))
         # A deleted tenant's API keys must stop working in the same transaction.
         self._run(

@@ -34,6 +34,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   SQLite's migration 13.
 - Migration 13 (``fact_keys``) adds ``memories.fact_key`` and ``supersessions``, as SQLite's
   migration 14.
+- Migration 15 (``archive``) adds ``archived_memories`` (compaction's originals kept compressed,
+  ``record`` a ``bytea``), as SQLite's migration 16.
 """
 
 from __future__ import annotations
@@ -389,6 +391,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             # and for those of compaction and semantic merges.
             "ALTER TABLE aliases ADD COLUMN session TEXT",
             "CREATE INDEX aliases_session ON aliases (tenant, session) WHERE session IS NOT NULL",
+        ),
+    ),
+    Migration(
+        version=15,
+        name="archive",
+        statements=(
+            # Compaction's originals kept compressed for a while (keep_originals="archive").
+            """
+            CREATE TABLE archived_memories (
+                tenant TEXT NOT NULL,
+                summary_id TEXT NOT NULL,
+                session TEXT NOT NULL,
+                archived_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION NOT NULL,
+                originals INTEGER NOT NULL,
+                codec TEXT NOT NULL,
+                record BYTEA NOT NULL,
+                PRIMARY KEY (tenant, summary_id)
+            )
+            """,
+            "CREATE INDEX archived_session ON archived_memories (tenant, session)",
+            "CREATE INDEX archived_expiry ON archived_memories (expires_at)",
         ),
     ),
 )

@@ -33,6 +33,7 @@ from psycopg_pool import ConnectionPool
 from ctxwarden.errors import ConflictError, StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store import pg_migrations
+from ctxwarden.store.archive import ArchiveReads
 from ctxwarden.store.base import (
     ApiKey,
     ContextLog,
@@ -80,7 +81,7 @@ def _unlock(conn: Conn, name: str) -> None:
         conn.close()
 
 
-class PostgresStore(PostgresVectors, MemoryReads):
+class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).

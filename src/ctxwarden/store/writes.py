@@ -234,16 +234,20 @@ class MemoryWrites(ErasureWrites):
         summary_rowid: int,
         deleted_at: float,
         reason: str,
+        archive_until: float | None = None,
     ) -> int:
         """Replace the memories ``ids`` by the summary at ``summary_rowid`` (compaction; see
-        :meth:`Store.retire`); how many were retired."""
+        :meth:`Store.retire`), archived until ``archive_until`` when given; how many were
+        retired."""
         self._before_delete()
         found = self._rows(
-            "SELECT id FROM memories WHERE rowid = ? AND tenant = ?", (summary_rowid, tenant)
+            "SELECT id, session FROM memories WHERE rowid = ? AND tenant = ?",
+            (summary_rowid, tenant),
         )
         if not found:
             raise StoreError(f"retire: no summary with rowid {summary_rowid} in {tenant!r}")
         summary_id = str(found[0][0])
+        archive: list[Any] = []  # the originals' rows, kept when archive_until is given
         retired = 0
         summaries: list[str] = []
         moved: dict[str, str] = {}
@@ -270,6 +274,8 @@ class MemoryWrites(ErasureWrites):
                     at_params,
                 )
             )
+            if archive_until is not None:
+                archive.extend(self._archive_read(tenant, [r[0] for r in rows]))
             # Aliases first: deleting the rows would cascade them away.
             self._run(
                 f"UPDATE aliases SET memory_rowid = ? WHERE memory_rowid {at}",
@@ -299,6 +305,11 @@ class MemoryWrites(ErasureWrites):
             )
             self._run(f"DELETE FROM memories WHERE rowid {at}", at_params)
             retired += len(rows)
+        if archive:
+            self._archive_write(
+                tenant, summary_id, archive, session=str(found[0][1]),
+                archived_at=deleted_at, expires_at=float(archive_until or deleted_at),
+            )  # fmt: skip
         for chunk in self._chunks(summaries):
             # Summaries of summaries: tombstones that named a retired summary now name this one,
             # in a pass over the tenant's tombstones (migration 4 dropped the summary_id index,
