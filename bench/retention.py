@@ -258,6 +258,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     for path in args.data:
+        if not path.exists():
+            parser.error(f"{path}: no such folder or file (a chatbench folder or LoCoMo JSON)")
         if path.is_dir() and not (path / "messages.jsonl").is_file():
             # A folder of data sets (../shared/data): both.
             found = [path / "chatbench-dev", path / "locomo-dev" / "locomo-dev.json"]
