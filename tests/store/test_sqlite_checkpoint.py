@@ -6,6 +6,9 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
+from ctxwarden.errors import StoreError
 from ctxwarden.store.sqlite import Checkpointer, SQLiteStore
 
 
@@ -113,4 +116,31 @@ def test_scrub_still_truncates_the_wal(tmp_path: Path) -> None:
         store.scrub()
         assert _wal_bytes(path) == 0
     finally:
+        store.close()
+
+
+def test_vacuum_shrinks_the_file_or_says_it_could_not(tmp_path: Path) -> None:
+    path = tmp_path / "v.db"
+    store = SQLiteStore(path, timeout=0.2)
+    store._conn.execute("CREATE TABLE IF NOT EXISTS filler (body TEXT)")
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        _fill(store, 400)
+        store.vacuum()
+        full = path.stat().st_size
+        with store.write():
+            store._conn.execute("DELETE FROM filler WHERE rowid % 4 <> 0")
+        # A reader on an older snapshot: VACUUM's pages stay in the WAL, the file keeps its size.
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM filler").fetchone()
+        with pytest.raises(StoreError, match="vacuum: a reader kept the WAL"):
+            store.vacuum()
+        assert path.stat().st_size == full
+        reader.execute("COMMIT")
+        store.vacuum()
+        assert path.stat().st_size < full / 2
+        assert _wal_bytes(path) == 0
+        assert store._query("SELECT count(*) FROM filler", ())[0][0] == 100
+    finally:
+        reader.close()
         store.close()

@@ -373,15 +373,24 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
 
     def vacuum(self) -> None:
         """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
-        merges FTS5 segments so deleted rows' tokens leave the index, then VACUUMs."""
+        merges FTS5 segments so deleted rows' tokens leave the index, VACUUMs, then
+        checkpoints and truncates the WAL: the file shrinks only then, since VACUUM's pages are
+        written to the WAL. Raises :class:`StoreError` when a reader (or the checkpoint thread)
+        kept that checkpoint from finishing: the database is vacuumed, the file not yet
+        shrunk; call it again (it used to return as if the file had shrunk)."""
         with self._lock:
             self._check_open()
             try:
                 self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
                 self._conn.execute("VACUUM")
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             except sqlite3.DatabaseError as exc:
                 raise self._translate(exc, "vacuum") from exc
+            if busy:
+                raise StoreError(
+                    "vacuum: a reader kept the WAL from being checkpointed, so the file has not "
+                    "shrunk yet; retry when it has finished"
+                )
 
     # -- API keys (the KeyStore seam) ---------------------------------------------------------
 
