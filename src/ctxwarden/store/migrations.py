@@ -83,6 +83,13 @@ Migration 14 (``fact_keys``) adds ``memories.fact_key`` (a fact's or pin's subje
 ``Record.key``) with ``memories_fact_key``, and ``supersessions``: for each memory a newer one
 with the same key (tenant and end user) replaced, the successor's id and ``valid_until`` (the
 successor's time); removed with the memory by cascade.
+
+Migration 20 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
+holds each attachment's name and caption (:func:`ctxwarden.attachments.search_text`, written
+by ingest, filled here for older rows), ``memories_fts`` is rebuilt with it as a second column
+(its triggers take both columns out and put them back), and the token counts of rows with
+attachments are dropped (they are now rendered after the content; each is counted again when
+assembly needs it).
 """
 
 from __future__ import annotations
@@ -115,6 +122,49 @@ _FACT_KEYS = (
         valid_until REAL NOT NULL
     )
     """,
+)
+
+#: Migration 20 (``attachment_search``).
+_ATTACHMENT_SEARCH = (
+    # The words of a row's attachments that search reads (attachments.search_text: each one's
+    # name and caption, space-separated), written by ingest; filled here for the rows before.
+    "ALTER TABLE memories ADD COLUMN attachment_text TEXT",
+    """
+    UPDATE memories SET attachment_text = (
+        SELECT group_concat(trim(coalesce(replace(replace(replace(replace(
+                   json_extract(a.value, '$.name'), '.', ' '), '_', ' '), '-', ' '), '/', ' '),
+                   '') || ' ' || coalesce(json_extract(a.value, '$.caption'), '')), ' ')
+        FROM json_each(memories.attachments) a WHERE a.type = 'object'
+    ) WHERE attachments IS NOT NULL
+    """,
+    "DROP TRIGGER memories_fts_delete",
+    "DROP TRIGGER memories_fts_update",
+    "DROP TABLE memories_fts",
+    """
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (
+        content, attachment_text, content='memories', content_rowid='rowid',
+        tokenize='porter unicode61 remove_diacritics 2'
+    )
+    """,
+    "INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')",
+    """
+    CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text);
+    END
+    """,
+    """
+    CREATE TRIGGER memories_fts_update AFTER UPDATE OF content, attachment_text ON memories
+    BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text);
+        INSERT INTO memories_fts (rowid, content, attachment_text)
+        VALUES (new.rowid, new.content, new.attachment_text);
+    END
+    """,
+    # Attachments are now rendered after the content: their rows' cached counts are stale.
+    "DELETE FROM token_counts WHERE memory_rowid IN "
+    "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -531,6 +581,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE aliases ADD COLUMN session TEXT",
             "CREATE INDEX aliases_session ON aliases (tenant, session) WHERE session IS NOT NULL",
         ),
+    ),
+    Migration(
+        version=20,
+        name="attachment_search",
+        statements=_ATTACHMENT_SEARCH,
     ),
 )
 
