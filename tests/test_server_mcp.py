@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -109,6 +110,22 @@ async def exercise(client: Client) -> None:
     assert missing.is_error
     assert "no memory" in missing.content[0].text
 
+    # A note about a picture: the caption is searched and shown after the note.
+    shot = {"kind": "image", "name": "board.png", "caption": "whiteboard with the Q3 roadmap"}
+    c = result_json(
+        await client.call_tool(
+            "remember", {"content": "photo from the sync", "attachments": [shot]}
+        )
+    )
+    roadmap = result_json(await client.call_tool("recall", {"query": "roadmap"}))
+    assert [m["id"] for m in roadmap["memories"]] == [c["id"]]
+    assert "[image board.png: whiteboard with the Q3 roadmap]" in roadmap["memories"][0]["text"]
+    bad = await client.call_tool(
+        "remember", {"content": "x", "attachments": [{"kind": "video", "name": "a"}]}
+    )
+    assert bad.is_error
+    assert "attachments[0].kind" in bad.content[0].text
+
 
 def test_in_process() -> None:
     async def main() -> None:
@@ -198,6 +215,8 @@ def test_stdio_via_cli(tmp_path: Path) -> None:
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "ctxwarden.cli", "--db", str(tmp_path / "m.db"), "mcp"],
+        # This checkout's source, not whatever ctxwarden the interpreter has installed.
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
     )
 
     async def main() -> None:
