@@ -8,7 +8,8 @@ Usage::
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
 or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
-``{speaker, dia_id, text}`` and ``qa`` items ``{question, answer, evidence, category}``). It
+``{speaker, dia_id, text, blip_caption?}``, a caption becoming an image attachment of its turn,
+and ``qa`` items ``{question, answer, evidence, category}``). It
 defaults to ../shared/data/locomo-dev/locomo-dev.json and ../shared/data/chatbench-dev (the first
 ``shared/data`` beside the repository or beside one of its parents, as bench/context_hash.py).
 
@@ -169,15 +170,17 @@ def read_locomo(path: Path) -> list[Conversation]:
             clock = start if start is not None and start > clock else clock + 3600.0
             for turn in conv[key]:
                 text = str(turn.get("text", "")).strip()
-                if turn.get("blip_caption"):
-                    text = f"{text} [shares a photo: {turn['blip_caption']}]".strip()
-                if not text:
+                caption = str(turn.get("blip_caption") or "").strip()
+                if not text and not caption:
                     continue
-                conversation.records.append({
+                record = {
                     "id": str(turn["dia_id"]), "session": name, "channel": f"session-{index}",
                     "author": str(turn["speaker"]), "author_kind": "human", "role": "user",
                     "content": text, "created_at": clock,
-                })  # fmt: skip
+                }  # fmt: skip
+                if caption:  # the shared image, as an attachment (not pasted into the text)
+                    record["attachments"] = [{"kind": "image", "caption": caption}]
+                conversation.records.append(record)
                 clock += 60.0
         asked = clock + timedelta(days=1).total_seconds()
         for q_number, item in enumerate(sample.get("qa", [])):

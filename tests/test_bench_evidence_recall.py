@@ -27,7 +27,11 @@ def test_locomo_reader() -> None:
         conversation.records[3]["created_at"]
         == datetime(2024, 3, 11, 18, 40, tzinfo=UTC).timestamp()
     )
-    assert "grey cat on a sofa" in conversation.records[2]["content"]
+    # A caption is the turn's image attachment, not pasted into its text.
+    assert conversation.records[2]["content"] == "Grey with white paws."
+    assert conversation.records[2]["attachments"] == [
+        {"kind": "image", "caption": "a photo of a grey cat on a sofa"}
+    ]
     assert {r["channel"] for r in conversation.records} == {"session-1", "session-2"}
     # Questions without evidence (adversarial) are left out; "a; b" evidence is split.
     assert [q.evidence for q in conversation.questions] == [("D1:1",), ("D2:1",), ("D1:3", "D1:1")]

@@ -295,7 +295,7 @@ def test_a_batch_mixing_plain_and_full_records_stores_each_as_given(engine: Engi
         {"thread_id": "t1", "reply_to": "m0"},
         {},
         {"name": "n", "metadata": {"k": 1}},
-        {"attachments": [{"title": "doc", "url": "https://x.io/d"}]},
+        {"attachments": [{"kind": "file", "name": "doc", "url": "https://x.io/d"}]},
         {},
         {"pinned": True},
     ]

@@ -48,6 +48,35 @@ def test_a_reply_stored_late_is_known_not_a_duplicate() -> None:
         assert engine.stats()["memories"] == 3
 
 
+def test_image_and_file_parts_are_remembered_as_attachments_without_their_bytes() -> None:
+    with Engine.open(":memory:") as engine:
+        memory = ProxyMemory(engine)
+        who = Who(tenant="default", user="ann", session="s1")
+        messages = [
+            {"role": "user", "content": [
+                {"type": "text", "text": "is this rash worth a doctor visit?"},
+                {"type": "image_url", "image_url": {
+                    "url": "https://cdn.example/u/ann/left%20arm.jpg?sig=1", "detail": "low"}},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "file", "file": {"filename": "blood test.pdf", "file_data": "JVBERi0="}},
+            ]},
+            # A message of only an image is remembered too.
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://cdn.example/u/ann/x.png"}}]},
+        ]  # fmt: skip
+        assert _remember(memory, who, messages) == {"stored": 2}
+        first, second = engine.store.recent("default", "s1", limit=10)[::-1]
+        assert first.attachments == (
+            {"kind": "image", "name": "left arm.jpg",
+             "url": "https://cdn.example/u/ann/left%20arm.jpg?sig=1"},
+            {"kind": "image", "name": "inline image"},
+            {"kind": "file", "name": "blood test.pdf"},
+        )  # fmt: skip
+        assert "base64" not in json.dumps(first.to_dict()) + json.dumps(second.to_dict())
+        assert second.content == ""
+        assert [m.id for m, _ in engine.store.search("default", ["blood"], limit=5)] == [first.id]
+
+
 def test_the_block_is_kept_while_the_question_is_unchanged_or_the_search_overlaps() -> None:
     with Engine.open(":memory:") as engine:
         memory = ProxyMemory(engine)

@@ -324,3 +324,27 @@ def test_similarities_are_the_jaccard_of_hashed_word_sets(texts: list[str], warm
         for j, b in enumerate(sets):
             want = 0.0 if i == j or not (a & b) else len(a & b) / len(a | b)
             assert got[i, j] == pytest.approx(want)
+
+
+def _hit(content: str, attachments: tuple[dict[str, str], ...] = ()) -> Any:
+    from ctxwarden.types import Memory
+
+    return Memory(
+        rowid=1, id="m1", tenant="default", session="s", channel=None, author="mel",
+        author_kind="human", role="user", content=content, created_at=0.0, thread_id=None,
+        reply_to=None, kind="message", pinned=False, name=None, tool_calls=(),
+        tool_call_id=None, content_hash="h", dup_count=1, last_seen_at=0.0, access_count=0,
+        last_accessed_at=None, access_score=0.0, included_tokens_total=0,
+        attachments=attachments,
+    )  # fmt: skip
+
+
+def test_the_second_hop_searches_a_hits_new_words_and_what_it_shared() -> None:
+    from ctxwarden.retrieve import bridge_terms
+
+    hit = _hit("yes, we adopted Bailey, a tabby cat, from the shelter on Elm Road")
+    assert bridge_terms(hit, {"cat", "pets"}) == ["yes", "adopted", "bailey", "tabby"]
+    # What the hit shared counts: a caption's words are its words too.
+    shared = _hit("look!", ({"kind": "image", "caption": "a hand-built ceramics kiln"},))
+    assert bridge_terms(shared, {"look"}, limit=2) == ["hand-built", "ceramics"]
+    assert bridge_terms(_hit("cat pets"), {"cat", "pets"}) == []

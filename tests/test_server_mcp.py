@@ -111,6 +111,22 @@ async def exercise(client: Client) -> None:
     assert missing.is_error
     assert "no memory" in missing.content[0].text
 
+    # A note about a picture: the caption is searched and shown after the note.
+    shot = {"kind": "image", "name": "board.png", "caption": "whiteboard with the Q3 roadmap"}
+    c = result_json(
+        await client.call_tool(
+            "remember", {"content": "photo from the sync", "attachments": [shot]}
+        )
+    )
+    roadmap = result_json(await client.call_tool("recall", {"query": "roadmap"}))
+    assert [m["id"] for m in roadmap["memories"]] == [c["id"]]
+    assert "[image board.png: whiteboard with the Q3 roadmap]" in roadmap["memories"][0]["text"]
+    bad = await client.call_tool(
+        "remember", {"content": "x", "attachments": [{"kind": "video", "name": "a"}]}
+    )
+    assert bad.is_error
+    assert "attachments[0].kind" in bad.content[0].text
+
 
 def test_expand_brings_back_archived_originals_and_offloaded_results() -> None:
     """The ``expand`` tool over the SDK client: a summary's archived originals, an offloaded

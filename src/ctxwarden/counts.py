@@ -10,13 +10,13 @@ and asks the store only for the rest.
 **Never a count for other text.** An entry is filed under a :func:`fingerprint`: a hash of the
 tokenizer, the rowid and everything :func:`ctxwarden.render.message_text` and
 :func:`~ctxwarden.render.line_text` read (the content itself, role, author, kind, creation time,
-channel, the untrusted verdict); a hit is served only when the count it finds was also made for
-that rowid and tokenizer. So a rowid SQLite reuses after the last row is erased, a memory
-re-ingested under an erased id with other text, a summary rebuilt with new content, or rows
-another process (or server) wrote into the same database never meet a stale entry: they miss,
-and the stale entry ages out. The id and content hash are not in it: they add nothing to what
-is rendered (the content is hashed whole; ``content_hash`` is of the normalised text, so two
-texts can share it). What may change on a stored row (an aggregate's ``dup_count``,
+channel, the untrusted verdict, the attachments); a hit is served only when the count it finds
+was also made for that rowid and tokenizer. So a rowid SQLite reuses after the last row is
+erased, a memory re-ingested under an erased id with other text, a summary rebuilt with new
+content, or rows another process (or server) wrote into the same database never meet a stale
+entry: they miss, and the stale entry ages out. The id and content hash are not in it: they add
+nothing to what is rendered (the content is hashed whole; ``content_hash`` is of the normalised
+text, so two texts can share it). What may change on a stored row (an aggregate's ``dup_count``,
 ``last_seen_at`` and ``latest_content``; ``pinned``) is not in the counts: assembly counts an
 aggregate's volume note when it renders it, and render reads ``kind``, never ``pinned``. A test
 changes each field of a memory in turn and checks that whatever moves the rendered texts moves
@@ -52,6 +52,7 @@ How the engine uses it (``ctxwarden.counting.MemoryCounts.counts``)::
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -87,6 +88,7 @@ def fingerprint(memory: Memory, tokenizer: str) -> int:
             memory.created_at,
             memory.channel,
             bool(metadata) and is_untrusted(metadata),
+            json.dumps(memory.attachments, sort_keys=True) if memory.attachments else None,
         )
     )
 

@@ -22,6 +22,7 @@ from typing import Any
 import xxhash
 
 from ctxwarden import render, tokens
+from ctxwarden.attachments import search_text
 from ctxwarden.dedupe import (
     UNFOLDABLE,
     DedupeCandidate,
@@ -344,6 +345,7 @@ class Ingestion:
                 "created_at": edited.created_at,
                 "channel": edited.channel,
                 "metadata": record.metadata,
+                "attachments": record.attachments,
             }
             counts.extend(_counted(edited.rowid, view, tokenizers))
         reason = (
@@ -493,6 +495,7 @@ class Ingestion:
                                 "created_at": item.created_at,
                                 "channel": record.channel,
                                 "metadata": record.metadata,
+                                "attachments": record.attachments,
                             },
                             tokenizers,
                         )
@@ -705,5 +708,5 @@ def _memory_values(item: _Prepared) -> tuple[Any, ...]:
         json.dumps(dict(r.metadata)) if r.metadata else None,
         item.content_hash,
         candidate.near_key if candidate is not None else None,
-        created, None, None, None, r.user,
+        created, None, None, None, r.user, search_text(r.attachments) or None,
     )  # fmt: skip

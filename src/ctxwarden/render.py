@@ -18,6 +18,9 @@ user-role data (:func:`replay_role`), quoted with its role named:
 ``system (stored system message): "..."``; only the caller's own ``system`` argument is ever a
 system message.
 
+A memory's attachments (:mod:`ctxwarden.attachments`) follow its content in both renderings,
+compactly: ``aiko: look at this [image: a dog on a beach]``.
+
 Both are counted once per tokenizer and cached: at ingest for the tokenizers the engine is
 configured to count there, on first use for the others, which keeps assembly from re-counting
 history. Segments join on newlines, and every segment starts
@@ -49,6 +52,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ctxwarden.attachments import with_note
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import Memory
 
@@ -227,4 +231,7 @@ def _fields(memory: Memory | Mapping[str, Any]) -> tuple[str, str | None, str]:
         author = author.replace("\x00", "\ufffd")
     if "\x00" in content:
         content = content.replace("\x00", "\ufffd")
+    attachments = memory.attachments if isinstance(memory, Memory) else memory.get("attachments")
+    if attachments:  # shown after the text, e.g. "look [image: a dog on a beach]"
+        content = with_note(content, attachments)
     return role, author, content

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 from ctxwarden._fastinit import fast_init
+from ctxwarden.attachments import check as check_attachments
 from ctxwarden.errors import InputError
 from ctxwarden.textcheck import check_json_text, check_text, plain_text
 
@@ -208,7 +209,7 @@ class Record:
     #: The caller's id, kept; without one a stable id is derived from the record.
     id: str | None = None
     #: The text (an OpenAI list of parts is joined; stored stripped). May be null only for an
-    #: assistant message that calls tools.
+    #: assistant message that calls tools or a record with attachments.
     content: str
     #: ``user``, ``assistant``, ``system`` or ``tool``.
     role: str = "user"
@@ -243,7 +244,8 @@ class Record:
     tool_calls: tuple[Mapping[str, Any], ...] = ()
     #: A tool result's call id (kept with its call in every context).
     tool_call_id: str | None = None
-    #: Captions, file names and link titles (``[{type, name, caption, url}]``), searchable.
+    #: Images, files and links the record carries (``[{kind, name, caption, url}]``,
+    #: :mod:`ctxwarden.attachments`): searchable, and shown after the content in prompts.
     attachments: tuple[Mapping[str, Any], ...] = ()
     #: Anything else the caller keeps with the record (JSON), returned as given.
     metadata: Mapping[str, Any] = field(default_factory=dict)
@@ -292,7 +294,7 @@ class Record:
         tool_calls = _tool_calls(merged.get("tool_calls"), line)
         content = merged.get("content")
         if content is None:
-            if not tool_calls:
+            if not tool_calls and not merged.get("attachments"):
                 raise InputError("missing (every record needs content)", field="content", line=line)
             content = ""
         elif type(content) is str:
@@ -307,7 +309,8 @@ class Record:
                 line=line,
             )
         check_text(content, "content", line=line)
-        if not content and not tool_calls:
+        attachments = check_attachments(merged.get("attachments"), line=line)
+        if not content and not tool_calls and not attachments:
             raise InputError("is empty", field="content", line=line)
         author_kind = merged.get("author_kind", "human")
         if author_kind not in AUTHOR_KINDS:
@@ -334,22 +337,14 @@ class Record:
         if record_id is not None and not record_id.strip():
             raise InputError("is blank", field="id", line=line)
         created = merged.get("created_at")
-        attachments = merged.get("attachments") or ()
-        if not isinstance(attachments, list | tuple) or not all(
-            isinstance(a, Mapping) for a in attachments
-        ):
-            raise InputError("expected a list of objects", field="attachments", line=line)
         metadata = merged.get("metadata") or {}
         if not isinstance(metadata, Mapping):
             raise InputError("expected an object", field="metadata", line=line)
         if metadata:
             check_json_text(metadata, "metadata", line=line)
-        if attachments:
-            check_json_text(attachments, "attachments", line=line)
-        if metadata or attachments:  # empty ones always serialise
+        if metadata:  # an empty one always serialises
             try:
                 json.dumps(metadata)
-                json.dumps(list(attachments))
             except (TypeError, ValueError) as exc:
                 raise InputError(
                     f"not JSON-serialisable: {exc}", field="metadata", line=line
@@ -380,7 +375,7 @@ class Record:
             name=_optional_str(merged, "name", line),
             tool_calls=tool_calls,
             tool_call_id=_optional_str(merged, "tool_call_id", line),
-            attachments=tuple(attachments),
+            attachments=attachments,
             metadata=dict(metadata),
             key=key,
         )
@@ -547,6 +542,7 @@ class Memory(NamedTuple):
             "access_score": self.access_score,
             "included_tokens_total": self.included_tokens_total,
             "source_ids": list(self.source_ids),
+            "attachments": [dict(a) for a in self.attachments],
             "time_range": ([format_time(t) for t in self.time_range] if self.time_range else None),
         }
 

@@ -54,11 +54,12 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
             "fact_keys",
             "alias_session",
             "archive",
+            "attachment_search",
         ]
-        assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 16))
+        assert [m.version for m in pg_migrations.apply(conn)] == list(range(1, 17))
         assert pg_migrations.plan(conn) == []
         assert pg_migrations.apply(conn) == []
-        assert pg_migrations.current_version(conn) == pg_migrations.MIGRATIONS[-1].version == 15
+        assert pg_migrations.current_version(conn) == pg_migrations.MIGRATIONS[-1].version == 16
         indexes = conn.execute(
             "SELECT to_regclass('inclusions') IS NULL, to_regclass('inclusions_memory') IS NULL"
         ).fetchone()

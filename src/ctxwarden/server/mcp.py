@@ -134,13 +134,16 @@ def create_mcp_server(
         kind: str = "message",
         user: str | None = None,
         scope: str | None = None,
+        attachments: list[dict[str, str]] | None = None,
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store a note of end user ``user`` in ``session`` (``kind`` message; fact only where
         the operator allows it); returns its id and what happened to it. A ``pinned`` note
         shows in every context of its session, or of ``scope``: ``user`` (all the user's
-        sessions) or ``tenant`` (everyone's). Notes are shown as quoted data with their author
-        (``agent``) and time, never as instructions."""
+        sessions) or ``tenant`` (everyone's). ``attachments``: images, files or links the note
+        is about, ``[{kind: image|file|link, name?, caption?, url?}]`` (searched, and shown
+        after the note). Notes are shown as quoted data with their author (``agent``) and
+        time, never as instructions."""
         with _tool_errors():
             where = caller(ctx, "write")
             if kind not in ("fact", "message"):
@@ -167,6 +170,8 @@ def create_mcp_server(
                 "pinned": pinned,
                 "created_at": time.time(),
             }
+            if attachments:
+                record["attachments"] = attachments
             result = engine.ingest(
                 [record], tenant=where, session=session or notes_session, user=user
             )

@@ -5,7 +5,8 @@ Who: the end user is the body's ``user`` or the ``X-Ctxwarden-User`` header, the
 retrieves nothing (:attr:`Who.named` is false): it only fits the conversation it was sent.
 
 What: the conversation's messages are stored verbatim (``fold=False``: an agent's transcript is
-never de-duplicated), each under an id derived from the conversation's scope and the message
+never de-duplicated; an image or file part becomes an attachment, :func:`attachments_of`), each
+under an id derived from the conversation's scope and the message
 (the n-th copy of a message gets the same id every time), so a conversation sent again stores
 only what is new; the reply is stored under the id the client's echo of it will get.
 
@@ -25,14 +26,17 @@ from collections import Counter, OrderedDict
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import orjson
 import xxhash
 
 from ctxwarden import render
+from ctxwarden.attachments import MAX_ATTACHMENTS, MAX_NAME_CHARS, MAX_URL_CHARS
 from ctxwarden.engine import Engine
 from ctxwarden.errors import InputError
 from ctxwarden.server.chatfit import message_text
+from ctxwarden.textcheck import plain_text
 from ctxwarden.tokens import ChatFormat
 from ctxwarden.types import Memory, check_scope_name
 
@@ -119,14 +123,53 @@ def _semantic_key(message: Mapping[str, Any]) -> str:
     return "\x00".join(parts)
 
 
+def attachments_of(content: Any) -> list[dict[str, str]]:
+    """The attachments an OpenAI message's content parts name: each ``image_url`` part as an
+    image (its URL's file name, and the URL itself when it is a web address), each ``file``
+    part as a file (its ``filename``). Nothing is downloaded, and an inline ``data:`` payload
+    is never kept: such an image is remembered as shared, by kind only.
+
+    >>> attachments_of([{"type": "text", "text": "what is this?"},
+    ...     {"type": "image_url", "image_url": {"url": "https://x.io/img/cat.png?s=2"}}])
+    [{'kind': 'image', 'name': 'cat.png', 'url': 'https://x.io/img/cat.png?s=2'}]
+    """
+    if not isinstance(content, list):
+        return []
+    found: list[dict[str, str]] = []
+    for part in content:
+        if not isinstance(part, Mapping):
+            continue
+        if part.get("type") == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else image
+            if not isinstance(url, str) or not plain_text(url):
+                continue
+            web = url[:8].lower().startswith(("http://", "https://"))
+            name = unquote(urlsplit(url).path.rsplit("/", 1)[-1]) if web else ""
+            name = " ".join(name.split())[:MAX_NAME_CHARS] if plain_text(name) else ""
+            item = {"kind": "image", "name": name or "inline image"}
+            if web and len(url) <= MAX_URL_CHARS:
+                item["url"] = url
+            found.append(item)
+        elif part.get("type") == "file":
+            file = part.get("file")
+            filename = file.get("filename") if isinstance(file, Mapping) else None
+            if isinstance(filename, str) and filename.strip() and plain_text(filename):
+                found.append({"kind": "file", "name": " ".join(filename.split())[:MAX_NAME_CHARS]})
+    return found[:MAX_ATTACHMENTS]
+
+
 def _record(message: Mapping[str, Any], id: str) -> dict[str, Any] | None:
     if message.get("role") in ("system", "developer"):
         return None  # the operator's instructions, not the conversation: never retrieved
     content = message_text(message.get("content")).strip()
     calls = message.get("tool_calls") or []
-    if not content and not calls:
+    attachments = attachments_of(message.get("content"))
+    if not content and not calls and not attachments:
         return None
     record: dict[str, Any] = {"id": id, "role": message.get("role"), "content": content or None}
+    if attachments:
+        record["attachments"] = attachments
     if calls:
         record["tool_calls"] = calls
     if message.get("tool_call_id"):

@@ -399,8 +399,9 @@ class Writer(Protocol):
         (else it is gone), content, hash, near key, metadata and attachments take the new values
         (``latest_content`` is cleared), the full-text entry follows, its token counts and
         vectors are dropped (the caller counts again; embedding finds it pending). Returns
-        :class:`Edited`; ``"unchanged"`` when the text is the same; ``None`` when ``edit.id``
-        is not a memory of its own in ``edit.tenant`` (unknown, an alias or compacted).
+        :class:`Edited`; ``"unchanged"`` when the text and attachments are the same; ``None``
+        when ``edit.id`` is not a memory of its own in ``edit.tenant`` (unknown, an alias or
+        compacted).
         """
 
     def set_key(self, tenant: str, rowid: int, key: str, *, user: str | None) -> list[str]:
@@ -647,8 +648,9 @@ class Store(Protocol):
     def pending_embeddings(
         self, model: str, *, after: int = 0, limit: int = 256
     ) -> list[tuple[int, str]]:
-        """Up to ``limit`` memories (every tenant) with text and no ``model`` vector, as
-        ``(rowid, content)`` in rowid order after ``after``. Tool results are left out."""
+        """Up to ``limit`` memories (every tenant) with text or attachments and no ``model``
+        vector, as ``(rowid, text)`` in rowid order after ``after``: the text is the content
+        and its attachments' words (``reads.embedded_text``). Tool results are left out."""
 
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store (to detect a model change)."""

@@ -92,6 +92,12 @@ better than its messages one by one), how many (``originals``), the summary's se
 by session) and the time they expire (``expires_at``: the retention in days after compaction;
 purged by the next compaction or ``Engine.purge_archive``). Erasure rewrites a row without the
 records it erases, or deletes it with its summary.
+Migration 20 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
+holds each attachment's name and caption (:func:`ctxwarden.attachments.search_text`, written
+by ingest, filled here for older rows), ``memories_fts`` is rebuilt with it as a second column
+(its triggers take both columns out and put them back), and the token counts of rows with
+attachments are dropped (they are now rendered after the content; each is counted again when
+assembly needs it).
 """
 
 from __future__ import annotations
@@ -124,6 +130,49 @@ _FACT_KEYS = (
         valid_until REAL NOT NULL
     )
     """,
+)
+
+#: Migration 18 (``attachment_search``).
+_ATTACHMENT_SEARCH = (
+    # The words of a row's attachments that search reads (attachments.search_text: each one's
+    # name and caption, space-separated), written by ingest; filled here for the rows before.
+    "ALTER TABLE memories ADD COLUMN attachment_text TEXT",
+    """
+    UPDATE memories SET attachment_text = (
+        SELECT group_concat(trim(coalesce(replace(replace(replace(replace(
+                   json_extract(a.value, '$.name'), '.', ' '), '_', ' '), '-', ' '), '/', ' '),
+                   '') || ' ' || coalesce(json_extract(a.value, '$.caption'), '')), ' ')
+        FROM json_each(memories.attachments) a WHERE a.type = 'object'
+    ) WHERE attachments IS NOT NULL
+    """,
+    "DROP TRIGGER memories_fts_delete",
+    "DROP TRIGGER memories_fts_update",
+    "DROP TABLE memories_fts",
+    """
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (
+        content, attachment_text, content='memories', content_rowid='rowid',
+        tokenize='porter unicode61 remove_diacritics 2'
+    )
+    """,
+    "INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')",
+    """
+    CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text);
+    END
+    """,
+    """
+    CREATE TRIGGER memories_fts_update AFTER UPDATE OF content, attachment_text ON memories
+    BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text);
+        INSERT INTO memories_fts (rowid, content, attachment_text)
+        VALUES (new.rowid, new.content, new.attachment_text);
+    END
+    """,
+    # Attachments are now rendered after the content: their rows' cached counts are stale.
+    "DELETE FROM token_counts WHERE memory_rowid IN "
+    "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -579,6 +628,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID
             """,
         ),
+    ),
+    Migration(
+        version=18,
+        name="attachment_search",
+        statements=_ATTACHMENT_SEARCH,
     ),
 )
 

@@ -36,6 +36,10 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   migration 14.
 - Migration 15 (``archive``) adds ``archived_memories`` (compaction's originals kept compressed,
   ``record`` a ``bytea``), as SQLite's migration 16.
+- Migration 16 (``attachment_search``) makes attachments searchable, as SQLite's migration 18:
+  ``memories.attachment_text`` holds each attachment's name and caption, ``content_tsv`` is
+  regenerated over the content and it, and the token counts of rows with attachments are
+  dropped. ``memory_rows`` is recreated (its ``m.*`` named the old column).
 """
 
 from __future__ import annotations
@@ -413,6 +417,43 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
             "CREATE INDEX archived_session ON archived_memories (tenant, session)",
             "CREATE INDEX archived_expiry ON archived_memories (expires_at)",
+        ),
+    ),
+    Migration(
+        version=16,
+        name="attachment_search",
+        statements=(
+            # See SQLite's migration 18: the words of a row's attachments, written by ingest.
+            "ALTER TABLE memories ADD COLUMN attachment_text TEXT",
+            """
+            UPDATE memories SET attachment_text = (
+                SELECT string_agg(btrim(concat_ws(' ', translate(a ->> 'name', '._-/', '    '),
+                                                  a ->> 'caption')), ' ' ORDER BY n)
+                FROM jsonb_array_elements(attachments::jsonb) WITH ORDINALITY AS t (a, n)
+                WHERE jsonb_typeof(a) = 'object'
+            ) WHERE attachments IS NOT NULL
+            """,
+            # The view expanded m.* (content_tsv included) when it was created.
+            "DROP VIEW memory_rows",
+            "ALTER TABLE memories DROP COLUMN content_tsv",
+            """
+            ALTER TABLE memories ADD COLUMN content_tsv TSVECTOR GENERATED ALWAYS AS (
+                to_tsvector('english', content || ' ' || coalesce(attachment_text, ''))
+            ) STORED
+            """,
+            "CREATE INDEX memories_fts ON memories USING GIN (content_tsv)",
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
+            # Attachments are now rendered after the content: their rows' cached counts are stale.
+            "DELETE FROM token_counts WHERE memory_rowid IN "
+            "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
         ),
     ),
 )

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 from ctxwarden.errors import InputError, StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.pg_writer import Conn, _PostgresWriter
-from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of, scope_sql
+from ctxwarden.store.reads import MEMORY_COLUMNS, embedded_text, memory_of, scope_sql
 from ctxwarden.types import Memory
 
 __all__ = ["PostgresVectors"]
@@ -78,12 +78,13 @@ class PostgresVectors:
     ) -> list[tuple[int, str]]:
         """Memories with text and no ``model`` vector, ``(rowid, content)``, rowid > ``after``."""
         rows = self._query(
-            "SELECT m.rowid, m.content FROM memories m WHERE m.rowid > %s AND m.content <> '' "
+            "SELECT m.rowid, m.content, m.attachment_text FROM memories m WHERE m.rowid > %s "
+            "AND (m.content <> '' OR m.attachment_text IS NOT NULL) "
             "AND m.role <> 'tool' AND NOT EXISTS (SELECT 1 FROM memory_vectors v "
             "WHERE v.memory_rowid = m.rowid AND v.model = %s) ORDER BY m.rowid LIMIT %s",
             (after, model, limit),
         )
-        return [(int(r[0]), str(r[1])) for r in rows]
+        return [(int(r[0]), embedded_text(str(r[1]), r[2])) for r in rows]
 
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store."""

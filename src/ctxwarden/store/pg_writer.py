@@ -26,10 +26,10 @@ _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, "
     "attachments, metadata, content_hash, near_key, last_seen_at, source_ids, time_start, "
-    "time_end, end_user) "
+    "time_end, end_user, attachment_text) "
     "VALUES (coalesce(%s, nextval(pg_get_serial_sequence('memories', 'rowid'))), "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s, %s, %s)"
+    "%s, %s, %s, %s)"
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]

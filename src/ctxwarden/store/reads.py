@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from ctxwarden.attachments import search_text
 from ctxwarden.errors import NotFound
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone, Version
@@ -102,6 +103,12 @@ def context_row(entry: ContextLog) -> tuple[Any, ...]:
     )
 
 
+def embedded_text(content: str, attachment_text: str | None) -> str:
+    """The text a memory is embedded by: its content and its attachments' words (the column
+    ``attachment_text``: :func:`ctxwarden.attachments.search_text`)."""
+    return f"{content} {attachment_text}".strip() if attachment_text else content
+
+
 def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
     """The insert parameters of ``memory`` (the column order of both backends' insert)."""
     return (
@@ -131,6 +138,7 @@ def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:
         memory.time_range[0] if memory.time_range else None,
         memory.time_range[1] if memory.time_range else None,
         memory.user,
+        search_text(memory.attachments) or None,
     )
 
 

@@ -110,8 +110,8 @@ _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, "
     "tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at, "
-    "source_ids, time_start, time_end, end_user) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "source_ids, time_start, time_end, end_user, attachment_text) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -247,7 +247,8 @@ class _SQLiteWriter(MemoryWrites):
                 runs.append((rowid, rowid))
         for first, last in runs:
             self._conn.execute(
-                "INSERT INTO memories_fts (rowid, content) SELECT rowid, content FROM memories "
+                "INSERT INTO memories_fts (rowid, content, attachment_text) "
+                "SELECT rowid, content, attachment_text FROM memories "
                 "WHERE rowid BETWEEN ? AND ?",
                 (first, last),
             )
@@ -428,7 +429,7 @@ class _SQLiteWriter(MemoryWrites):
         # values: memory_row(None, memory)[1:] (id, tenant, session, channel, author,
         # author_kind, role, content, created_at, thread_id, reply_to, kind, pinned, name,
         # tool_calls, tool_call_id, attachments, metadata, content_hash, near_key, last_seen_at,
-        # source_ids, time_start, time_end, end_user).
+        # source_ids, time_start, time_end, end_user, attachment_text).
         if values[9:11] == _NONE_2 and values[13:18] == _NONE_5 and values[21:24] == _NONE_3:
             self._queued.append(
                 (rowid, *values[:9], values[11], values[12], *values[18:21], values[24])

@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ctxwarden.attachments import search_text
 from ctxwarden.errors import StoreError
 from ctxwarden.store.base import Edit, Edited
 from ctxwarden.store.erasures import ErasureWrites, without_sources
@@ -133,14 +134,15 @@ class MemoryWrites(ErasureWrites):
         # SQLite: the FTS update trigger removes the old text's entry, which must exist.
         self._before_delete()
         rows = self._rows(
-            "SELECT rowid, content, content_hash, created_at, role, author, kind, channel "
-            f"FROM memories WHERE tenant = ? AND id = ?{self._LOCK_ROWS}",
+            "SELECT rowid, content, content_hash, created_at, role, author, kind, channel, "
+            f"attachments FROM memories WHERE tenant = ? AND id = ?{self._LOCK_ROWS}",
             (edit.tenant, edit.id),
         )
         if not rows:
             return None
-        rowid, content, content_hash, created_at, role, author, kind, channel = rows[0]
-        if content == edit.content:
+        rowid, content, content_hash, created_at, role, author, kind, channel, stored = rows[0]
+        attachments = json.dumps(list(edit.attachments)) if edit.attachments else None
+        if content == edit.content and stored == attachments:
             return "unchanged"
         version: int | None = None
         if keep:
@@ -158,13 +160,14 @@ class MemoryWrites(ErasureWrites):
             )
         self._run(
             "UPDATE memories SET content = ?, content_hash = ?, near_key = ?, metadata = ?, "
-            "attachments = ?, latest_content = NULL WHERE rowid = ?",
+            "attachments = ?, attachment_text = ?, latest_content = NULL WHERE rowid = ?",
             (
                 edit.content,
                 edit.content_hash,
                 edit.near_key,
                 json.dumps(dict(edit.metadata)) if edit.metadata else None,
-                json.dumps(list(edit.attachments)) if edit.attachments else None,
+                attachments,
+                search_text(edit.attachments) or None,
                 rowid,
             ),
         )
