@@ -36,7 +36,7 @@ from ctxwarden.assemble import (
 from ctxwarden.budget import BudgetPolicy
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
-from ctxwarden.embedding import Embeddings
+from ctxwarden.embedding import PENDING_COUNTED, Embeddings
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
@@ -125,6 +125,7 @@ class Assembly:
                 "safety factor"
             )
         query_text = query.strip() if query else None
+        lexical_only: tuple[str, ...] = ()
         recent_walk = _RecentWalk(
             self.store,
             self.counter,
@@ -201,6 +202,7 @@ class Assembly:
             # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
             wanted = related_candidates(available, line, floor=self.config.related_candidates)
             expand = related_anchors(self.config.retrieval.expand, related_tokens)
+            lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
             )
@@ -286,6 +288,7 @@ class Assembly:
             blocks=block_reports(policy, plan),
             candidates=CandidateReports(plan.candidates),
             notes=tuple(notes),
+            lexical_only=lexical_only,
         )
         context_id = uuid.uuid4().hex
         unwritten = recent_walk.flush_counts()
@@ -373,6 +376,23 @@ class Assembly:
                 Candidate(memories=(memory,), tokens=cost, text=text or render.line_text(memory))
             )
         return out
+
+    def _catch_up(self, tenant: str, scope: ReadScope, notes: list[str]) -> tuple[str, ...]:
+        """Embed the few memories still pending before retrieval (:meth:`Embeddings.catch_up`);
+        the ids of those left, searched by words only, with a note."""
+        try:
+            pending, ids = self.embeddings.catch_up(tenant, store_scope(scope))
+        except CtxwardenError as exc:  # no model, a remote embedder down: words only
+            notes.append(f"pending memories not embedded ({exc}); they are found by words only")
+            return ()
+        if pending:
+            more = "+" if pending >= PENDING_COUNTED else ""
+            notes.append(
+                f"{pending}{more} memories not embedded yet (assemble_embed_limit "
+                f"{self.config.assemble_embed_limit}): searched by words only, "
+                f"{len(ids)} of them in scope listed in lexical_only"
+            )
+        return ids
 
     def _related(
         self,

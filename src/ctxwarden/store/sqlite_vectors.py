@@ -317,6 +317,23 @@ class SQLiteVectors:
         )
         return [(int(r[0]), str(r[1])) for r in rows]
 
+    def embed_pending_batch(
+        self,
+        model: str,
+        embed: Callable[[list[str]], npt.NDArray[np.float32]],
+        *,
+        after: int = 0,
+        limit: int = 32,
+    ) -> list[int]:
+        """Embed and store up to ``limit`` pending memories (see the protocol). No lock is
+        held while ``embed`` runs: ingest goes on meanwhile."""
+        pending = self.pending_embeddings(model, after=after, limit=limit)
+        if not pending:
+            return []
+        rowids = [r for r, _ in pending]
+        self.put_vectors(model, rowids, embed([text for _, text in pending]))
+        return rowids
+
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store."""
         rows = self._query(
