@@ -188,3 +188,17 @@ def test_two_engines_on_one_postgres_embed_each_memory_once(
     finally:
         for engine in engines:
             engine.close()
+
+
+def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clock) -> None:
+    # The static model has no token for a lone control or combining character: its vector is
+    # all zero. It is stored (the memory is not embedded again) and left out of the index.
+    config = EngineConfig(embed="sync")
+    with Engine.open(":memory:", clock=clock, config=config, embedder=StaticEmbedder()) as engine:
+        engine.ingest([
+            {"id": "blank", "session": "earlier", "content": "\x01"},
+            {"id": "pet", "session": "earlier", "content": "my dog barks at the mailman"},
+        ])  # fmt: skip
+        assert engine.store.pending_embeddings(engine.embedder.name) == []
+        context = engine.assemble(session="now", query="puppy noise", budget=500, scope="tenant")
+        assert "pet" in _related(context)

@@ -18,6 +18,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ctxwarden import render, tokens
 from ctxwarden.assemble import (
     DATA_SOURCES,
@@ -126,6 +129,13 @@ class Assembly:
             )
         query_text = query.strip() if query else None
         lexical_only: tuple[str, ...] = ()
+        # The query's embedding runs in the embedding flow's query thread (onnxruntime releases
+        # the GIL) while the history, pinned memory and summaries are read below.
+        query_vector = (
+            self.embeddings.embed_query_soon(query_text[: self.config.retrieval.query_chars])
+            if query_text and self.config.related_candidates and self.embeddings.may_search()
+            else None
+        )
         recent_walk = _RecentWalk(
             self.store,
             self.counter,
@@ -204,7 +214,14 @@ class Assembly:
             expand = related_anchors(self.config.retrieval.expand, related_tokens)
             lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
-                tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
+                tenant,
+                query_text,
+                tok,
+                notes,
+                wanted,
+                store_scope(read_scope),
+                expand,
+                query_vector,
             )
             withhold_superseded(self.store, tenant, material)  # the related block's too
         plan = fill(policy, limits, fixed=fixed, material=material)
@@ -403,6 +420,7 @@ class Assembly:
         wanted: int,
         scope: ReadScope | None = None,
         expand: int | None = None,
+        early_vector: Callable[[], npt.NDArray[np.float32]] | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
@@ -419,13 +437,19 @@ class Assembly:
                 f"vectors of {', '.join(others)} ignored (this engine embeds with "
                 f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
             )
-        query_vector = None
-        if usable:
+        embedder_name = self.embedder.name
+
+        def query_vector() -> npt.NDArray[np.float32] | None:
+            # Called by retrieve after its lexical search: the embedding runs meanwhile.
             try:
-                query_vector = self.embedder.embed([query])[0]
+                if early_vector is not None:
+                    return early_vector()
+                vector: npt.NDArray[np.float32] = self.embedder.embed([query])[0]
+                return vector
             except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
                 notes.append(f"query not embedded ({exc}); related memory found by words only")
-                usable = False
+                return None
+
         lines: dict[int, tuple[str, int]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
@@ -442,8 +466,8 @@ class Assembly:
             query=query,
             now=self.clock(),
             cost=cost,
-            query_vector=query_vector,
-            model=self.embedder.name if usable else None,
+            query_vector=query_vector if usable else None,
+            model=embedder_name if usable else None,
             weights=weights,
             keep=lambda m: m.role != "tool" and not m.tool_calls,
             authors=self._authors(tenant) if usable else (),

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +34,13 @@ from ctxwarden.semantic import (
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
 
-__all__ = ["COALESCE_SECONDS", "LEXICAL_ONLY_LISTED", "PENDING_COUNTED", "Embeddings"]
+__all__ = [
+    "COALESCE_SECONDS",
+    "LEXICAL_ONLY_LISTED",
+    "PENDING_COUNTED",
+    "QUERY_CACHE_SIZE",
+    "Embeddings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,8 @@ log = logging.getLogger(__name__)
 LEXICAL_ONLY_LISTED = 50
 #: Memories still pending are counted up to this many (the report says "at least").
 PENDING_COUNTED = 1000
+#: Query vectors kept per engine (1.5 KB each with MiniLM).
+QUERY_CACHE_SIZE = 256
 #: The worker waits this long after the ingest that woke it before embedding (seconds).
 COALESCE_SECONDS = 0.05
 
@@ -84,11 +94,18 @@ class Embeddings:
         # complete pass started at).
         # Dirty at open: memories a previous process left pending are looked for once.
         self._generation = 1
+        self._query_lock = threading.Lock()
+        self._query_pool: ThreadPoolExecutor | None = None
+        self._query_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
         self._clean = 0
         self._covered = 0
 
     def close(self) -> None:
-        """Stop the background worker, if one runs, once it finishes its batch."""
+        """Stop the background worker, if one runs, once it finishes its slice, and the
+        query thread."""
+        if self._query_pool is not None:
+            self._query_pool.shutdown(wait=True)
+            self._query_pool = None
         thread = self._embed_thread
         if thread is not None:
             self._embed_stop.set()
@@ -325,6 +342,35 @@ class Embeddings:
             except CtxwardenError as exc:
                 log.warning("background embedding stopped: %s", exc)
                 return
+
+    def may_search(self) -> bool:
+        """Whether a query is likely searched by vectors: this engine embeds, or the store
+        has this embedder's vectors (worth starting the query's embedding early)."""
+        return self.config.embed != "off" or self.vectors_usable()[0]
+
+    def embed_query_soon(self, query: str) -> Callable[[], npt.NDArray[np.float32]]:
+        """Start embedding ``query`` in the query thread; returns a function that waits for its
+        vector (and raises what the embedder raised). The last :data:`QUERY_CACHE_SIZE`
+        queries' vectors are kept: an agent's tool-call rounds send the same last message."""
+        key = (self.embedder.name, query)
+        with self._query_lock:
+            cached = self._query_cache.get(key)
+            if cached is not None:
+                self._query_cache.move_to_end(key)
+                return lambda: cached
+            if self._query_pool is None:
+                self._query_pool = ThreadPoolExecutor(1, thread_name_prefix="ctxwarden-query")
+            future = self._query_pool.submit(self.embedder.embed, [query])
+
+        def wait() -> npt.NDArray[np.float32]:
+            vector: npt.NDArray[np.float32] = future.result()[0]
+            with self._query_lock:
+                self._query_cache[key] = vector
+                while len(self._query_cache) > QUERY_CACHE_SIZE:
+                    self._query_cache.popitem(last=False)
+            return vector
+
+        return wait
 
     def vectors_usable(self) -> tuple[bool, tuple[str, ...]]:
         """(the store has vectors of this engine's embedder, the other models it has)."""

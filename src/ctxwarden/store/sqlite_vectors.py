@@ -123,7 +123,7 @@ class VectorCache:
                 index = VectorIndex(dim, threads=2)
             ids = [int(r[0]) for r in rows]
             matrix = np.vstack([decode(r[2], dim) for r in rows])
-            index.add(ids, matrix)
+            index.add(*_directed(ids, matrix))
             last = ids[-1]
         # saved_seq -1: a rebuilt index is worth saving even when the log is empty.
         return _Entry(index, seq, -1)
@@ -160,7 +160,10 @@ class VectorCache:
             if present:
                 dim = entry.index.dim
                 entry.index.add(
-                    [int(r[0]) for r in present], np.vstack([decode(r[2], dim) for r in present])
+                    *_directed(
+                        [int(r[0]) for r in present],
+                        np.vstack([decode(r[2], dim) for r in present]),
+                    )
                 )
             if entry.index.removed_since_rebuild > max(1000, len(entry.index) // 5):
                 entry.index.rebuild()
@@ -526,3 +529,16 @@ class SQLiteVectors:
             (model, author, tenant, channel, seen_since, created_until),
         )
         return [(memory_of(r[:-2]), decode(r[-1], int(r[-2]))) for r in rows]
+
+
+def _directed(
+    ids: list[int], matrix: npt.NDArray[np.float32]
+) -> tuple[list[int], npt.NDArray[np.float32]]:
+    """The rows that have a direction: an all-zero vector (a text of no token the embedder
+    knows, e.g. the static model's) is kept in the table, so its memory is not embedded again,
+    but left out of the index: it is similar to nothing."""
+    norms = np.linalg.norm(matrix, axis=1)
+    keep = np.isfinite(norms) & (norms > 0)
+    if keep.all():
+        return ids, matrix
+    return [i for i, k in zip(ids, keep, strict=True) if k], matrix[keep]
