@@ -26,9 +26,12 @@ def ctxwarden(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
 def test_cli_on_chatbench(tmp_path: Path, chatbench: Path) -> None:
     db = str(tmp_path / "bench.db")
     report = tmp_path / "outcomes.jsonl"
+    # --no-embed: 4,944 messages through MiniLM would be a minute of CPU; the embedding pass
+    # of `ingest` has its own test below.
     out = ctxwarden(
-        "--db", db, "ingest", str(chatbench / "messages.jsonl"), "--report", str(report)
-    )
+        "--db", db, "ingest", str(chatbench / "messages.jsonl"), "--report", str(report),
+        "--no-embed",
+    )  # fmt: skip
     lines = (chatbench / "messages.jsonl").read_text(encoding="utf-8").splitlines()
     total = sum(1 for line in lines if line.strip())
     assert f"{total} records" in out.stdout
@@ -112,6 +115,26 @@ def test_demo_runs() -> None:
     assert "standup is at 9:45" in result.stdout
 
 
+def test_cli_ingest_embeds_what_it_stored(tmp_path: Path) -> None:
+    db = str(tmp_path / "db.sqlite")
+    records = tmp_path / "r.jsonl"
+    records.write_text(
+        "\n".join(
+            json.dumps({"id": f"m{i}", "session": "s", "content": f"note {i} about the garden"})
+            for i in range(5)
+        )
+    )
+    out = json.loads(ctxwarden("--db", db, "ingest", str(records), "--json").stdout)
+    assert out["stored"] == out["embedded"] == 5
+    again = ctxwarden("--db", db, "embed")
+    assert "0 memories embedded" in again.stdout  # nothing left for the batch command
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"id": "x", "session": "s", "content": "a new note"}))
+    plain = ctxwarden("--db", db, "ingest", str(more), "--no-embed")
+    assert "embedded" not in plain.stdout
+    assert "1 memories embedded" in ctxwarden("--db", db, "embed").stdout
+
+
 def test_cli_embed_detects_a_model_change(tmp_path: Path) -> None:
     db = str(tmp_path / "db.sqlite")
     records = tmp_path / "r.jsonl"
@@ -121,7 +144,7 @@ def test_cli_embed_detects_a_model_change(tmp_path: Path) -> None:
             for i in range(5)
         )
     )
-    ctxwarden("--db", db, "ingest", str(records))
+    ctxwarden("--db", db, "ingest", str(records), "--no-embed")
     first = ctxwarden("--db", db, "embed", "--embedder", "minilm-static")
     assert "5 memories embedded" in first.stdout
     again = ctxwarden("--db", db, "embed", "--embedder", "minilm-static")

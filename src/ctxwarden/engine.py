@@ -100,7 +100,8 @@ class Engine(ScopedReads, ErasureFaces, ExpansionFaces):
         self.compactor = Compactor(self._compaction, store, config, clock=clock)
         if config.compact_every is not None:
             self.compactor.start(config.compact_every)
-        caches = (ingestion.forget, counter.clear)  # of stored rows: emptied by an erasure
+        # Of stored rows: emptied by an erasure.
+        caches = (ingestion.forget, counter.clear, self._embeddings.forget)
         self._erasure = Erasure(
             store, config, clock=clock, flush_log=flush, get=self.get, caches=caches
         )
@@ -212,7 +213,7 @@ class Engine(ScopedReads, ErasureFaces, ExpansionFaces):
         if self.config.edit_history == "erase" and result.counts["edited"]:
             self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if embed:
-            self._embeddings.after_ingest()
+            self._embeddings.after_ingest(edited=result.counts["edited"] > 0)
         return result
 
     def update(
@@ -247,7 +248,7 @@ class Engine(ScopedReads, ErasureFaces, ExpansionFaces):
         if outcome.status == "edited" and self.config.edit_history == "erase":
             self.store.scrub()  # the replaced text leaves the files too (as after a delete)
         if outcome.status == "edited" and self.config.embed != "off":
-            self._embeddings.after_ingest()
+            self._embeddings.after_ingest(edited=True)
         return outcome
 
     def versions(self, id: str, *, tenant: str | None = None) -> list[Version]:

@@ -4,8 +4,8 @@ Re-exported by :mod:`ctxwarden.engine` (``from ctxwarden.engine import EngineCon
 working); the engine's flow services (ingestion, assembly, embedding, compaction) each read the
 fields they need.
 
->>> EngineConfig(embed="sync").embed
-'sync'
+>>> EngineConfig().embed
+'background'
 """
 
 from __future__ import annotations
@@ -59,13 +59,21 @@ class EngineConfig:
     auto_summarize: bool = False
     window_threshold: float = 0.9
     max_window_summaries: int = 8
-    #: When memories are embedded: ``"off"`` (only by :meth:`Engine.embed_pending` or
-    #: ``ctxwarden embed``), ``"sync"`` (right after each ingest commits), ``"background"`` (a
-    #: thread embeds batches after ingest; ingest never waits). Retrieval uses whatever vectors
-    #: of ``embedder`` the store holds, whichever way they were made.
-    embed: str = "off"
+    #: When memories are embedded: ``"background"`` (the default: a worker thread embeds
+    #: batches after ingest, so ingest never waits; the model loads in that thread on first
+    #: use, so opening an engine stays fast), ``"sync"`` (right after each ingest commits) or
+    #: ``"off"`` (only by :meth:`Engine.embed_pending` or ``ctxwarden embed``: no model is
+    #: loaded, retrieval is by words unless vectors were made that way). Retrieval uses
+    #: whatever vectors of ``embedder`` the store holds, whichever way they were made.
+    embed: str = "background"
     #: The embedder's name for :func:`ctxwarden.embed.get_embedder` (``"minilm"``, offline).
     embedder: str = "minilm"
+    #: With ``embed`` on: before retrieving for a query, :meth:`Engine.assemble` embeds up to
+    #: this many memories this engine ingested that the worker has not embedded yet, so the
+    #: turn searches them by meaning too (~10 ms a message with MiniLM on one core); those
+    #: left over are searched by words only and listed in ``Report.lexical_only``. 0 never
+    #: waits for the embedder.
+    assemble_embed_limit: int = 32
     embed_batch: int = 32
     retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
     #: Layer C of de-dup (:mod:`ctxwarden.semantic`): with ``semantic.enabled`` each embedding
@@ -120,6 +128,10 @@ class EngineConfig:
             raise ConfigError(f"inclusion_log: {self.inclusion_log!r} must be 'sync' or 'deferred'")
         if self.inclusion_log_queue < 1:
             raise ConfigError(f"inclusion_log_queue: {self.inclusion_log_queue} must be at least 1")
+        if self.assemble_embed_limit < 0:
+            raise ConfigError(
+                f"assemble_embed_limit: {self.assemble_embed_limit} is negative; 0 never waits"
+            )
         if self.embed_batch < 1:
             raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")
         if not isinstance(self.semantic, SemanticConfig):

@@ -247,6 +247,10 @@ def _named(author: str | None, words: frozenset[str]) -> bool:
     return bool(parts) and any(p in words for p in parts)
 
 
+#: A query's vector, or a function that waits for it (None: not embedded after all).
+LazyVector = npt.NDArray[np.float32] | Callable[[], npt.NDArray[np.float32] | None] | None
+
+
 def retrieve(
     store: Store,
     *,
@@ -254,7 +258,7 @@ def retrieve(
     query: str,
     now: float,
     cost: Callable[[Sequence[Memory]], Mapping[int, int]],
-    query_vector: npt.NDArray[np.float32] | None = None,
+    query_vector: LazyVector = None,
     model: str | None = None,
     weights: RetrievalWeights | None = None,
     keep: Callable[[Memory], bool] | None = None,
@@ -264,7 +268,9 @@ def retrieve(
     """Related memories for ``query``, best value per token first (see the module docstring).
 
     ``cost`` gives each memory's token cost as a related-block line (by rowid). ``query_vector``
-    and ``model`` (the embedding model's name) enable vector candidates. ``keep`` filters
+    and ``model`` (the embedding model's name) enable vector candidates; a function giving the
+    vector (or None) is called after the lexical search, so an embedding made in another thread
+    runs meanwhile. ``keep`` filters
     candidates (e.g. tool results out). ``authors`` (the tenant's authors): those the query
     names get their own vector candidates, searched among their messages only. ``scope``
     confines every store read (searches, neighbours) to a session's or an end user's memories,
@@ -291,6 +297,7 @@ def retrieve(
     terms = query_terms(query)
     if terms and w.lexical > 0:
         add("bm25", store.search(tenant, terms, limit=w.candidates, scope=scope))
+    query_vector = query_vector() if callable(query_vector) else query_vector
     query_words = _words(query)
     if query_vector is not None and model is not None:
         if w.vector > 0:

@@ -715,6 +715,9 @@ class Report:
     blocks: tuple[BlockReport, ...]
     candidates: Sequence[CandidateReport]
     notes: tuple[str, ...] = ()
+    #: Ids of memories in the read scope that had no vector yet when the query was searched
+    #: (``EngineConfig.assemble_embed_limit`` reached), so retrieval found them by words only.
+    lexical_only: tuple[str, ...] = ()
 
     def block(self, name: str) -> BlockReport | None:
         """The report of the block called ``name``, if the context has it."""
@@ -735,6 +738,7 @@ class Report:
             "blocks": [b.to_dict() for b in self.blocks],
             "candidates": [c.to_dict() for c in self.candidates],
             "notes": list(self.notes),
+            "lexical_only": list(self.lexical_only),
         }
 
 

@@ -1051,6 +1051,25 @@ def test_pending_embeddings_lists_what_a_model_lacks(store: Store) -> None:
         store.put_vectors("m1", [rowids["v2"]], np.vstack([_unit(0), _unit(1)]))
 
 
+def test_embed_pending_batch_embeds_and_stores_in_rowid_order(store: Store) -> None:
+    rowids = _vector_rows(store)
+    seen: list[list[str]] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        seen.append(texts)
+        return np.vstack([_unit(len(t)) for t in texts])
+
+    first = store.embed_pending_batch("m1", embed, limit=4)
+    assert first == sorted(rowids.values())[:4]
+    assert seen == [["vector 0", "vector 1", "vector 2", "vector 3"]]
+    rest = store.embed_pending_batch("m1", embed, after=first[-1], limit=10)
+    assert rest == sorted(rowids.values())[4:]
+    assert store.embed_pending_batch("m1", embed) == []  # nothing left: embed not called
+    assert len(seen) == 2
+    assert store.vector_models() == {"m1": len(rowids)}
+    assert store.pending_embeddings("m1") == []
+
+
 def test_sqlite_vector_index_persists_and_follows_other_writers(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
     first = SQLiteStore(path)

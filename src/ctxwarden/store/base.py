@@ -652,6 +652,25 @@ class Store(Protocol):
         vector, as ``(rowid, text)`` in rowid order after ``after``: the text is the content
         and its attachments' words (``reads.embedded_text``). Tool results are left out."""
 
+    def embed_pending_batch(
+        self,
+        model: str,
+        embed: Callable[[list[str]], npt.NDArray[np.float32]],
+        *,
+        after: int = 0,
+        limit: int = 32,
+    ) -> list[int]:
+        """Embed up to ``limit`` memories that :meth:`pending_embeddings` lists after ``after``:
+        ``embed`` gets their texts and returns one vector each, stored under ``model``. Returns
+        the rowids stored, in rowid order (``[]``: nothing left to claim).
+
+        Several processes may share a store: a memory one of them is embedding is skipped by
+        the others, so each pending memory is embedded once (PostgreSQL: a transaction-scoped
+        advisory lock per memory, taken with ``pg_try_advisory_xact_lock`` and held while
+        ``embed`` runs; no row lock, so ingest and access bumps never wait for an embedder).
+        An embedded SQLite store has one writer process in practice: a second one may embed a
+        memory twice, which only costs time (the second vector replaces the first)."""
+
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store (to detect a model change)."""
 

@@ -8,7 +8,7 @@ mixin over the store's pool, :meth:`write` and :meth:`_query`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -85,6 +85,63 @@ class PostgresVectors:
             (after, model, limit),
         )
         return [(int(r[0]), embedded_text(str(r[1]), r[2])) for r in rows]
+
+    def embed_pending_batch(
+        self,
+        model: str,
+        embed: Callable[[list[str]], npt.NDArray[np.float32]],
+        *,
+        after: int = 0,
+        limit: int = 32,
+    ) -> list[int]:
+        """Claim up to ``limit`` pending memories, embed them and store their vectors in one
+        transaction (see the protocol). A claim is a transaction-scoped advisory lock per
+        memory: servers sharing the database skip each other's claims instead of waiting, and
+        no row is locked, so an ingest that bumps a memory being embedded never waits."""
+        with self.write() as writer:
+            conn = writer._conn
+            # The volatile lock call is evaluated row by row as the outer LIMIT pulls, so a
+            # caller claims at most `limit`; the inner pool leaves room to skip others' claims.
+            rows = conn.execute(
+                "SELECT c.rowid, c.content FROM (SELECT m.rowid, m.content FROM memories m "
+                "WHERE m.rowid > %s AND m.content <> '' AND m.role <> 'tool' AND NOT EXISTS "
+                "(SELECT 1 FROM memory_vectors v WHERE v.memory_rowid = m.rowid "
+                "AND v.model = %s) ORDER BY m.rowid LIMIT %s) c "
+                "WHERE pg_try_advisory_xact_lock(%s, ((c.rowid %% 4294967296) - 2147483648)::int) "
+                "ORDER BY c.rowid LIMIT %s",
+                (after, model, limit * 4, _CLAIM_LOCK_SPACE, limit),
+            ).fetchall()
+            if not rows:
+                return []
+            # A claim whose holder committed between this statement's snapshot and the lock
+            # has its vector now: a new statement sees it (READ COMMITTED).
+            done = {
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT memory_rowid FROM memory_vectors WHERE model = %s "
+                    "AND memory_rowid = ANY(%s)",
+                    (model, [int(r[0]) for r in rows]),
+                )
+            }
+            claimed = [(int(r[0]), str(r[1])) for r in rows if int(r[0]) not in done]
+            if not claimed:
+                return []
+            matrix = np.asarray(embed([text for _, text in claimed]), dtype=np.float32)
+            if matrix.ndim != 2 or matrix.shape != (len(claimed), _VECTOR_DIM):
+                raise InputError(
+                    f"the embedder gave vectors of shape {matrix.shape} for {len(claimed)} texts; "
+                    f"the PostgreSQL schema keeps {_VECTOR_DIM}-d vectors",
+                    field="vectors",
+                )
+            for (rowid, _), vector in zip(claimed, matrix, strict=True):
+                conn.execute(
+                    "INSERT INTO memory_vectors (memory_rowid, model, embedding) "
+                    "SELECT %s, %s, %s::vector FROM memories WHERE rowid = %s "
+                    "ON CONFLICT (memory_rowid, model) "
+                    "DO UPDATE SET embedding = excluded.embedding",
+                    (rowid, model, _literal(vector), rowid),
+                )
+        return [rowid for rowid, _ in claimed]
 
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store."""
@@ -195,6 +252,9 @@ class PostgresVectors:
 
 #: Length of ``memory_vectors.embedding`` in the PostgreSQL schema (migration ``vectors``).
 _VECTOR_DIM = 384
+#: First key of the advisory locks that claim memories for embedding (the second is the
+#: memory's rowid folded into 32 bits; the migrations' one-key lock lives in another space).
+_CLAIM_LOCK_SPACE = 0x63770001
 
 
 def _literal(vector: npt.NDArray[np.float32]) -> str:

@@ -123,7 +123,7 @@ class VectorCache:
                 index = VectorIndex(dim, threads=2)
             ids = [int(r[0]) for r in rows]
             matrix = np.vstack([decode(r[2], dim) for r in rows])
-            index.add(ids, matrix)
+            index.add(*_directed(ids, matrix))
             last = ids[-1]
         # saved_seq -1: a rebuilt index is worth saving even when the log is empty.
         return _Entry(index, seq, -1)
@@ -160,7 +160,10 @@ class VectorCache:
             if present:
                 dim = entry.index.dim
                 entry.index.add(
-                    [int(r[0]) for r in present], np.vstack([decode(r[2], dim) for r in present])
+                    *_directed(
+                        [int(r[0]) for r in present],
+                        np.vstack([decode(r[2], dim) for r in present]),
+                    )
                 )
             if entry.index.removed_since_rebuild > max(1000, len(entry.index) // 5):
                 entry.index.rebuild()
@@ -317,6 +320,23 @@ class SQLiteVectors:
             (after, model, limit),
         )
         return [(int(r[0]), embedded_text(str(r[1]), r[2])) for r in rows]
+
+    def embed_pending_batch(
+        self,
+        model: str,
+        embed: Callable[[list[str]], npt.NDArray[np.float32]],
+        *,
+        after: int = 0,
+        limit: int = 32,
+    ) -> list[int]:
+        """Embed and store up to ``limit`` pending memories (see the protocol). No lock is
+        held while ``embed`` runs: ingest goes on meanwhile."""
+        pending = self.pending_embeddings(model, after=after, limit=limit)
+        if not pending:
+            return []
+        rowids = [r for r, _ in pending]
+        self.put_vectors(model, rowids, embed([text for _, text in pending]))
+        return rowids
 
     def vector_models(self) -> dict[str, int]:
         """How many vectors each embedding model has in the store."""
@@ -510,3 +530,16 @@ class SQLiteVectors:
             (model, author, tenant, channel, seen_since, created_until),
         )
         return [(memory_of(r[:-2]), decode(r[-1], int(r[-2]))) for r in rows]
+
+
+def _directed(
+    ids: list[int], matrix: npt.NDArray[np.float32]
+) -> tuple[list[int], npt.NDArray[np.float32]]:
+    """The rows that have a direction: an all-zero vector (a text of no token the embedder
+    knows, e.g. the static model's) is kept in the table, so its memory is not embedded again,
+    but left out of the index: it is similar to nothing."""
+    norms = np.linalg.norm(matrix, axis=1)
+    keep = np.isfinite(norms) & (norms > 0)
+    if keep.all():
+        return ids, matrix
+    return [i for i, k in zip(ids, keep, strict=True) if k], matrix[keep]

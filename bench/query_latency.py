@@ -1,0 +1,122 @@
+"""Where the time of ``assemble`` with a query goes at 10k memories: the query's embedding, the
+rest of assembly, and the whole, in wall time and in this process's CPU time.
+
+    PYTHONPATH=src python bench/query_latency.py [--memories 10000] [--runs 100] [--budget 2000]
+
+The store holds ``--memories`` chat messages in 20 sessions (40 words each from a small
+vocabulary, as bench/assemble.py) with a vector each. The stored vectors are random unit vectors
+under MiniLM's name, not MiniLM's own (embedding 10k messages costs ~2 CPU-minutes and the
+search's cost does not depend on their values); every query is embedded by the real MiniLM.
+Each run asks a different question (no query-cache hits) unless ``--repeat`` is given, which asks
+each question twice in a row (an agent's tool-call rounds re-send the same last user message).
+"CPU" is ``time.process_time`` (every thread of the process: the query's embedding in the
+query thread counts), "caller CPU" is ``time.thread_time`` of the calling thread (the critical
+path when the query thread has a core of its own); both are comparable on a loaded machine
+where wall time is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ctxwarden import Engine, EngineConfig
+from ctxwarden.embed import MiniLMEmbedder, StaticEmbedder
+
+WORDS = (
+    "the deploy release standup review branch merge ticket customer budget design meeting "
+    "schedule laptop coffee lunch weekend plan report bug fix test pipeline server database "
+    "query index cache token memory context agent model prompt window latency metric alert "
+    "team office remote travel invoice price contract launch roadmap sprint retro demo"
+).split()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memories", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--budget", type=int, default=2000)
+    parser.add_argument("--repeat", action="store_true", help="ask each question twice")
+    args = parser.parse_args()
+    rng = random.Random(7)
+    records = [
+        {
+            "id": f"m{i}",
+            "session": f"s{i % 20}",
+            "author": rng.choice(["ana", "bo", "cy", "dee"]),
+            "content": " ".join(rng.choice(WORDS) for _ in range(40)),
+            "created_at": 1_700_000_000 + i,
+        }
+        for i in range(args.memories)
+    ]
+    questions = [
+        f"what did {rng.choice(['ana', 'bo', 'cy'])} say about the {rng.choice(WORDS)} "
+        f"and the {rng.choice(WORDS)} {i}?"
+        for i in range(args.runs)
+    ]
+    if args.repeat:
+        questions = [q for q in questions[: args.runs // 2] for _ in range(2)]
+    embedder = MiniLMEmbedder()
+    embedder.embed(["warm up"])
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "bench.db"
+        with Engine.open(path, config=EngineConfig(embed="off")) as engine:
+            for start in range(0, len(records), 5000):
+                engine.ingest(records[start : start + 5000])
+            vectors = np.random.default_rng(7).standard_normal((len(records), 384))
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            rowids = [engine.get(r["id"]).rowid for r in records]  # type: ignore[arg-type]
+            engine.store.put_vectors(embedder.name, rowids, vectors.astype(np.float32))
+        rows = []
+        embed_wall, embed_cpu = [], []
+        for question in questions:
+            wall, cpu = time.perf_counter(), time.process_time()
+            embedder.embed([question])
+            embed_wall.append(time.perf_counter() - wall)
+            embed_cpu.append(time.process_time() - cpu)
+        rows.append(("query embedding alone (MiniLM)", embed_wall, embed_cpu, embed_cpu))
+        # Words only: an engine embedding with another model reads none of the stored vectors.
+        for label, config, model in (
+            ("assemble, words only (no vector read)", EngineConfig(embed="off"), StaticEmbedder()),
+            ("assemble with the query embedded (default config)", EngineConfig(), embedder),
+        ):
+            with Engine.open(path, config=config, embedder=model) as engine:
+                usable = model is embedder
+                for question in questions[:5]:  # warm: counts cached, index loaded
+                    engine.assemble(session="s3", query=question + " warm", budget=args.budget)
+                walls, cpus, own = [], [], []
+                for question in questions:
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    mine = time.thread_time()
+                    context = engine.assemble(session="s3", query=question, budget=args.budget)
+                    own.append(time.thread_time() - mine)
+                    walls.append(time.perf_counter() - wall)
+                    cpus.append(time.process_time() - cpu)
+                vector = any("vector" in c.components for c in context.report.candidates)
+                assert vector == usable, "vectors were (not) used as configured"
+                rows.append((label, walls, cpus, own))
+    print(f"\n{args.memories:,} memories, budget {args.budget}, {len(questions)} questions")
+    print("| what | wall p50 | wall p95 | CPU p50 | CPU p95 | caller CPU p50 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, walls, cpus, own in rows:
+        print(
+            f"| {label} | {_ms(walls, 0.5)} | {_ms(walls, 0.95)} | {_ms(cpus, 0.5)} "
+            f"| {_ms(cpus, 0.95)} | {_ms(own, 0.5)} |"
+        )
+
+
+def _ms(samples: list[float], q: float) -> str:
+    ordered = sorted(samples)
+    if q == 0.5:
+        return f"{1000 * statistics.median(ordered):.1f} ms"
+    return f"{1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]:.1f} ms"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Semantic retrieval by default: the background worker, assemble's catch-up of what is still
+pending, the report of memories searched by words only, and one embedding per memory when
+several engines share a PostgreSQL database. Real store, real MiniLM (loaded once a process)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from conftest import Clock
+from ctxwarden.embed import MiniLMEmbedder, StaticEmbedder
+from ctxwarden.engine import Engine, EngineConfig
+from ctxwarden.errors import ConfigError
+
+DAY = 86400.0
+
+# The pet is the only match of the question, and shares no word with it.
+_MEMORIES = [
+    "we adopted another kitten, she is called Bailey",
+    "the quarterly report is due on friday",
+    "my sister moved to Lisbon for work",
+    "remember to water the tomatoes in the garden",
+    "the train to the airport was late again",
+]
+_QUESTION = "which animals live at her home?"
+
+
+def _records(at: float) -> list[dict[str, Any]]:
+    return [
+        {"id": f"m{i}", "session": "earlier", "author": "ana", "content": text,
+         "created_at": at + i}
+        for i, text in enumerate(_MEMORIES)
+    ]  # fmt: skip
+
+
+def _related(context: Any) -> dict[str, Any]:
+    return {c.id: c for c in context.report.candidates if c.block == "related" and c.included}
+
+
+class _Gated(MiniLMEmbedder):
+    """MiniLM that waits for ``gate`` before each batch (an embedder busy elsewhere), counting
+    the texts it embedded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.calls += 1
+        self.gate.wait(timeout=60)
+        return super().embed(texts)
+
+
+def test_the_default_is_background_embedding() -> None:
+    assert EngineConfig().embed == "background"
+    assert EngineConfig().assemble_embed_limit > 0
+    with pytest.raises(ConfigError, match="assemble_embed_limit"):
+        EngineConfig(assemble_embed_limit=-1)
+
+
+def test_a_paraphrase_ingested_just_before_is_found_by_meaning(clock: Clock) -> None:
+    with Engine.open(":memory:", clock=clock) as engine:  # the defaults a new user gets
+        engine.ingest(_records(clock.now - DAY))
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        pet = _related(context).get("m0")
+        assert pet is not None, context.report.candidates
+        assert "vector" in pet.components
+        assert "bm25" not in pet.components
+        assert context.report.lexical_only == ()
+        assert not any("words only" in note for note in context.report.notes)
+
+
+def test_ingest_never_waits_for_the_embedder(clock: Clock) -> None:
+    embedder = _Gated()
+    with Engine.open(":memory:", clock=clock, embedder=embedder) as engine:
+        result = engine.ingest(_records(clock.now - DAY))  # the worker is stuck in embed
+        assert result.counts["stored"] == len(_MEMORIES)
+        assert engine.store.vector_models() == {}
+        embedder.gate.set()
+
+
+def test_with_the_cap_at_zero_pending_memories_are_reported_lexical_only(clock: Clock) -> None:
+    embedder = _Gated()
+    config = EngineConfig(assemble_embed_limit=0)
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest(_records(clock.now - DAY))
+        try:
+            context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+            assert "m0" not in _related(context)  # no word in common, no vector yet
+            assert set(context.report.lexical_only) == {f"m{i}" for i in range(len(_MEMORIES))}
+            assert any("searched by words only" in n for n in context.report.notes)
+            assert context.report.to_dict()["lexical_only"] == list(context.report.lexical_only)
+            # Another session's scope sees none of these ids.
+            own = engine.assemble(session="now", query=_QUESTION, budget=2000)
+            assert own.report.lexical_only == ()
+        finally:
+            embedder.gate.set()
+
+
+def test_assemble_embeds_the_pending_few_while_the_worker_is_busy(clock: Clock) -> None:
+    embedder = _Gated()
+    with Engine.open(":memory:", clock=clock, embedder=embedder) as engine:
+        engine.ingest(_records(clock.now - DAY))
+        # The worker holds its batch; assemble waits for that batch, not for a backlog.
+        threading.Timer(0.05, embedder.gate.set).start()
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        assert "m0" in _related(context)
+        assert context.report.lexical_only == ()
+
+
+def test_edits_and_later_ingests_are_caught_up_too(clock: Clock) -> None:
+    config = EngineConfig(embed="background")
+    with Engine.open(":memory:", clock=clock, config=config, embedder=StaticEmbedder()) as engine:
+        engine.ingest(_records(clock.now - DAY))
+        engine.assemble(session="now", query=_QUESTION, budget=500, scope="tenant")
+        engine.update("m1", "the quarterly report moved to monday")
+        engine.ingest([{"id": "late", "session": "earlier", "content": "a parrot joined us"}])
+        context = engine.assemble(session="now", query="report", budget=500, scope="tenant")
+        assert context.report.lexical_only == ()
+        model = engine.embedder.name
+        assert engine.store.pending_embeddings(model) == []
+
+
+def test_embed_off_loads_no_model_and_searches_words(clock: Clock) -> None:
+    embedder = _Gated()  # never released: any embed would hang the test
+    config = EngineConfig(embed="off")
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest(_records(clock.now - DAY))
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        assert context.report.lexical_only == ()
+        assert embedder.calls == 0
+
+
+@pytest.mark.postgres
+def test_two_engines_on_one_postgres_embed_each_memory_once(
+    pg_schema_dsn: str, clock: Clock
+) -> None:
+    class Counting(StaticEmbedder):
+        name = "minilm-l6-int8@1"  # the schema keeps 384-d vectors: pad the static 256
+
+        def __init__(self, barrier: threading.Barrier) -> None:
+            super().__init__()
+            self.barrier = barrier
+            self.texts: list[str] = []
+
+        @property
+        def dim(self) -> int:
+            return 384
+
+        def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            if not self.texts:
+                self.barrier.wait(timeout=30)  # both engines hold a claim at once
+            self.texts.extend(texts)
+            base = super().embed(texts)
+            return np.hstack([base, np.zeros((len(texts), 128), dtype=np.float32)])
+
+    config = EngineConfig(embed="off", embed_batch=8)
+    barrier = threading.Barrier(2)
+    embedders = [Counting(barrier), Counting(barrier)]
+    engines = [
+        Engine.open(pg_schema_dsn, clock=clock, config=config, embedder=e) for e in embedders
+    ]
+    try:
+        engines[0].ingest([
+            {"id": f"n{i}", "session": "s", "content": f"note {i}: the garden needs {i} seeds"}
+            for i in range(60)
+        ])  # fmt: skip
+        done: list[int] = []
+        threads = [threading.Thread(target=lambda e=e: done.append(e.embed_pending()))
+                   for e in engines]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        texts = embedders[0].texts + embedders[1].texts
+        assert len(texts) == len(set(texts)) == 60  # every memory once, by one engine
+        assert embedders[0].texts
+        assert embedders[1].texts
+        assert sorted(done) == sorted([len(embedders[0].texts), len(embedders[1].texts)])
+        assert engines[1].store.vector_models() == {"minilm-l6-int8@1": 60}
+        assert engines[1].store.pending_embeddings("minilm-l6-int8@1") == []
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clock) -> None:
+    # The static model has no token for a lone control or combining character: its vector is
+    # all zero. It is stored (the memory is not embedded again) and left out of the index.
+    config = EngineConfig(embed="sync")
+    with Engine.open(":memory:", clock=clock, config=config, embedder=StaticEmbedder()) as engine:
+        engine.ingest([
+            {"id": "blank", "session": "earlier", "content": "\x01"},
+            {"id": "pet", "session": "earlier", "content": "my dog barks at the mailman"},
+        ])  # fmt: skip
+        assert engine.store.pending_embeddings(engine.embedder.name) == []
+        context = engine.assemble(session="now", query="puppy noise", budget=500, scope="tenant")
+        assert "pet" in _related(context)
