@@ -27,6 +27,7 @@ from ctxwarden.assemble import (
     block_reports,
     data_message_text,
     fill,
+    keep_in_force,
     memory_message,
     recent_messages,
     related_budget,
@@ -38,7 +39,7 @@ from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import Embeddings
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
+from ctxwarden.errors import CtxwardenError, InputError, NotFound, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
 from ctxwarden.retrieve import check_query_length, retrieve
@@ -48,6 +49,7 @@ from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
 from ctxwarden.textcheck import check_json_text, check_text
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
+from ctxwarden.validity import asks_history
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +179,6 @@ class Assembly:
         )
         pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
         material.pinned = self._line_candidates(pinned, tok)
-        withhold_superseded(self.store, tenant, material)  # before the split counts the pins
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -204,7 +205,8 @@ class Assembly:
             material.related = self._related(
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
             )
-            withhold_superseded(self.store, tenant, material)  # the related block's too
+        # One read of the supersession links of pins and related hits, after retrieval.
+        notes.extend(self._in_force(tenant, query_text, material, tok))
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -439,6 +441,54 @@ class Assembly:
             )
         return candidates
 
+    def _in_force(
+        self, tenant: str, query: str | None, material: Material, tok: tokens.Tokenizer
+    ) -> list[str]:
+        """Leave superseded pins and related hits out, or date them for a query about
+        history, and put each related hit's successor in its place (:func:`keep_in_force`);
+        the notes for the report. One store read for the links; a successor not in the
+        context already is read with its own links (a chain is followed to its newest)."""
+        single = [c.memories[0] for c in (*material.pinned, *material.related)
+                  if len(c.memories) == 1]  # fmt: skip
+        links = self.store.supersessions(tenant, [m.rowid for m in single]) if single else {}
+        if not links:
+            return []
+        present = {m.id for c in (*material.pinned, *material.related, *material.recent)
+                   for m in c.memories}  # fmt: skip
+        wanted = sorted(
+            {
+                links[c.memories[0].rowid][0]
+                for c in material.related
+                if len(c.memories) == 1
+                and c.memories[0].rowid in links
+                and c.memories[0].kind == "message"
+            }
+            - present
+        )
+        successors: dict[str, Candidate] = {}
+        for successor_id in wanted[:_MAX_SUCCESSORS]:
+            newest = self._newest(tenant, successor_id)
+            if newest is not None:
+                successors[successor_id] = self._line_candidates([newest], tok)[0]
+        history = query is not None and asks_history(query)
+        return keep_in_force(material, links, successors, history=history)
+
+    def _newest(self, tenant: str, id: str) -> Memory | None:
+        """The memory ``id`` names, or the newest of the chain of successors it starts."""
+        try:
+            memory = self.store.get(tenant, id)
+        except NotFound:
+            return None
+        for _ in range(_MAX_CHAIN):
+            link = self.store.supersessions(tenant, [memory.rowid]).get(memory.rowid)
+            if link is None:
+                break
+            try:
+                memory = self.store.get(tenant, link[0])
+            except NotFound:
+                break
+        return memory
+
     def _authors(self, tenant: str) -> list[str]:
         """The tenant's authors, read from the store at most once a minute."""
         cached = self.authors.get(tenant)
@@ -447,6 +497,11 @@ class Assembly:
             self.authors[tenant] = cached
         return cached[1]
 
+
+#: At most this many successors of superseded related hits are read per assembly, each chain
+#: followed at most :data:`_MAX_CHAIN` links.
+_MAX_SUCCESSORS = 16
+_MAX_CHAIN = 8
 
 #: The related-block line cost assumed before a session has history to measure: a chat line of
 #: about 20 words with its ``[time] author:`` prefix.
@@ -558,32 +613,6 @@ def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) ->
         access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
     )  # fmt: skip
     return Candidate(memories=(pseudo,), tokens=tok.count(line), text=line)
-
-
-def withhold_superseded(store: Store, tenant: str, material: Material) -> None:
-    """Leave superseded facts and pins (a newer one with the same key) out of the pinned
-    and related blocks, each with its reason in the report: what is in force wins."""
-    keyed = [
-        c.memories[0].rowid
-        for c in (*material.pinned, *material.related)
-        if len(c.memories) == 1 and (c.memories[0].kind == "fact" or c.memories[0].pinned)
-    ]
-    superseded = store.supersessions(tenant, keyed) if keyed else {}
-    if not superseded:
-        return
-    present = {c.memories[0].id for c in material.pinned}
-    for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
-        still = []
-        for cand in kept:
-            link = superseded.get(cand.memories[0].rowid) if len(cand.memories) == 1 else None
-            if link is None:
-                still.append(cand)
-                continue
-            successor, until = link
-            day = time.strftime("%Y-%m-%d", time.gmtime(until))
-            where = " (in this context)" if successor in present else ""
-            material.withheld.append((source, cand, f"superseded by {successor}{where} on {day}"))
-        kept[:] = still
 
 
 class _RecentWalk:

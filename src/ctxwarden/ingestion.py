@@ -22,6 +22,7 @@ from typing import Any
 import xxhash
 
 from ctxwarden import render, tokens
+from ctxwarden.changes import ChangeLinks
 from ctxwarden.dedupe import (
     UNFOLDABLE,
     DedupeCandidate,
@@ -60,6 +61,7 @@ from ctxwarden.types import (
     Record,
     check_scope_name,
 )
+from ctxwarden.validity import Statement
 
 __all__ = ["CANDIDATE_CACHE_SIZE", "Ingestion"]
 
@@ -162,10 +164,14 @@ class Ingestion:
         # Rowids whose text an edit replaced in the batch being written (their analysed
         # aggregates are stale once it commits).
         self._edited: list[int] = []
+        # Analysed statements of stored messages for change detection (ctxwarden.changes).
+        self._statements: OrderedDict[int, tuple[str, Statement]] = OrderedDict()
+        self._changes: ChangeLinks | None = None
 
     def forget(self) -> None:
         """Drop the analysed aggregates (after an erasure or a semantic fold changed rows)."""
         self._analysed.clear()
+        self._statements.clear()
 
     def ingest(
         self,
@@ -259,6 +265,9 @@ class Ingestion:
                     raise
                 time.sleep(0.01 * 2**attempt)
         # Only after the commit: a rolled-back batch's rowids may be reused.
+        if self._changes is not None:
+            self._changes.remember()
+            self._changes = None
         cache = self._analysed
         for rowid in self._edited:
             cache.pop(rowid, None)
@@ -368,6 +377,10 @@ class Ingestion:
         config = self.config.dedupe
         index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
         heads_of: dict[tuple[str, str | None, str | None], tuple[str, ...]] = {}
+        changes = self._changes = ChangeLinks(
+            self.store, self.config.change_window, cache=self._statements
+        )
+        changes.read([(item.record, item.created_at) for item in prepared])
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
             for tenant_name, items in by_tenant.items():
@@ -381,7 +394,7 @@ class Ingestion:
             insert = writer.insert_row_or_fold
             add_outcome = outcomes.append
             exact_ttl = config.exact_ttl_seconds if config is not None else 0.0
-            for item in prepared:
+            for order, item in enumerate(prepared):
                 record = item.record
                 item_id = item.id
                 key = (record.tenant, item_id)
@@ -465,6 +478,7 @@ class Ingestion:
                     )
                     continue
                 known[key] = item_id
+                changes.stored(order, rowid, item_id)
                 if record.key is not None:
                     writer.set_key(record.tenant, rowid, record.key, user=record.user)
                 if candidate is not None:
@@ -527,6 +541,7 @@ class Ingestion:
                 )
             if counts:
                 writer.put_token_counts(counts)
+            writer.supersede(changes.links())
         return outcomes, index
 
 
