@@ -144,11 +144,10 @@ def generate(sessions: int, subjects: int, seed: int) -> tuple[list[dict[str, An
             while any(queues):  # interleave the subjects, keeping each one's order
                 queue = rng.choice([q for q in queues if q])
                 events.append(queue.pop(0))
-                for _ in range(rng.randint(1, 5)):
-                    events.append(("", rng.choice(CHATTER[language]),
-                                   rng.choice(AUTHORS[language])))  # fmt: skip
-            for _ in range(rng.randint(8, 20)):  # the talk goes on after the last change
-                events.append(("", rng.choice(CHATTER[language]), rng.choice(AUTHORS[language])))
+                for _ in range(rng.randint(2, 8)):
+                    events.append(("", _chatter(rng, language), rng.choice(AUTHORS[language])))
+            for _ in range(rng.randint(15, 40)):  # the talk goes on after the last change
+                events.append(("", _chatter(rng, language), rng.choice(AUTHORS[language])))
             for index, (_, text, author) in enumerate(events):
                 clock += rng.randint(20, 900)
                 records.append({
@@ -156,6 +155,15 @@ def generate(sessions: int, subjects: int, seed: int) -> tuple[list[dict[str, An
                     "author": author, "role": "user", "content": text, "created_at": clock,
                 })  # fmt: skip
     return records, asked
+
+
+def _chatter(rng: random.Random, language: str) -> str:
+    """A line of small talk: one of the pool, or two joined (so repeats are rarer)."""
+    first = rng.choice(CHATTER[language])
+    if rng.random() < 0.5:
+        return first
+    joint = {"en": ", ", "ja": "、", "zh": "，"}[language]
+    return first.rstrip("?？!！") + joint + rng.choice(CHATTER[language])
 
 
 def _capital(text: str) -> str:
@@ -189,10 +197,20 @@ def _is_data(message: dict[str, Any]) -> bool:
 
 
 def run(
-    records: list[dict[str, Any]], asked: list[Subject], budget: int, *, detect: bool
+    records: list[dict[str, Any]],
+    asked: list[Subject],
+    budget: int,
+    *,
+    detect: bool,
+    embedder: str = "off",
 ) -> dict[str, list[tuple[bool, bool]]]:
-    """Ingest the log into a fresh store and ask every subject; per language the verdicts."""
-    config = EngineConfig() if detect else replace(EngineConfig(), change_window=0.0)
+    """Ingest the log into a fresh store and ask every subject; per language the verdicts.
+    ``embedder``: ``"off"`` (words only) or an embedder's name (vectors made at ingest)."""
+    config = EngineConfig()
+    if embedder != "off":
+        config = replace(config, embed="sync", embedder=embedder)
+    if not detect:
+        config = replace(config, change_window=0.0)
     out: dict[str, list[tuple[bool, bool]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = SQLiteStore(Path(tmp) / "facts.db")
@@ -239,11 +257,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, list[tuple[bool, 
     parser.add_argument("--subjects", type=int, default=4, help="subjects per session")
     parser.add_argument("--budget", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--embedder", default="off", help="off (words only) or an embedder")
     args = parser.parse_args(argv)
     records, asked = generate(args.sessions, args.subjects, args.seed)
     results = {
-        "on": run(records, asked, args.budget, detect=True),
-        "off": run(records, asked, args.budget, detect=False),
+        "on": run(records, asked, args.budget, detect=True, embedder=args.embedder),
+        "off": run(records, asked, args.budget, detect=False, embedder=args.embedder),
     }
     print(f"{len(records)} messages, {len(asked)} questions at {args.budget} tokens ({MODEL})")
     print(table(results))

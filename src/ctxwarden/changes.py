@@ -3,13 +3,15 @@
 For each message a batch stores, :mod:`ctxwarden.validity` decides which earlier message of the
 same place it supersedes (same tenant, session, channel and end user), among the last
 :data:`CANDIDATES` messages of that place within ``EngineConfig.change_window`` seconds: the
-messages the store held before the batch (one page read per place, only for places where a
-message of the batch could change anything: one with a change cue or a value) and the batch's
-own earlier messages. The links are written in the batch's transaction
-(:meth:`~ctxwarden.store.base.Writer.supersede`); neither side is changed or folded.
+last :data:`PRIOR_PAGE` messages the store held before the batch (one page read per place, only
+for places where a message of the batch could change anything: one with a change cue, or a
+value and a human author) and the batch's own earlier messages. The links are written in the
+batch's transaction (:meth:`~ctxwarden.store.base.Writer.supersede`); neither side is changed
+or folded.
 
 Cost: one :meth:`~ctxwarden.store.base.Store.recent` page per place per batch, and per message
-with a cue or a value a comparison of term sets with at most :data:`CANDIDATES` others.
+with a cue or a value a comparison with the earlier ones that share a subject term with it
+(found through a term index of the place, not by comparing with every earlier message).
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ from dataclasses import dataclass, field
 
 from ctxwarden.store.base import Store
 from ctxwarden.types import Record
-from ctxwarden.validity import Statement, analyse, common_terms, superseded
+from ctxwarden.validity import Statement, analyse, superseded
 
-__all__ = ["CANDIDATES", "ChangeLinks"]
+__all__ = ["CANDIDATES", "PRIOR_PAGE", "ChangeLinks"]
 
-#: How many earlier messages of the same place a new one is compared with.
-CANDIDATES = 64
+#: How far back (in messages of the same place) a new one looks; it is compared only with
+#: those that share a subject term with it (a term index, so the look-back costs little).
+CANDIDATES = 400
+#: How many earlier messages of a place a batch reads from the store (one page per place).
+PRIOR_PAGE = 100
+#: At most this many of the earlier messages sharing a term are compared (the newest).
+_COMPARED = 24
 #: Statements of stored messages kept between batches (by rowid), so the page of earlier
 #: messages a batch reads is mostly analysed already (the previous batch's own messages).
 _CACHE_SIZE = 4096
@@ -52,61 +59,57 @@ class ChangeLinks:
     #: The engine's cache of analysed statements by rowid (shared by its batches).
     cache: OrderedDict[int, tuple[str, Statement]] = field(default_factory=OrderedDict)
     _batch: dict[_Place, list[_Entry]] = field(default_factory=dict)
-    _prior: dict[_Place, list[_Entry]] = field(default_factory=dict)
-    _pending: dict[int, tuple[_Place, _Entry]] = field(default_factory=dict)
-    _texts: dict[int, str] = field(default_factory=dict)
+    _pending: dict[int, tuple[_Place, float, str, str | None]] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
+    _changing: set[_Place] = field(default_factory=set)
 
     def read(self, records: Sequence[tuple[Record, float]]) -> None:
-        """Analyse the batch's messages (``(record, created_at)`` in batch order) and read
-        the earlier messages of each place where one of them may change something."""
+        """Note the batch's conversational messages (``(record, created_at)`` in batch
+        order); they are analysed when stored (a folded duplicate never is)."""
         if self.window <= 0:
             return
-        earliest: dict[_Place, float] = {}
         for order, (record, created_at) in enumerate(records):
-            if not _eligible(record):
-                continue
-            # A bot's series of values ("build 41 passed", "build 42 passed") is a stream of
-            # events, not a changing fact: a bot changes something only with a change cue.
-            author = None if record.author_kind == "bot" else record.author
-            statement = analyse(record.content, author=author)
-            if statement.question:
-                continue
-            place = (record.tenant, record.session, record.channel, record.user)
-            entry = _Entry(statement=statement, created_at=created_at, order=order)
-            self._pending[order] = (place, entry)
-            self._texts[order] = record.content
-            if statement.cue or (statement.values and author is not None):
-                earliest[place] = min(created_at, earliest.get(place, created_at))
-        for place, first in earliest.items():
-            tenant, session, channel, user = place
-            page = self.store.recent(
-                tenant, session, channel=channel, before=(first, -1), limit=CANDIDATES, user=user
-            )
-            prior = []
-            for i, m in enumerate(page):
-                if m.role not in ("user", "assistant") or m.tool_calls:
-                    continue
-                if m.created_at < first - self.window:
-                    break  # newest first: the rest are older still
-                cached = self.cache.get(m.rowid)
-                if cached is None or cached[0] != m.content:  # an edit changes the text
-                    author = None if m.author_kind == "bot" else m.author
-                    cached = (m.content, analyse(m.content, author=author))
-                statement = cached[1]
-                prior.append(_Entry(statement, m.created_at, -1 - i, m.rowid, m.id))
-            prior.reverse()  # oldest first
-            self._prior[place] = prior
+            if _eligible(record):
+                # A bot's series of values ("build 41 passed", "build 42 passed") is a stream
+                # of events, not a changing fact: a bot changes something only with a cue.
+                author = None if record.author_kind == "bot" else record.author
+                place = (record.tenant, record.session, record.channel, record.user)
+                self._pending[order] = (place, created_at, record.content, author)
 
     def stored(self, order: int, rowid: int, id: str) -> None:
         """The batch's message at ``order`` was stored at ``rowid`` with ``id``."""
         pending = self._pending.pop(order, None)
         if pending is None:
             return
-        place, entry = pending
-        entry.rowid, entry.id = rowid, id
-        self._batch.setdefault(place, []).append(entry)
-        self._content[rowid] = self._texts.pop(order)
+        place, created_at, text, author = pending
+        statement = analyse(text, author=author)
+        if statement.question:
+            return
+        self._batch.setdefault(place, []).append(_Entry(statement, created_at, order, rowid, id))
+        self._content[rowid] = text
+        if statement.cue or (statement.values and author is not None):
+            self._changing.add(place)
+
+    def _prior(self, place: _Place, first: float) -> list[_Entry]:
+        """The place's messages before ``first`` (committed before the batch), oldest first:
+        one page, analysed from the cache where it can."""
+        tenant, session, channel, user = place
+        page = self.store.recent(
+            tenant, session, channel=channel, before=(first, -1), limit=PRIOR_PAGE, user=user
+        )
+        prior = []
+        for i, m in enumerate(page):
+            if m.role not in ("user", "assistant") or m.tool_calls:
+                continue
+            if m.created_at < first - self.window:
+                break  # newest first: the rest are older still
+            cached = self.cache.get(m.rowid)
+            if cached is None or cached[0] != m.content:  # an edit changes the text
+                author = None if m.author_kind == "bot" else m.author
+                cached = (m.content, analyse(m.content, author=author))
+            prior.append(_Entry(cached[1], m.created_at, -1 - i, m.rowid, m.id))
+        prior.reverse()
+        return prior
 
     def remember(self) -> None:
         """Keep the batch's statements for the next batches (after the commit: a rolled-back
@@ -121,28 +124,51 @@ class ChangeLinks:
     def links(self) -> list[tuple[int, str, float]]:
         """``(superseded rowid, successor id, valid_until)`` for each change found."""
         out: list[tuple[int, str, float]] = []
-        for place, prior in self._prior.items():
-            batch = self._batch.get(place, [])
+        for place in sorted(self._changing, key=str):
+            batch = self._batch[place]
+            prior = self._prior(place, min(e.created_at for e in batch))
             timeline = sorted([*prior, *batch], key=lambda e: (e.created_at, e.order))
-            # The place's vocabulary, once per batch (not per message: a batch of one place
-            # would count it a thousand times).
-            common = common_terms([e.statement for e in timeline])
+            # Term -> positions in the timeline so far: a message is compared only with the
+            # newest earlier ones that share a term with it (and its author's last, for a
+            # retraction). A term more than a third of the messages so far hold is the
+            # place's vocabulary, not a subject (validity.common_terms).
+            postings: dict[str, list[int]] = {}
+            last_of: dict[str | None, int] = {}
             for index, entry in enumerate(timeline):
                 new = entry.statement
-                if entry.order < 0 or not (new.cue or (new.values and new.author is not None)):
-                    continue
-                earlier = [
-                    e
-                    for e in timeline[max(0, index - CANDIDATES) : index]
-                    if e.created_at >= entry.created_at - self.window
-                ]
-                if not earlier:
-                    continue
-                statements = [e.statement for e in earlier]
-                found = superseded(new, statements, common=common)
-                if found is not None:
-                    old = next(e for e in earlier if e.statement is found)
-                    out.append((old.rowid, entry.id, entry.created_at))
+                if entry.order >= 0 and (new.cue or (new.values and new.author is not None)):
+                    lists = [(t, postings[t]) for t in new.terms if t in postings]
+                    common = frozenset(t for t, js in lists if index >= 6 and len(js) * 3 > index)
+                    low = index - CANDIDATES
+                    near = {
+                        j for t, js in lists if t not in common for j in js[-_COMPARED:]
+                        if j >= low
+                    }  # fmt: skip
+                    if not new.cue:  # only its author's own statements can be changed so
+                        near = {j for j in near if timeline[j].statement.author == new.author}
+                    own = last_of.get(new.author) if new.retracts else None
+                    if own is not None and own >= low:
+                        near.add(own)
+                    since = entry.created_at - self.window
+                    # The newest few that share a term: the value in force is the last stated.
+                    earlier = [
+                        timeline[j]
+                        for j in sorted(near)[-_COMPARED:]
+                        if timeline[j].created_at >= since
+                    ]
+                    if earlier:
+                        statements = [e.statement for e in earlier]
+                        found = superseded(new, statements, common=common)
+                        if found is not None:
+                            old = next(e for e in earlier if e.statement is found)
+                            out.append((old.rowid, entry.id, entry.created_at))
+                for term in new.terms:
+                    if term in postings:
+                        postings[term].append(index)
+                    else:
+                        postings[term] = [index]
+                if new.author is not None and new.values:
+                    last_of[new.author] = index
         return out
 
 

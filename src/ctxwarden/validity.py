@@ -54,8 +54,7 @@ _CUE_PAIRS = frozenset(
 )  # fmt: skip
 _RETRACT_PAIRS = frozenset({("scratch", "that"), ("never", "mind"), ("i", "meant")})
 _PAIR_HEADS = frozenset(first for first, _ in _CUE_PAIRS)
-_PAIR_QUICK = re.compile("|".join(sorted(f"{first} {second}" for first, second in _CUE_PAIRS)))
-_STEM = re.compile(r"\b(?:" + "|".join(_CUE_STEMS) + ")")
+_PAIR_TEXTS = tuple(sorted(f"{first} {second}" for first, second in _CUE_PAIRS))
 _PAIR = re.compile(
     r"\b("
     + "|".join(sorted(_PAIR_HEADS))
@@ -141,16 +140,19 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
     cjk = _CJK_RUN.search(text) is not None
     latin = _CJK_RUN.sub(" ", text) if cjk else text
     lower = latin.lower()
-    names = {n.lower() for p, n in _NAME.findall(latin) if p not in _SENTENCE_END}
-    names.discard("i")
+    names: set[str] = set()
+    if lower != latin:  # some capital letter: names are possible
+        names = {n.lower() for p, n in _NAME.findall(latin) if p not in _SENTENCE_END}
+        names.discard("i")
     values = names
     if _DIGIT.search(lower):
-        values = names | {w for w in _TOKEN.findall(lower) if _DIGIT.search(w)}
+        values = names.union(filter(_DIGIT.search, _TOKEN.findall(lower)))
     words = set(_LETTERS.findall(lower))
-    stem = _STEM.search(lower) is not None
+    # Substring tests by map: one C loop each (a regex alternation costs ~10x more).
+    stem = any(map(lower.__contains__, _CUE_STEMS))
     cue = stem or not words.isdisjoint(_CUE_WORDS)
     retracts = False
-    if _PAIR_QUICK.search(lower):
+    if any(map(lower.__contains__, _PAIR_TEXTS)):
         for first, second in _PAIR.findall(lower):
             cue = True
             retracts = retracts or (first, second) in _RETRACT_PAIRS
