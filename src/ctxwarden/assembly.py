@@ -470,6 +470,8 @@ class Assembly:
             newest = self._newest(tenant, successor_id)
             if newest is not None:
                 successors[successor_id] = self._line_candidates([newest], tok)[0]
+            else:  # the successor was erased: what it changed is in force again
+                links = {r: link for r, link in links.items() if link[0] != successor_id}
         history = query is not None and asks_history(query)
         return keep_in_force(material, links, successors, history=history)
 

@@ -16,6 +16,7 @@ with a cue or a value a comparison with the earlier ones that share a subject te
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -128,27 +129,41 @@ class ChangeLinks:
             batch = self._batch[place]
             prior = self._prior(place, min(e.created_at for e in batch))
             timeline = sorted([*prior, *batch], key=lambda e: (e.created_at, e.order))
-            # Term -> positions in the timeline so far: a message is compared only with the
-            # newest earlier ones that share a term with it (and its author's last, for a
-            # retraction). A term more than a third of the messages so far hold is the
-            # place's vocabulary, not a subject (validity.common_terms).
+            # What a later message changed already is not in force: never changed again (the
+            # chain goes on from its successor). One read for the page's links.
+            done = set(self.store.supersessions(place[0], [e.rowid for e in prior]))
+            # Term -> positions in the timeline (ascending): a message is compared only with
+            # the newest earlier ones that share a term with it (and its author's last, for a
+            # retraction). A term more than a third of the place's messages hold is its
+            # vocabulary ("deploy note 7: shard7 green" a hundred times), not a subject.
             postings: dict[str, list[int]] = {}
+            for index, entry in enumerate(timeline):
+                for term in entry.statement.terms:
+                    if term in postings:
+                        postings[term].append(index)
+                    else:
+                        postings[term] = [index]
+            common = frozenset(
+                t
+                for t, js in postings.items()
+                if len(timeline) >= 6 and len(js) * 3 > len(timeline)
+            )
             last_of: dict[str | None, int] = {}
             for index, entry in enumerate(timeline):
                 new = entry.statement
                 if entry.order >= 0 and (new.cue or (new.values and new.author is not None)):
-                    lists = [(t, postings[t]) for t in new.terms if t in postings]
-                    common = frozenset(t for t, js in lists if index >= 6 and len(js) * 3 > index)
                     low = index - CANDIDATES
-                    near = {
-                        j for t, js in lists if t not in common for j in js[-_COMPARED:]
-                        if j >= low
-                    }  # fmt: skip
+                    near: set[int] = set()
+                    for term in new.terms - common:
+                        js = postings[term]
+                        end = bisect.bisect_left(js, index)
+                        near.update(j for j in js[max(0, end - _COMPARED) : end] if j >= low)
                     if not new.cue:  # only its author's own statements can be changed so
                         near = {j for j in near if timeline[j].statement.author == new.author}
                     own = last_of.get(new.author) if new.retracts else None
                     if own is not None and own >= low:
                         near.add(own)
+                    near = {j for j in near if timeline[j].rowid not in done}
                     since = entry.created_at - self.window
                     # The newest few that share a term: the value in force is the last stated.
                     earlier = [
@@ -162,11 +177,7 @@ class ChangeLinks:
                         if found is not None:
                             old = next(e for e in earlier if e.statement is found)
                             out.append((old.rowid, entry.id, entry.created_at))
-                for term in new.terms:
-                    if term in postings:
-                        postings[term].append(index)
-                    else:
-                        postings[term] = [index]
+                            done.add(old.rowid)
                 if new.author is not None and new.values:
                     last_of[new.author] = index
         return out

@@ -64,7 +64,7 @@ _PAIR = re.compile(
 )
 _DIGIT = re.compile(r"\d")
 _TOKEN = re.compile(r"[\w.:/-]+")
-_LETTERS = re.compile(r"[^\W\d_]{3,}")
+_LETTERS = re.compile(r"\b[^\W\d_]{3,}\b")  # a word of letters only ("word14" is a value)
 # A capitalised word after a word (not opening a sentence: the character before the space
 # is not a sentence end).
 _NAME = re.compile(r"(\S)\s+([A-ZÀ-ÞĀ-Ž][^\W\d_]*)")
