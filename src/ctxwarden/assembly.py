@@ -206,7 +206,11 @@ class Assembly:
                 tenant, query_text, tok, notes, wanted, store_scope(read_scope), expand
             )
         # One read of the supersession links of pins and related hits, after retrieval.
-        notes.extend(self._in_force(tenant, query_text, material, tok))
+        notes.extend(
+            in_force(
+                self.store, tenant, query_text, material, lambda m: self._line_candidates(m, tok)
+            )
+        )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -441,56 +445,6 @@ class Assembly:
             )
         return candidates
 
-    def _in_force(
-        self, tenant: str, query: str | None, material: Material, tok: tokens.Tokenizer
-    ) -> list[str]:
-        """Leave superseded pins and related hits out, or date them for a query about
-        history, and put each related hit's successor in its place (:func:`keep_in_force`);
-        the notes for the report. One store read for the links; a successor not in the
-        context already is read with its own links (a chain is followed to its newest)."""
-        single = [c.memories[0] for c in (*material.pinned, *material.related)
-                  if len(c.memories) == 1]  # fmt: skip
-        links = self.store.supersessions(tenant, [m.rowid for m in single]) if single else {}
-        if not links:
-            return []
-        present = {m.id for c in (*material.pinned, *material.related, *material.recent)
-                   for m in c.memories}  # fmt: skip
-        wanted = sorted(
-            {
-                links[c.memories[0].rowid][0]
-                for c in material.related
-                if len(c.memories) == 1
-                and c.memories[0].rowid in links
-                and c.memories[0].kind == "message"
-            }
-            - present
-        )
-        successors: dict[str, Candidate] = {}
-        for successor_id in wanted[:_MAX_SUCCESSORS]:
-            newest = self._newest(tenant, successor_id)
-            if newest is not None:
-                successors[successor_id] = self._line_candidates([newest], tok)[0]
-            else:  # the successor was erased: what it changed is in force again
-                links = {r: link for r, link in links.items() if link[0] != successor_id}
-        history = query is not None and asks_history(query)
-        return keep_in_force(material, links, successors, history=history)
-
-    def _newest(self, tenant: str, id: str) -> Memory | None:
-        """The memory ``id`` names, or the newest of the chain of successors it starts."""
-        try:
-            memory = self.store.get(tenant, id)
-        except NotFound:
-            return None
-        for _ in range(_MAX_CHAIN):
-            link = self.store.supersessions(tenant, [memory.rowid]).get(memory.rowid)
-            if link is None:
-                break
-            try:
-                memory = self.store.get(tenant, link[0])
-            except NotFound:
-                break
-        return memory
-
     def _authors(self, tenant: str) -> list[str]:
         """The tenant's authors, read from the store at most once a minute."""
         cached = self.authors.get(tenant)
@@ -511,6 +465,63 @@ TYPICAL_LINE_TOKENS = 32
 #: At most this many candidates per search, whatever the budget: retrieval's time grows with
 #: the count, and 1,000 lines (~32k tokens) is more related memory than a turn needs.
 MAX_RELATED_CANDIDATES = 1000
+
+
+def in_force(
+    store: Store,
+    tenant: str,
+    query: str | None,
+    material: Material,
+    candidates: Callable[[Sequence[Memory]], list[Candidate]],
+) -> list[str]:
+    """Leave superseded pins and related hits out, or date them for a query about history,
+    and put each related hit's successor in its place (:func:`keep_in_force`); the notes for
+    the report. One store read for the links; a successor not in the context already is read
+    with its own links (a chain is followed to its newest). ``candidates`` makes related-block
+    candidates of memories."""
+    single = [c.memories[0] for c in (*material.pinned, *material.related)
+              if len(c.memories) == 1]  # fmt: skip
+    links = store.supersessions(tenant, [m.rowid for m in single]) if single else {}
+    if not links:
+        return []
+    present = {m.id for c in (*material.pinned, *material.related, *material.recent)
+               for m in c.memories}  # fmt: skip
+    wanted = sorted(
+        {
+            links[c.memories[0].rowid][0]
+            for c in material.related
+            if len(c.memories) == 1
+            and c.memories[0].rowid in links
+            and c.memories[0].kind == "message"
+        }
+        - present
+    )
+    successors: dict[str, Candidate] = {}
+    for successor_id in wanted[:_MAX_SUCCESSORS]:
+        newest = _newest(store, tenant, successor_id)
+        if newest is not None:
+            successors[successor_id] = candidates([newest])[0]
+        else:  # the successor was erased: what it changed is in force again
+            links = {r: link for r, link in links.items() if link[0] != successor_id}
+    history = query is not None and asks_history(query)
+    return keep_in_force(material, links, successors, history=history)
+
+
+def _newest(store: Store, tenant: str, id: str) -> Memory | None:
+    """The memory ``id`` names, or the newest of the chain of successors it starts."""
+    try:
+        memory = store.get(tenant, id)
+    except NotFound:
+        return None
+    for _ in range(_MAX_CHAIN):
+        link = store.supersessions(tenant, [memory.rowid]).get(memory.rowid)
+        if link is None:
+            break
+        try:
+            memory = store.get(tenant, link[0])
+        except NotFound:
+            break
+    return memory
 
 
 def _check_arguments(**texts: str | None) -> None:

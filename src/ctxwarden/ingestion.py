@@ -166,7 +166,6 @@ class Ingestion:
         self._edited: list[int] = []
         # Analysed statements of stored messages for change detection (ctxwarden.changes).
         self._statements: OrderedDict[int, tuple[str, Statement]] = OrderedDict()
-        self._changes: ChangeLinks | None = None
 
     def forget(self) -> None:
         """Drop the analysed aggregates (after an erasure or a semantic fold changed rows)."""
@@ -265,9 +264,6 @@ class Ingestion:
                     raise
                 time.sleep(0.01 * 2**attempt)
         # Only after the commit: a rolled-back batch's rowids may be reused.
-        if self._changes is not None:
-            self._changes.remember()
-            self._changes = None
         cache = self._analysed
         for rowid in self._edited:
             cache.pop(rowid, None)
@@ -377,9 +373,7 @@ class Ingestion:
         config = self.config.dedupe
         index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
         heads_of: dict[tuple[str, str | None, str | None], tuple[str, ...]] = {}
-        changes = self._changes = ChangeLinks(
-            self.store, self.config.change_window, cache=self._statements
-        )
+        changes = ChangeLinks(self.store, self.config.change_window, cache=self._statements)
         changes.read([(item.record, item.created_at) for item in prepared])
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
@@ -542,6 +536,7 @@ class Ingestion:
             if counts:
                 writer.put_token_counts(counts)
             writer.supersede(changes.links())
+        changes.remember()  # after the commit: a rolled-back batch's rowids may be reused
         return outcomes, index
 
 
