@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import NamedTuple
 
 from ctxwarden.sentences import cjk_bigrams
@@ -121,8 +122,8 @@ class Statement(NamedTuple):
 
     ref: object
     author: str | None
-    terms: frozenset[str]
-    values: frozenset[str]
+    terms: AbstractSet[str]
+    values: AbstractSet[str]
     cue: bool
     retracts: bool
     question: bool
@@ -173,15 +174,9 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
         for pair in cjk_bigrams(rest):
             if not _HIRAGANA.search(pair):  # hiragana writes Japanese grammar, not subjects
                 terms.add(pair)
-    return Statement(
-        ref=ref,
-        author=author,
-        terms=frozenset(terms),
-        values=frozenset(values),
-        cue=cue,
-        retracts=retracts,
-        question=text.rstrip()[-1:] in _QUESTION_MARKS,
-    )
+    # Positional, and the sets as made (never changed after): this runs per message.
+    question = text.rstrip()[-1:] in _QUESTION_MARKS
+    return Statement(ref, author, terms, values, cue, retracts, question)
 
 
 def common_terms(statements: Sequence[Statement]) -> frozenset[str]:
@@ -216,38 +211,36 @@ def superseded(
     best: tuple[float, int] | None = None
     chosen: Statement | None = None
     own_last: Statement | None = None
+    # Bound once: this loop runs for every earlier statement sharing a term (see changes.py).
+    terms, values, author, cue = new.terms, new.values, new.author, new.cue
+    subject = len(terms - common) if common else len(terms)
     for index, old in enumerate(earlier):
-        if new.author is not None and old.author == new.author and old.values:
+        if author is not None and old.author == author and old.values:
             own_last = old
-        shared = new.terms & old.terms
+        shared = terms & old.terms
         if not shared or old.question or old is new:
             continue  # most pairs: nothing in common
-        shared -= common
-        restated = not old.values.isdisjoint(new.values)
-        if new.cue:
-            back = restated and len(shared) >= 1
-            linked = (
-                len(shared) >= 2
-                or (len(shared) == 1 and bool(old.values) and bool(new.values))
-                or back
+        if common:
+            shared -= common
+        count = len(shared)
+        old_values = old.values
+        restated = not old_values.isdisjoint(values)
+        if cue:
+            linked = count >= 2 or (
+                count == 1 and (restated or (bool(old_values) and bool(values)))
             )
-            if linked and not (new.values or new.terms - old.terms):
+            if linked and not (values or terms - old.terms):
                 linked = False  # nothing new was said
         else:
-            smaller = max(1, min(len(new.terms - common), len(old.terms - common)))
+            if old.author != author or count < 2 or not old_values:
+                continue
+            smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
             linked = (
-                new.author is not None
-                and old.author == new.author
-                and len(shared) >= 2
-                and len(shared) * 2 >= smaller
-                and bool(old.values)
-                and bool(new.values)
-                and bool(old.values - new.values)
-                and bool(new.values - old.values)
+                count * 2 >= smaller and bool(old_values - values) and bool(values - old_values)
             )
         if not linked:
             continue
-        score = (len(shared) + (2.0 if restated else 0.0), index)
+        score = (count + (2.0 if restated else 0.0), index)
         if best is None or score >= best:
             best, chosen = score, old
     if chosen is None and new.retracts and own_last is not None:
