@@ -229,7 +229,7 @@ def keep_in_force(
     the notes for the report. Pure: reads only its arguments, changes ``material``.
     """
     notes: list[str] = []
-    present = {m.id for c in (*material.pinned, *material.related, *material.recent)
+    present = {m.id for c in (*material.pinned, *material.related)
                for m in c.memories}  # fmt: skip
     for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
         still: list[Candidate] = []

@@ -484,7 +484,9 @@ def in_force(
     links = store.supersessions(tenant, [m.rowid for m in single]) if single else {}
     if not links:
         return []
-    present = {m.id for c in (*material.pinned, *material.related, *material.recent)
+    # Recent history is not counted as present: it is walked past what its block takes, so a
+    # successor there may not be in the context; put in related, fill skips it if recent has it.
+    present = {m.id for c in (*material.pinned, *material.related)
                for m in c.memories}  # fmt: skip
     wanted = sorted(
         {
