@@ -16,7 +16,7 @@ The recent block is the conversation itself, in order, and is not judged.
 
 Runs twice: with change detection (the default config) and without (``change_window=0``).
 
-Measured (seed 7, 8 sessions x 4 subjects a language, 96 questions), see docs/concepts/validity.md.
+Measured (seed 7, 8 sessions x 4 subjects a language, 96 questions): docs/benchmarks.md.
 """
 
 from __future__ import annotations
