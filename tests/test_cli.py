@@ -109,10 +109,11 @@ def test_demo_runs() -> None:
     result = ctxwarden("demo")
     assert "recent" in result.stdout
     assert "persistent" in result.stdout
-    # The default budget shows every block at work: the related block holds the superseded
-    # standup time the recent history no longer reaches.
-    assert "Related earlier messages" in result.stdout
-    assert "standup is at 9:45" in result.stdout
+    # The standup time in force is shown; the one it superseded (d004) is no longer offered as
+    # a related line (issue 19): it appears only as recent history, before its change.
+    assert "standup is now at 10:30" in result.stdout
+    related = next(line for line in result.stdout.splitlines() if line.startswith("│ related "))
+    assert "d004" not in related
 
 
 def test_cli_ingest_embeds_what_it_stored(tmp_path: Path) -> None:

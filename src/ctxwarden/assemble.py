@@ -39,7 +39,8 @@ overhead; segments are built so that sum is exact (see :mod:`ctxwarden.render`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,16 @@ from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
 from ctxwarden.types import BlockReport, CandidateRow, Memory
 
-__all__ = ["DATA_SOURCES", "Candidate", "Material", "Plan", "fill", "query_terms", "related_budget"]
+__all__ = [
+    "DATA_SOURCES",
+    "Candidate",
+    "Material",
+    "Plan",
+    "fill",
+    "keep_in_force",
+    "query_terms",
+    "related_budget",
+]
 
 #: Block sources rendered into the memory-data message rather than the system message: every
 #: source of stored memories.
@@ -201,6 +211,77 @@ def related_budget(policy: BudgetPolicy, material: Material, available: int) -> 
     }
     alloc = allocate(policy, available=available, demand=demand)
     return sum(alloc[b.name] for b in policy.blocks if b.source == "retrieval")
+
+
+def keep_in_force(
+    material: Material,
+    links: Mapping[int, tuple[str, float]],
+    successors: Mapping[str, Candidate],
+    *,
+    history: bool,
+) -> list[str]:
+    """What is in force wins (issue 19): of the pinned and related candidates, those ``links``
+    marks superseded (rowid -> successor's id, valid_until) are left out, each with its reason
+    in the report, or, when the query asks for ``history``, kept with "(superseded on DATE)"
+    after their text (a note says which). A related candidate's successor takes its place in
+    the related order: moved up when it is there lower, put in from ``successors`` (the newest
+    memory of the chain, by the successor id) when it is not in the context at all. Returns
+    the notes for the report. Pure: reads only its arguments, changes ``material``.
+    """
+    notes: list[str] = []
+    present = {m.id for c in (*material.pinned, *material.related)
+               for m in c.memories}  # fmt: skip
+    for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
+        still: list[Candidate] = []
+        placed: set[str] = set()
+        for cand in kept:
+            memory = cand.memories[0]
+            link = links.get(memory.rowid) if len(cand.memories) == 1 else None
+            if memory.id in placed:
+                continue  # already moved up to the place of one it superseded
+            if link is None:
+                still.append(cand)
+                continue
+            successor_id, until = link
+            day = time.strftime("%Y-%m-%d", time.gmtime(until))
+            newest = successors.get(successor_id)
+            if source == "retrieval":
+                later = next(
+                    (c for c in kept if c.memories[0].id == successor_id and c is not cand), None
+                )
+                if later is not None and later.memories[0].rowid in links:
+                    later = None  # superseded too: its own successor moves up in its turn
+                if later is not None and successor_id not in placed:
+                    if later.score < cand.score:
+                        later.score = cand.score
+                    if all(c is not later for c in still):
+                        still.append(later)
+                    placed.add(successor_id)
+                elif newest is not None and newest.memories[0].id not in present:
+                    newest.score = cand.score
+                    still.append(newest)
+                    present.add(newest.memories[0].id)
+                    placed.add(newest.memories[0].id)
+                    notes.append(
+                        f"related: {newest.memories[0].id} (in force) put in place of "
+                        f"{memory.id}, superseded on {day}"
+                    )
+            if history:
+                text = (cand.text or render.line_text(memory)).rstrip("\n")
+                cand.text = f"{text} (superseded on {day})\n"
+                cand.tokens = material.count(cand.text)
+                still.append(cand)
+                notes.append(
+                    f"{memory.id}: shown as history, superseded by {successor_id} on {day} "
+                    "(the query asks what was in force before)"
+                )
+                continue
+            where = " (in this context)" if successor_id in present else ""
+            material.withheld.append(
+                (source, cand, f"superseded by {successor_id}{where} on {day}")
+            )
+        kept[:] = still
+    return notes
 
 
 def _header_cost(policy: BudgetPolicy, material: Material, name: str) -> int:

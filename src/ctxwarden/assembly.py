@@ -37,6 +37,7 @@ from ctxwarden.assemble import (
     text_segments,
 )
 from ctxwarden.budget import BudgetPolicy
+from ctxwarden.changes import in_force
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import PENDING_COUNTED, Embeddings
@@ -188,7 +189,6 @@ class Assembly:
         )
         pinned = self.store.pinned(tenant, scope=store_scope(summary_scope))
         material.pinned = self._line_candidates(pinned, tok)
-        withhold_superseded(self.store, tenant, material)  # before the split counts the pins
         material.summaries = self._line_candidates(
             self.store.summaries(tenant, scope=summary_scope), tok
         )
@@ -223,7 +223,12 @@ class Assembly:
                 expand,
                 query_vector,
             )
-            withhold_superseded(self.store, tenant, material)  # the related block's too
+        # One read of the supersession links of pins and related hits, after retrieval.
+        notes.extend(
+            in_force(
+                self.store, tenant, query_text, material, lambda m: self._line_candidates(m, tok)
+            )
+        )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -602,32 +607,6 @@ def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) ->
         access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
     )  # fmt: skip
     return Candidate(memories=(pseudo,), tokens=tok.count(line), text=line)
-
-
-def withhold_superseded(store: Store, tenant: str, material: Material) -> None:
-    """Leave superseded facts and pins (a newer one with the same key) out of the pinned
-    and related blocks, each with its reason in the report: what is in force wins."""
-    keyed = [
-        c.memories[0].rowid
-        for c in (*material.pinned, *material.related)
-        if len(c.memories) == 1 and (c.memories[0].kind == "fact" or c.memories[0].pinned)
-    ]
-    superseded = store.supersessions(tenant, keyed) if keyed else {}
-    if not superseded:
-        return
-    present = {c.memories[0].id for c in material.pinned}
-    for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
-        still = []
-        for cand in kept:
-            link = superseded.get(cand.memories[0].rowid) if len(cand.memories) == 1 else None
-            if link is None:
-                still.append(cand)
-                continue
-            successor, until = link
-            day = time.strftime("%Y-%m-%d", time.gmtime(until))
-            where = " (in this context)" if successor in present else ""
-            material.withheld.append((source, cand, f"superseded by {successor}{where} on {day}"))
-        kept[:] = still
 
 
 class _RecentWalk:

@@ -97,6 +97,10 @@ class EngineConfig:
     #: with the text it replaces: ``"keep"`` it as a superseded version (``Engine.versions``)
     #: or ``"erase"`` it.
     edit_history: str = "keep"
+    #: Free-text change detection at ingest (:mod:`ctxwarden.changes`): a message that changes
+    #: an earlier one of the same session and channel ("moved to", "now X, not Y", a new value
+    #: by the same author) supersedes it. The window it looks back over, in seconds (0: off).
+    change_window: float = 14 * 24 * 3600.0
     #: How long a call waits for the store's write lock (another process's or thread's
     #: transaction) before it fails with :class:`~ctxwarden.errors.StoreUnavailable`, in
     #: seconds (SQLite; :meth:`Engine.open` passes it to the store). The servers default to
@@ -120,6 +124,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.edit_history not in ("keep", "erase"):
             raise ConfigError(f"edit_history: {self.edit_history!r} must be 'keep' or 'erase'")
+        if not self.change_window >= 0:  # NaN fails too
+            raise ConfigError(f"change_window: {self.change_window!r} must be 0 or more seconds")
         if self.dedupe is not None and not isinstance(self.dedupe, DedupeConfig):
             raise ConfigError(f"dedupe: expected a DedupeConfig, got {type(self.dedupe).__name__}")
         if self.embed not in ("off", "sync", "background"):

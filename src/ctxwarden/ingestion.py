@@ -23,6 +23,7 @@ import xxhash
 
 from ctxwarden import render, tokens
 from ctxwarden.attachments import search_text
+from ctxwarden.changes import ChangeLinks
 from ctxwarden.dedupe import (
     UNFOLDABLE,
     DedupeCandidate,
@@ -61,6 +62,7 @@ from ctxwarden.types import (
     Record,
     check_scope_name,
 )
+from ctxwarden.validity import Statement
 
 __all__ = ["CANDIDATE_CACHE_SIZE", "Ingestion"]
 
@@ -163,10 +165,13 @@ class Ingestion:
         # Rowids whose text an edit replaced in the batch being written (their analysed
         # aggregates are stale once it commits).
         self._edited: list[int] = []
+        # Analysed statements of stored messages for change detection (ctxwarden.changes).
+        self._statements: OrderedDict[int, tuple[str, Statement]] = OrderedDict()
 
     def forget(self) -> None:
         """Drop the analysed aggregates (after an erasure or a semantic fold changed rows)."""
         self._analysed.clear()
+        self._statements.clear()
 
     def ingest(
         self,
@@ -370,6 +375,8 @@ class Ingestion:
         config = self.config.dedupe
         index = FoldIndex(config or DEFAULT_DEDUPE, cache=self._analysed)
         heads_of: dict[tuple[str, str | None, str | None], tuple[str, ...]] = {}
+        changes = ChangeLinks(self.store, self.config.change_window, cache=self._statements)
+        changes.read([(item.record, item.created_at) for item in prepared])
         with self.store.write() as writer:
             known: dict[tuple[str, str], str] = {}
             for tenant_name, items in by_tenant.items():
@@ -383,7 +390,7 @@ class Ingestion:
             insert = writer.insert_row_or_fold
             add_outcome = outcomes.append
             exact_ttl = config.exact_ttl_seconds if config is not None else 0.0
-            for item in prepared:
+            for order, item in enumerate(prepared):
                 record = item.record
                 item_id = item.id
                 key = (record.tenant, item_id)
@@ -467,6 +474,7 @@ class Ingestion:
                     )
                     continue
                 known[key] = item_id
+                changes.stored(order, rowid, item_id)
                 if record.key is not None:
                     writer.set_key(record.tenant, rowid, record.key, user=record.user)
                 if candidate is not None:
@@ -530,6 +538,8 @@ class Ingestion:
                 )
             if counts:
                 writer.put_token_counts(counts)
+            writer.supersede(changes.links())
+        changes.remember()  # after the commit: a rolled-back batch's rowids may be reused
         return outcomes, index
 
 

@@ -409,6 +409,11 @@ class Writer(Protocol):
         key and end user ``user``, each but the newest (by created_at, then rowid) is then
         superseded by the next (:meth:`Store.supersessions`). The ids superseded."""
 
+    def supersede(self, links: Sequence[tuple[int, str, float]]) -> None:
+        """Link each ``(rowid, successor id, valid_until)``: the memory at ``rowid`` was
+        superseded by a later message that changed it (:mod:`ctxwarden.validity`); one already
+        superseded keeps its link. Neither side is changed otherwise."""
+
     def set_pinned(self, tenant: str, id: str, pinned: bool, *, scope: str | None = None) -> bool:
         """Pin or unpin the memory ``id`` lives in; False if there is none in ``tenant``.
 

@@ -192,6 +192,17 @@ class MemoryWrites(ErasureWrites):
         self._run("UPDATE memories SET fact_key = ? WHERE rowid = ?", (key, rowid))
         return self._relink(tenant, key, user or "")
 
+    def supersede(self, links: Sequence[tuple[int, str, float]]) -> None:
+        """Record that each memory at ``rowid`` was superseded by the memory ``id`` at
+        ``valid_until`` (free-text change detection, :mod:`ctxwarden.validity`); a memory
+        already superseded keeps its first link."""
+        if links:
+            self._run_many(
+                "INSERT INTO supersessions (memory_rowid, superseded_by, valid_until) "
+                "VALUES (?, ?, ?) ON CONFLICT (memory_rowid) DO NOTHING",
+                list(links),
+            )
+
     def _relink(self, tenant: str, key: str, user: str) -> list[str]:
         """Link the memories with ``key`` of end user ``user`` (``""``: none) into one chain,
         each but the newest superseded by the next; the ids superseded."""

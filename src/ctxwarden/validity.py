@@ -1,0 +1,258 @@
+"""Which earlier message a new one changes: free-text supersession, no LLM (issue 19).
+
+A message changes an earlier statement when both speak of the same subject and either the new
+one carries a *change cue* ("moved to", "now X, not Y", "scratch that", "instead", "no longer",
+"postponed", ``に変更``, ``ではなく``, ``改到``, ``不是...而是``...) or the same author gives
+the same subject a different value (a number, time, date, name: :func:`~ctxwarden.sentences.
+fact_values`). The subject is what the two share after their values and cues are taken out:
+content words of three letters or more for scripts with spaces, character pairs of kanji,
+katakana, hanzi or hangul for CJK (:func:`~ctxwarden.sentences.cjk_bigrams`), and a term
+that most of the window's messages hold is no subject at all.
+
+Pure: :func:`analyse` reads one text, :func:`superseded` picks, among the earlier statements of
+the same place (the caller reads a bounded window of the same session and channel), the one the
+new statement supersedes, or None. Questions neither change nor are changed.
+
+>>> old = analyse("The customer demo is on Wednesday 15:00.", author="rosa")
+>>> new = analyse("The customer demo is now Thursday 10:00, not Wednesday.", author="milo")
+>>> superseded(new, [old]) is old
+True
+>>> superseded(analyse("lunch was great today", author="milo"), [old]) is None
+True
+>>> old = analyse("製品デモは水曜15時です。", author="yui")
+>>> superseded(analyse("製品デモは木曜10時に変更になりました。", author="haruto"), [old]) is old
+True
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from typing import NamedTuple
+
+from ctxwarden.sentences import cjk_bigrams
+
+__all__ = ["Statement", "analyse", "asks_history", "common_terms", "superseded"]
+
+# Change cues, by language: generic phrasing of "this replaces what was said", not taken from
+# any data set; a cue alone links nothing, the subject must be shared as well. Words of scripts
+# with spaces are looked up (lower-cased) as words, word pairs or stems; CJK cues by pattern.
+_CUE_WORDS = frozenset(
+    """now instead actually anymore moved moving pushed bumped shifted delayed updated update
+    correction corrected ahora cambiado cambiada pospuesto pospuesta movido movida maintenant
+    plutôt plutot reporté reportée déplacé déplacée changé changée jetzt stattdessen statt
+    verschoben geändert geaendert agora adiado adiada invece spostato spostata rinviato""".split()
+)
+_CUE_STEMS = ("postpon", "reschedul", "replac", "revis", "chang", "switch", "cancel")
+_CUE_PAIRS = frozenset(
+    {
+        ("no", "longer"), ("scratch", "that"), ("never", "mind"), ("rather", "than"),
+        ("from", "now"), ("i", "meant"), ("instead", "of"), ("en", "lugar"), ("en", "vez"),
+        ("ya", "no"), ("au", "lieu"), ("nicht", "mehr"), ("em", "vez"), ("move", "it"),
+    }
+)  # fmt: skip
+_RETRACT_PAIRS = frozenset({("scratch", "that"), ("never", "mind"), ("i", "meant")})
+_PAIR_HEADS = frozenset(first for first, _ in _CUE_PAIRS)
+_PAIR_TEXTS = tuple(sorted(f"{first} {second}" for first, second in _CUE_PAIRS))
+_PAIR = re.compile(
+    r"\b("
+    + "|".join(sorted(_PAIR_HEADS))
+    + r")\s+("
+    + "|".join(sorted({b for _, b in _CUE_PAIRS}))
+    + r")\b"
+)
+_DIGIT = re.compile(r"\d")
+_TOKEN = re.compile(r"[\w.:/-]+")
+_LETTERS = re.compile(r"\b[^\W\d_]{3,}\b")  # a word of letters only ("word14" is a value)
+# A capitalised word after a word (not opening a sentence: the character before the space
+# is not a sentence end).
+_NAME = re.compile(r"(\S)\s+([A-ZÀ-ÞĀ-Ž][^\W\d_]*)")
+_SENTENCE_END = frozenset('.!?:"')
+_NOT_AFTER_COMMA = re.compile(r"[,;—]\s*not\b|--\s*not\b", re.IGNORECASE)
+_CJK_CUES = re.compile(
+    # Japanese
+    r"変更|変わ|変え|ではなく|じゃなく|やっぱり|代わりに|延期|移動|訂正|取り消|中止"
+    r"|今は|改め|差し替え|前倒し|繰り上げ|繰り下げ|ずれ"
+    # Chinese (simplified and traditional)
+    r"|改为|改為|改成|改到|改在|改了|而是|不是|推迟|推遲|延期|延后|延後|提前|换成|換成"
+    r"|换到|換到|取消|其实|其實|更正|不再|现在|現在|挪到|变成|變成|调整|調整|改期"
+    # Korean
+    r"|변경|대신|연기|이제|아니라|취소"
+)
+_CJK_RETRACT = re.compile(r"やっぱり|訂正|算了|更正|我说错了|我說錯了")
+# A query about what was in force before: superseded values are shown (dated) for it.
+_HISTORY = re.compile(
+    r"\b(?:before|previous(?:ly)?|earlier|originally|original|initially|at first|used to"
+    r"|history|old|former(?:ly)?|prior|changed|changes|was it|were they"
+    r"|antes|anterior|avant|auparavant|pr[ée]c[ée]dent|vorher|fr[üu]her|urspr[üu]nglich)\b"
+    r"|以前|前は|元々|もともと|最初|履歴|変更前|変わる前|之前|原来|原來|原先|历史|歷史|改之前|改前",
+    re.IGNORECASE,
+)
+_QUESTION_MARKS = frozenset("?？؟")
+_CJK_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_HIRAGANA = re.compile("[\u3040-\u309f]")
+_NUMERAL = "〇零一二两兩三四五六七八九十百千万萬"
+# Values in CJK text (as :func:`~ctxwarden.sentences.fact_values` finds them): numbers with
+# their counters, CJK numerals with a counter, weekdays, quoted names.
+_CJK_VALUES = re.compile(
+    r"\d+(?:[.,:：/\-]\d+)*[時时点點分日月号號年人个個元块塊]?"
+    f"|[{_NUMERAL}]+[时時点點分日月号號年人个個元块塊周週]"
+    r"|[月火水木金土日]曜"
+    f"|(?:星期|礼拜|禮拜|周|週)[一二三四五六日天{_NUMERAL}]"
+    r"|「[^」\n]{1,40}」|『[^』\n]{1,40}』|“[^”\n]{1,40}”"
+)
+# Function words of the languages the cues cover, never a subject (three letters or more: shorter
+# words are not terms at all). Grammar, not vocabulary of any data set.
+_FUNCTION_WORDS = frozenset(
+    """the and for are was were is be been being has have had will would shall should can could
+    may might must not but our ours your yours their theirs they them this that these those with
+    from into onto about over under than then there here what when where which who whom whose why
+    how all any some its it's you she her his him also just very too yes yeah okay let let's lets
+    going goes gonna get got one still really only more most much per via
+    del las los una uno por para con que como pero les des une est sont pour avec dans sur pas
+    der die das und ist sind mit für von auf nicht ein eine""".split()
+)
+
+
+class Statement(NamedTuple):
+    """One message as the detector sees it: its subject terms, its values and what it says of
+    change. ``ref`` is the caller's handle (a rowid, a memory), returned as given."""
+
+    ref: object
+    author: str | None
+    terms: AbstractSet[str]
+    values: AbstractSet[str]
+    cue: bool
+    retracts: bool
+    question: bool
+
+
+def analyse(text: str, *, author: str | None = None, ref: object = None) -> Statement:
+    """The :class:`Statement` of ``text`` (said by ``author``).
+
+    One pass over the words: a word with a digit, a capitalised word that does not open a
+    sentence and an acronym are values (as :func:`~ctxwarden.sentences.fact_values` finds
+    them); other words of three letters or more, not function words, cut to six letters, are
+    terms. CJK runs give values by pattern and terms by character pairs. This runs for every
+    message ingested, so it is one regex pass and set lookups.
+    """
+    cjk = _CJK_RUN.search(text) is not None
+    latin = _CJK_RUN.sub(" ", text) if cjk else text
+    lower = latin.lower()
+    names: set[str] = set()
+    if lower != latin:  # some capital letter: names are possible
+        names = {n.lower() for p, n in _NAME.findall(latin) if p not in _SENTENCE_END}
+        names.discard("i")
+    values = names
+    if _DIGIT.search(lower):
+        values = names.union(filter(_DIGIT.search, _TOKEN.findall(lower)))
+    words = set(_LETTERS.findall(lower))
+    # Substring tests by map: one C loop each (a regex alternation costs ~10x more).
+    stem = any(map(lower.__contains__, _CUE_STEMS))
+    cue = stem or not words.isdisjoint(_CUE_WORDS)
+    retracts = False
+    if any(map(lower.__contains__, _PAIR_TEXTS)):
+        for first, second in _PAIR.findall(lower):
+            cue = True
+            retracts = retracts or (first, second) in _RETRACT_PAIRS
+    # a crude stem: "deployment"/"deploying" share "deploy"
+    terms = {w[:6] for w in words - _FUNCTION_WORDS - _CUE_WORDS - names}
+    if stem:
+        terms = {t for t in terms if not t.startswith(_CUE_STEMS)}
+    if not cue and "not" in lower and _NOT_AFTER_COMMA.search(lower):
+        cue = True
+    if cjk:
+        found = _CJK_VALUES.findall(text)
+        values.update(v.lower() for v in found)
+        rest = _CJK_VALUES.sub(" ", text) if found else text
+        if _CJK_CUES.search(rest):
+            cue = True
+            retracts = retracts or _CJK_RETRACT.search(rest) is not None
+            rest = _CJK_CUES.sub(" ", rest)
+        for pair in cjk_bigrams(rest):
+            if not _HIRAGANA.search(pair):  # hiragana writes Japanese grammar, not subjects
+                terms.add(pair)
+    # Positional, and the sets as made (never changed after): this runs per message.
+    question = text.rstrip()[-1:] in _QUESTION_MARKS
+    return Statement(ref, author, terms, values, cue, retracts, question)
+
+
+def common_terms(statements: Sequence[Statement]) -> frozenset[str]:
+    """Terms held by more than a third of ``statements`` (at least six of them): the
+    window's vocabulary, not a subject."""
+    if len(statements) < 6:
+        return frozenset()
+    df = Counter(t for s in statements for t in s.terms)
+    cut = len(statements) / 3
+    return frozenset(t for t, n in df.items() if n > cut)
+
+
+def superseded(
+    new: Statement, earlier: Sequence[Statement], *, common: frozenset[str] = frozenset()
+) -> Statement | None:
+    """The statement of ``earlier`` (oldest first) that ``new`` changes, or None.
+
+    - With a change cue: the subject (terms not in ``common``) shares two terms, or one term
+      when both state values, or the old statement's value comes back in the new one ("now
+      X, not Y"); a retraction ("scratch that") by the same author also takes that author's
+      last statement with a value.
+    - Without a cue: same author, at least two shared terms covering half of the shorter
+      subject, both with values, and an old value the new one no longer states.
+
+    The best score (shared terms, plus two for an old value restated) wins; among equals the
+    newest (the value in force is the last one stated).
+    """
+    if new.question or not (new.terms or new.values):
+        return None
+    if not new.cue and (new.author is None or not new.values):
+        return None  # neither a cue nor an author's new value: nothing can be changed
+    best: tuple[float, int] | None = None
+    chosen: Statement | None = None
+    own_last: Statement | None = None
+    # Bound once: this loop runs for every earlier statement sharing a term (see changes.py).
+    terms, values, author, cue = new.terms, new.values, new.author, new.cue
+    subject = len(terms - common) if common else len(terms)
+    for index, old in enumerate(earlier):
+        if author is not None and old.author == author and old.values:
+            own_last = old
+        shared = terms & old.terms
+        if not shared or old.question or old is new:
+            continue  # most pairs: nothing in common
+        if common:
+            shared -= common
+        count = len(shared)
+        old_values = old.values
+        restated = not old_values.isdisjoint(values)
+        if cue:
+            linked = count >= 2 or (
+                count == 1 and (restated or (bool(old_values) and bool(values)))
+            )
+            if linked and not (values or terms - old.terms):
+                linked = False  # nothing new was said
+        else:
+            if old.author != author or count < 2 or not old_values:
+                continue
+            smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
+            linked = (
+                count * 2 >= smaller and bool(old_values - values) and bool(values - old_values)
+            )
+        if not linked:
+            continue
+        score = (count + (2.0 if restated else 0.0), index)
+        if best is None or score >= best:
+            best, chosen = score, old
+    if chosen is None and new.retracts and own_last is not None:
+        return own_last
+    return chosen
+
+
+def asks_history(query: str) -> bool:
+    """Whether ``query`` asks what was in force before ("what was it before?", "変更前は?",
+    "原来是几点?"): then superseded memories are shown, dated, rather than left out.
+
+    >>> asks_history("what was the demo time before the change?"), asks_history("demo time?")
+    (True, False)
+    """
+    return _HISTORY.search(query) is not None

@@ -1,0 +1,69 @@
+"""keep_in_force (issue 19): the pure step of assembly that prefers what is in force."""
+
+from __future__ import annotations
+
+from ctxwarden.assemble import Candidate, Material, keep_in_force
+from ctxwarden.types import Memory
+
+DAY = 86400.0
+
+
+def _memory(rowid: int, content: str) -> Memory:
+    return Memory(
+        rowid=rowid, id=f"m{rowid}", tenant="default", session="s", channel=None,
+        author="ana", author_kind="human", role="user", content=content,
+        created_at=rowid * DAY, thread_id=None, reply_to=None, kind="message",
+        pinned=False, name=None, tool_calls=(), tool_call_id=None,
+        content_hash=f"hash{rowid}", dup_count=1, last_seen_at=rowid * DAY,
+        access_count=0, last_accessed_at=None, access_score=0.0, included_tokens_total=0,
+    )  # fmt: skip
+
+
+def _cand(rowid: int, score: float) -> Candidate:
+    return Candidate(memories=(_memory(rowid, f"text {rowid}"),), tokens=5, score=score)
+
+
+def test_a_missing_successor_takes_the_superseded_hits_place() -> None:
+    material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5)])
+    successor = _cand(7, 0.0)
+    notes = keep_in_force(material, {1: ("m7", 3 * DAY)}, {"m7": successor}, history=False)
+    assert [c.ids for c in material.related] == [("m7",), ("m2",)]
+    assert material.related[0].score == 0.9
+    assert [(s, c.ids, why) for s, c, why in material.withheld] == [
+        ("retrieval", ("m1",), "superseded by m7 (in this context) on 1970-01-04")
+    ]
+    assert notes == ["related: m7 (in force) put in place of m1, superseded on 1970-01-04"]
+
+
+def test_a_successor_ranked_lower_moves_up() -> None:
+    material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5), _cand(3, 0.2)])
+    keep_in_force(material, {1: ("m3", 3 * DAY)}, {}, history=False)
+    assert [c.ids for c in material.related] == [("m3",), ("m2",)]
+    assert material.related[0].score == 0.9
+    assert material.withheld[0][2] == "superseded by m3 (in this context) on 1970-01-04"
+
+
+def test_a_chain_moves_up_its_newest_only() -> None:
+    # m1 -> m2 -> m3: m2 is superseded too, so only m3 is shown, in m1's place... or m2's.
+    material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5), _cand(3, 0.2)])
+    keep_in_force(material, {1: ("m2", 2 * DAY), 2: ("m3", 3 * DAY)}, {}, history=False)
+    assert [c.ids for c in material.related] == [("m3",)]
+    assert {c.ids[0] for _, c, _ in material.withheld} == {"m1", "m2"}
+
+
+def test_history_keeps_the_old_hit_dated() -> None:
+    material = Material(count=len, related=[_cand(1, 0.9), _cand(3, 0.2)])
+    notes = keep_in_force(material, {1: ("m3", 3 * DAY)}, {}, history=True)
+    assert [c.ids for c in material.related] == [("m3",), ("m1",)]
+    dated = material.related[1]
+    assert dated.text.endswith("(superseded on 1970-01-04)\n")
+    assert dated.tokens == len(dated.text)
+    assert material.withheld == []
+    assert notes == ["m1: shown as history, superseded by m3 on 1970-01-04 "
+                     "(the query asks what was in force before)"]  # fmt: skip
+
+
+def test_nothing_superseded_changes_nothing() -> None:
+    material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5)])
+    assert keep_in_force(material, {}, {}, history=False) == []
+    assert [c.ids for c in material.related] == [("m1",), ("m2",)]
