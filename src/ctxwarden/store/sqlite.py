@@ -158,6 +158,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
         self._common_cache: dict[str, tuple[bool, float]] = {}
+        self._tenant_stats: dict[Any, tuple[Any, tuple[int, int], float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
         # The change stamp (see _change_stamp) each cached scope was last checked at.
         self._scope_stamp: dict[tuple[str, str], tuple[int, int]] = {}
