@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ctxwarden.errors import ConflictError, StoreError
+from ctxwarden.errors import ConfigError, ConflictError, StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store import pg_migrations
 from ctxwarden.store.base import (
@@ -39,13 +39,14 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.pg_vectors import PostgresVectors
-from ctxwarden.store.pg_writer import Conn, _PostgresWriter
+from ctxwarden.store.pg_writer import Conn, _PostgresWriter, store_failure, timeout_settings
 from ctxwarden.store.reads import (
     CONTEXT_COLUMNS,
     MemoryReads,
     context_row,
     memory_of,
 )
+from ctxwarden.store.sqlite_connection import STORE_TIMEOUT_SECONDS
 from ctxwarden.store.writes import ACCESS_UPSERT, access_bump
 from ctxwarden.types import Memory
 
@@ -67,15 +68,43 @@ class PostgresStore(PostgresVectors, MemoryReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).
+
+    ``timeout`` (seconds, ``EngineConfig.store_timeout``) bounds every wait on the database:
+    for a lock another transaction holds (``lock_timeout``), for a read statement
+    (``statement_timeout``) and for a free pooled connection. Past it a call raises
+    :class:`~ctxwarden.errors.StoreUnavailable` (HTTP 503 with ``Retry-After``), the
+    transaction rolled back, as the SQLite store does.
     """
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 4) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        timeout: float = STORE_TIMEOUT_SECONDS,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigError(f"store_timeout: {timeout} must be above 0 seconds")
         self.dsn = dsn
+        self.timeout = timeout
+        settings = timeout_settings(timeout)
+
+        def configure(conn: Conn) -> None:
+            for statement in settings:
+                conn.execute(statement)
+            conn.commit()
+
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 pg_migrations.apply(conn)
             self._pool: ConnectionPool[Conn] = ConnectionPool(
-                dsn, min_size=min_size, max_size=max_size, open=True, timeout=30.0
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                open=True,
+                timeout=timeout,
+                configure=configure,
             )
         except psycopg.Error as exc:
             raise StoreError(f"cannot open PostgreSQL database: {exc}") from exc
@@ -92,10 +121,17 @@ class PostgresStore(PostgresVectors, MemoryReads):
         self._check_open()
         try:
             with self._pool.connection() as conn, conn.transaction():
+                conn.execute("SET LOCAL statement_timeout = 0")  # waits stay bounded: locks
                 writer = _PostgresWriter(conn)
                 yield writer
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
             raise ConflictError(f"write conflicted with a concurrent writer, retry: {exc}") from exc
+        except (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.QueryCanceled,
+            PoolTimeout,
+        ) as exc:
+            raise store_failure(exc, "writing", self.timeout) from exc
         self._inserted += writer.inserted
         if self._inserted >= max(_ANALYZE_ROWS, _ANALYZE_SHARE * self._analysed_rows):
             self._analyse()
@@ -211,8 +247,8 @@ class PostgresStore(PostgresVectors, MemoryReads):
         try:
             with self._pool.connection() as conn:
                 return conn.execute(sql, params).fetchall()
-        except psycopg.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise store_failure(exc, "query", self.timeout) from exc
 
     def search(
         self,
