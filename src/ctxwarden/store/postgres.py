@@ -291,12 +291,21 @@ class PostgresStore(PostgresVectors, MemoryReads):
 
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
 
-    def vacuum(self) -> None:
-        """Reclaim space after compaction: ``VACUUM (ANALYZE)`` of the tables compaction
-        rewrites (outside a transaction; space becomes reusable, the files do not shrink)."""
+    def vacuum(self, *, full: bool = False) -> None:
+        """Reclaim space after compaction or erasure: ``VACUUM (ANALYZE)`` of the tables
+        compaction rewrites (outside a transaction; space becomes reusable, the files do not
+        shrink, and deleted rows' bytes stay in their pages until overwritten). ``full``:
+        ``VACUUM (FULL, ANALYZE)`` of every table, rewritten into new files without the deleted
+        rows (the old files are removed); each table is locked while it is rewritten. What is
+        left on disk then: the write-ahead log until its segments are recycled (and any WAL
+        archive, replica or backup), and the blocks of the removed files until the file
+        system reuses them (docs/postgres.md)."""
         self._check_open()
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
+                if full:
+                    conn.execute("VACUUM (FULL, ANALYZE)")
+                    return
                 for table in ("memories", "aliases", "token_counts", "tombstones"):
                     conn.execute(f"VACUUM (ANALYZE) {table}")  # fixed names, no user input
         except psycopg.Error as exc:
@@ -319,8 +328,9 @@ class PostgresStore(PostgresVectors, MemoryReads):
 
     def scrub(self) -> None:
         """Nothing to do per delete: deleted rows are gone from every query at commit, and
-        (auto)vacuum reclaims their space. For a byte-level guarantee on disk run
-        ``VACUUM FULL`` in a maintenance window (it rewrites the tables)."""
+        (auto)vacuum reclaims their space, but their bytes stay in the table and index pages
+        until overwritten. To remove them from the files, run :meth:`vacuum` with ``full``
+        (``ctxwarden scrub --full``) in a maintenance window: it rewrites every table."""
         self._check_open()
 
     # -- API keys (the KeyStore seam) ---------------------------------------------------------

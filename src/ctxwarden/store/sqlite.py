@@ -371,9 +371,10 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads):
             )
         }
 
-    def vacuum(self) -> None:
-        """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
-        merges FTS5 segments so deleted rows' tokens leave the index, then VACUUMs."""
+    def vacuum(self, *, full: bool = False) -> None:
+        """Reclaim space after compaction: merges FTS5 segments so deleted rows' tokens leave
+        the index, then VACUUMs (SQLite's VACUUM always rewrites the file: ``full`` changes
+        nothing)."""
         with self._lock:
             self._check_open()
             try:
