@@ -169,13 +169,15 @@ class TenantLexical:
     def tenant_term_rows(
         self, tenant: str, quoted: str, cap: int, stamp: tuple[int, int], *, large: bool
     ) -> int:
-        """The tenant's rows holding the (quoted) term, counted up to ``cap``."""
+        """The tenant's rows holding the (quoted) term, counted up to ``cap``. ``CROSS JOIN``
+        keeps FTS5 the outer loop: the planner otherwise walks the tenant's rows by index and
+        runs the MATCH once per row (~1 s a term at 20,000 rows)."""
         key = ("term", tenant, quoted, cap)
         value = self._cached(key, stamp, large)
         if value is None:
             value = int(
                 self._query(
-                    "SELECT count(*) FROM (SELECT 1 FROM memories_fts f JOIN memories m "
+                    "SELECT count(*) FROM (SELECT 1 FROM memories_fts f CROSS JOIN memories m "
                     "ON m.rowid = f.rowid WHERE memories_fts MATCH ? AND m.tenant = ? LIMIT ?)",
                     (quoted, tenant, cap),
                 )[0][0]
@@ -218,7 +220,7 @@ class TenantLexical:
         candidates = [
             int(r[0])
             for r in self._query(
-                "SELECT f.rowid FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
+                "SELECT f.rowid FROM memories_fts f CROSS JOIN memories m ON m.rowid = f.rowid "
                 f"WHERE memories_fts MATCH ? AND m.tenant = ?{m_scope} "
                 "ORDER BY f.rowid DESC LIMIT ?",
                 [" OR ".join(kept), tenant, *scope_params, -1 if budget is None else budget],
