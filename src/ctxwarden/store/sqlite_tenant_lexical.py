@@ -242,16 +242,18 @@ class TenantLexical:
         index_tokens = varint(bytes(record[0][0]), offset)[0]
         index_mean = index_tokens / max(index_rows, 1)
         scores = dict.fromkeys(candidates, 0.0)
-        floor = min(candidates)
+        floor, ceiling = min(candidates), max(candidates)
         for quoted in kept:
             if not frequency[quoted]:
                 continue
             term_idf = self._index_idf(quoted, index_rows, stamp)
             own_idf = idf(tenant_rows, frequency[quoted])
+            # bm25() only for the tenant's rows (~1.6 us a row, the join ~0.5).
             for rowid, rank in self._query(
-                "SELECT rowid, bm25(memories_fts) FROM memories_fts "
-                "WHERE memories_fts MATCH ? AND rowid >= ?",
-                (quoted, floor),
+                "SELECT f.rowid, bm25(memories_fts) FROM memories_fts f CROSS JOIN memories m "
+                "ON m.rowid = f.rowid WHERE memories_fts MATCH ? AND f.rowid BETWEEN ? AND ? "
+                "AND m.tenant = ?",
+                (quoted, floor, ceiling, tenant),
             ):
                 if rowid not in wanted:
                     continue
