@@ -3,7 +3,7 @@
 Usage::
 
     uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
-        [--breakdown]
+        [--breakdown] [--other-tenants K]
 
 Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
 (40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
@@ -21,6 +21,9 @@ search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Me
 16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
 of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
 first time per author), Python ~3-4 ms.
+``--other-tenants K`` gives ``K`` of every ``K + 1`` rows to other tenants (queries still
+search ``default``): the file's FTS5 statistics are then not the tenant's, and search ranks with
+the tenant's own (``store/sqlite_tenant_lexical.py``).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
@@ -45,11 +48,13 @@ AUTHORS = [f"user{i:02d}" for i in range(40)]
 CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
 
 
-def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, list[str]]:
+def build(
+    path: Path, n: int, rng: np.random.Generator, others: int = 0
+) -> tuple[SQLiteStore, list[str]]:
     vocab = vocabulary(rng)
     weights = zipf_weights(len(vocab))
     store = SQLiteStore(path)
-    if store.stats("default")["memories"] >= n:
+    if store.stats("default")["memories"] >= n // (others + 1):
         return store, vocab
     embedder = MiniLMEmbedder()
     templates = [sentence(rng, vocab, weights) for _ in range(300)]
@@ -61,7 +66,7 @@ def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, li
         with store.write() as writer:
             for i in range(start, min(n, start + batch)):
                 memory = NewMemory(
-                    id=f"m{i}", tenant="default", session="s", channel=CHANNELS[i % 8],
+                    id=f"m{i}", tenant=_tenant(i, others), session="s", channel=CHANNELS[i % 8],
                     author=AUTHORS[int(rng.integers(0, 40))], author_kind="human", role="user",
                     content=sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
                     thread_id=None, reply_to=None, kind="message", pinned=False, name=None,
@@ -79,14 +84,21 @@ def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, li
     return store, vocab
 
 
+def _tenant(row: int, others: int) -> str:
+    """The tenant of the ``row``-th row: ``default`` for one in ``others + 1``."""
+    return "default" if row % (others + 1) == 0 else f"other{row % (others + 1)}"
+
+
 def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
     """Wrap the store's searches to add up their CPU time (bridge hops ask for 10 results, the
     main lexical search for ``RetrievalWeights.candidates``, 100)."""
     search, vector_search = store.search, store.vector_search
 
-    def timed_search(tenant: str, terms: Any, *, limit: int = 100, require: Any = ()) -> Any:
+    def timed_search(
+        tenant: str, terms: Any, *, limit: int = 100, require: Any = (), **rest: Any
+    ) -> Any:
         began = time.process_time()
-        found = search(tenant, terms, limit=limit, require=require)
+        found = search(tenant, terms, limit=limit, require=require, **rest)
         step = "lexical search (bridge hop)" if require else "lexical search"
         spent.setdefault(step, []).append((time.process_time() - began) * 1000)
         return found
@@ -151,6 +163,12 @@ def main() -> None:
         action="store_true",
         help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
+    parser.add_argument(
+        "--other-tenants",
+        type=int,
+        default=0,
+        help="give K of every K + 1 rows to other tenants (the file is shared)",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(7)
     if not args.keep:
@@ -159,7 +177,7 @@ def main() -> None:
         for leftover in Path(str(args.db) + ".vectors").glob("*"):
             leftover.unlink()
     started = time.perf_counter()
-    store, vocab = build(args.db, args.n, rng)
+    store, vocab = build(args.db, args.n, rng, args.other_tenants)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
     weights = zipf_weights(len(vocab))

@@ -69,6 +69,37 @@ def test_a_write_only_key_pins_without_reading_the_memory() -> None:
             assert client.get("/metrics").status_code == 200
 
 
+def test_a_write_only_keys_ingest_does_not_tell_what_the_store_held() -> None:
+    # A duplicate's outcome names the record that held the text first (``duplicate_of``), and
+    # "known" says an id existed: to a key without read, every record is just "accepted".
+    with Engine.open(":memory:") as engine:
+        keys = _keys(engine)
+        config = ServerConfig(authenticate=KeyAuth(engine.store))  # type: ignore[arg-type]
+        with serve(create_app(engine, config)) as url, httpx.Client(base_url=url) as client:
+
+            def ingest(key: str, id: str, text: str = CANARY) -> dict[str, object]:
+                body = {"records": [{"id": id, "content": text}], "session": "s"}
+                r = client.post("/v1/ingest", json=body, headers=_auth(key))
+                assert r.status_code == 200, r.text
+                return dict(r.json())
+
+            assert ingest(keys.reader, "first")["outcomes"] == [{"id": "first", "status": "stored"}]
+            accepted = {
+                "outcomes": [{"id": "probe", "status": "accepted"}],
+                "counts": {"accepted": 1},
+            }
+            assert ingest(keys.writer, "probe") == accepted  # a duplicate of "first"
+            assert ingest(keys.writer, "probe") == accepted  # known
+            fresh = ingest(keys.writer, "new", "a text nobody stored before")
+            assert fresh["outcomes"] == [{"id": "new", "status": "accepted"}]
+            # A reader (and admin) sees what happened.
+            for key in (keys.reader, keys.admin):
+                seen = ingest(key, f"again-{key[-4:]}")
+                (outcome,) = seen["outcomes"]  # type: ignore[misc]
+                assert outcome["status"] == "duplicate"
+                assert outcome["duplicate_of"] == "first"
+
+
 async def _remote_metrics(app: object, key: str | None) -> int:
     transport = httpx.ASGITransport(app=app, client=REMOTE)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://ctxwarden") as client:

@@ -19,14 +19,15 @@ __all__ = ["open_store"]
 def open_store(path: str | Path, *, timeout: float = STORE_TIMEOUT_SECONDS) -> Store:
     """The store at ``path`` (created if needed): a file path, ``":memory:"`` or a
     ``postgresql://`` URL; :class:`ConfigError` names the extra when the driver is missing.
-    ``timeout``: how long a SQLite call waits for the write lock (seconds)."""
+    ``timeout``: how long a call waits on the store (seconds): for SQLite's write lock, for
+    PostgreSQL's locks, statements and pooled connections."""
     text = str(path)
     if text.startswith(("postgresql://", "postgres://")):
-        return _postgres_store(text)
+        return _postgres_store(text, timeout)
     return SQLiteStore(text, timeout=timeout)
 
 
-def _postgres_store(dsn: str) -> Store:
+def _postgres_store(dsn: str, timeout: float) -> Store:
     try:
         from ctxwarden.store.postgres import PostgresStore
     except ImportError as exc:
@@ -34,4 +35,4 @@ def _postgres_store(dsn: str) -> Store:
             f"db: a postgresql:// URL needs the PostgreSQL driver ({exc.name} is missing); "
             "install it with: pip install 'ctxwarden[postgres]'"
         ) from exc
-    return PostgresStore(dsn)
+    return PostgresStore(dsn, timeout=timeout)

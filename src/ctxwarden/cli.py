@@ -428,6 +428,26 @@ def stats(
         console.print(top)
 
 
+@app.command()
+def scrub(
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="PostgreSQL: VACUUM FULL, rewriting every table without deleted rows "
+            "(locks each table while it runs: a maintenance window).",
+        ),
+    ] = False,
+) -> None:
+    """Remove deleted memories' text from the store's files: SQLite drops their terms from the
+    full-text index and truncates the WAL, then VACUUMs; PostgreSQL VACUUMs (with --full, the
+    tables are rewritten and the deleted rows' bytes leave the data files)."""
+    with _engine() as engine:
+        engine.store.scrub()
+        engine.store.vacuum(full=full)
+    typer.echo("scrubbed" + (" (VACUUM FULL)" if full else ""))
+
+
 def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> None:
     """Each cluster's summary text and the sentences it drops (the first ten)."""
     from rich.markup import escape

@@ -132,8 +132,9 @@ class StoreUnavailable(StoreError):  # noqa: N818 - a state the caller waits out
     is read-only, another writer held the lock past the wait limit (or the lock was lost), or
     the disk answered an I/O error. The transaction was rolled back, so the store is as it was;
     reads go on. ``cause`` names it (``"disk full"``, ``"read-only"``, ``"locked"``,
-    ``"lost lock"``, ``"I/O error"``); ``retry_after`` is a hint in seconds (HTTP 503 with
-    ``Retry-After``).
+    ``"lost lock"``, ``"I/O error"``; on PostgreSQL also ``"timeout"``, a statement past the
+    wait limit, and ``"busy"``, no pooled connection free); ``retry_after`` is a hint in
+    seconds (HTTP 503 with ``Retry-After``).
 
     >>> error = StoreUnavailable("disk full", "the disk holding x.db is full: free space")
     >>> error.cause, error.retry_after

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from ctxwarden.dedupe import (
     unfoldable_hash,
 )
 from ctxwarden.engine_config import DEFAULT_DEDUPE, EngineConfig
-from ctxwarden.errors import ConflictError, InputError
+from ctxwarden.errors import ConflictError, InputError, StoreError
 from ctxwarden.fold import NEAR_CANDIDATES, Aggregate, Analysed, FoldIndex
 from ctxwarden.provenance import (
     PROVENANCE_KEY,
@@ -71,6 +72,8 @@ _WRITE_ATTEMPTS = 5
 
 #: Bound of the in-process cache of analysed aggregates (rowid -> candidate).
 CANDIDATE_CACHE_SIZE = 65536
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -143,7 +146,115 @@ def collections_paused() -> Iterator[None]:
         gc.enable()
 
 
-class Ingestion:
+class _Edits:
+    """Edits of stored memories (:meth:`Engine.update`, and ingest of a known id with new
+    text): the part of :class:`Ingestion` that replaces a text in place."""
+
+    store: Store
+    config: EngineConfig
+    clock: Callable[[], float]
+    _analysed: OrderedDict[int, Analysed]
+    _edited: list[int]
+
+    def update(self, memory: Memory, content: Any) -> IngestOutcome:
+        """Replace the text of the stored ``memory`` (:meth:`Engine.update`); ``edited``, or
+        ``known`` when ``content`` is its text already."""
+        record = _record_of(memory, content)
+        # A tool result's verdict is made again for the new text (unsigned: untrusted).
+        record = _with_provenance(record, self.config.verifier)
+        foldable = self.config.dedupe is not None and not memory.content_hash.startswith(UNFOLDABLE)
+        item = _prepare(record, self.clock(), fold=foldable)
+        tokenizers = tuple(tokens.get_tokenizer(n) for n in self.config.tokenizers)
+        # Counted before the write transaction, from the memory's own fields (see _edit).
+        view = _view(record, memory.created_at)
+        measured = _measure(view, tokenizers) if tokenizers else None
+        counts: list[TokenCount] = []
+        late: list[tuple[int, dict[str, Any]]] = []
+        self._edited.clear()
+        with self.store.write() as writer:
+            outcome = self._edit(writer, item, counts, (view, measured), late)
+            if counts:
+                writer.put_token_counts(counts)
+        self._count_late(late, tokenizers)
+        for rowid in self._edited:
+            self._analysed.pop(rowid, None)
+        self._edited.clear()
+        return outcome
+
+    def _count_late(
+        self, late: Sequence[tuple[int, Mapping[str, Any]]], tokenizers: Sequence[tokens.Tokenizer]
+    ) -> None:
+        """Count and cache, after the write committed, what :meth:`_edit` could not use its
+        counts made beforehand for; a failure leaves them to be counted on first use."""
+        if not late or not tokenizers:
+            return
+        counts = [c for rowid, view in late for c in _counted(rowid, view, tokenizers)]
+        try:
+            self.store.put_token_counts(counts)
+        except StoreError as exc:
+            log.warning("token counts of edited memories not cached (counted on use): %s", exc)
+
+    def _edit(
+        self,
+        writer: Writer,
+        item: _Prepared,
+        counts: list[TokenCount],
+        measured: tuple[Mapping[str, Any], Sequence[tuple[str, int, int]] | None],
+        late: list[tuple[int, dict[str, Any]]],
+    ) -> IngestOutcome:
+        """Replace the stored text of ``item``'s id by its own (``known`` if it is the same).
+
+        ``measured``: the fields the caller counted tokens of before the transaction, and the
+        counts (None when no tokenizer counts at ingest). They are the edited memory's when its
+        stored role, author, kind, time and channel are those fields; otherwise the memory is
+        added to ``late``, counted after the commit: no text is counted while the write lock is
+        held."""
+        record = item.record
+        candidate = item.candidate
+        edited = writer.edit(
+            Edit(
+                tenant=record.tenant,
+                id=item.id,
+                content=record.content,
+                content_hash=item.content_hash,
+                near_key=candidate.near_key if candidate is not None else None,
+                metadata=record.metadata,
+                attachments=record.attachments,
+            ),
+            edited_at=self.clock(),
+            keep=self.config.edit_history == "keep",
+        )
+        if not isinstance(edited, Edited):
+            return IngestOutcome(id=item.id, status="known")
+        self._edited.append(edited.rowid)
+        counted_view, counted = measured
+        if counted is not None:
+            view = {
+                "role": edited.role,
+                "author": edited.author,
+                "content": record.content,
+                "kind": edited.kind,
+                "created_at": edited.created_at,
+                "channel": edited.channel,
+                "metadata": record.metadata,
+                "attachments": record.attachments,
+            }
+            if view == counted_view:
+                counts.extend(
+                    TokenCount(rowid=edited.rowid, tokenizer=name, message=message, line=line)
+                    for name, message, line in counted
+                )
+            else:
+                late.append((edited.rowid, view))
+        reason = (
+            f"text replaced; the old one kept as version {edited.version}"
+            if edited.version is not None
+            else "text replaced; the old one erased"
+        )
+        return IngestOutcome(id=item.id, status="edited", reason=reason)
+
+
+class Ingestion(_Edits):
     """Validates, folds and writes batches of records (:meth:`Engine.ingest`'s flow)."""
 
     def __init__(
@@ -295,76 +406,16 @@ class Ingestion:
                 del cache[rowid]
         return prepared, outcomes
 
-    def update(self, memory: Memory, content: Any) -> IngestOutcome:
-        """Replace the text of the stored ``memory`` (:meth:`Engine.update`); ``edited``, or
-        ``known`` when ``content`` is its text already."""
-        record = _record_of(memory, content)
-        # A tool result's verdict is made again for the new text (unsigned: untrusted).
-        record = _with_provenance(record, self.config.verifier)
-        foldable = self.config.dedupe is not None and not memory.content_hash.startswith(UNFOLDABLE)
-        item = _prepare(record, self.clock(), fold=foldable)
-        tokenizers = tuple(tokens.get_tokenizer(n) for n in self.config.tokenizers)
-        counts: list[TokenCount] = []
-        self._edited.clear()
-        with self.store.write() as writer:
-            outcome = self._edit(writer, item, tokenizers, counts)
-            if counts:
-                writer.put_token_counts(counts)
-        for rowid in self._edited:
-            self._analysed.pop(rowid, None)
-        self._edited.clear()
-        return outcome
-
-    def _edit(
-        self,
-        writer: Writer,
-        item: _Prepared,
-        tokenizers: Sequence[tokens.Tokenizer],
-        counts: list[TokenCount],
-    ) -> IngestOutcome:
-        """Replace the stored text of ``item``'s id by its own (``known`` if it is the same)."""
-        record = item.record
-        candidate = item.candidate
-        edited = writer.edit(
-            Edit(
-                tenant=record.tenant,
-                id=item.id,
-                content=record.content,
-                content_hash=item.content_hash,
-                near_key=candidate.near_key if candidate is not None else None,
-                metadata=record.metadata,
-                attachments=record.attachments,
-            ),
-            edited_at=self.clock(),
-            keep=self.config.edit_history == "keep",
-        )
-        if not isinstance(edited, Edited):
-            return IngestOutcome(id=item.id, status="known")
-        self._edited.append(edited.rowid)
-        if tokenizers:
-            view = {
-                "role": edited.role,
-                "author": edited.author,
-                "content": record.content,
-                "kind": edited.kind,
-                "created_at": edited.created_at,
-                "channel": edited.channel,
-                "metadata": record.metadata,
-                "attachments": record.attachments,
-            }
-            counts.extend(_counted(edited.rowid, view, tokenizers))
-        reason = (
-            f"text replaced; the old one kept as version {edited.version}"
-            if edited.version is not None
-            else "text replaced; the old one erased"
-        )
-        return IngestOutcome(id=item.id, status="edited", reason=reason)
-
     def _write_batch(self, prepared: Sequence[_Prepared]) -> tuple[list[IngestOutcome], FoldIndex]:
         """Decide and write one validated batch in one transaction; the outcomes, and the fold
         index (whose analysed aggregates the caller caches once the batch is committed)."""
         # Only explicitly configured tokenizers count at ingest; the rest count on first use.
         tokenizers = tuple(tokens.get_tokenizer(n) for n in self.config.tokenizers)
+        # Counted before the write transaction (the write lock is not held while text is
+        # counted); a record that folds or is known wastes its count, which costs no lock.
+        views = [_view(item.record, item.created_at) for item in prepared] if tokenizers else []
+        measured = [_measure(view, tokenizers) for view in views]
+        late: list[tuple[int, dict[str, Any]]] = []
         outcomes: list[IngestOutcome] = []
         counts: list[TokenCount] = []
         aliases: list[Alias] = []
@@ -390,14 +441,15 @@ class Ingestion:
             insert = writer.insert_row_or_fold
             add_outcome = outcomes.append
             exact_ttl = config.exact_ttl_seconds if config is not None else 0.0
-            for order, item in enumerate(prepared):
+            for position, item in enumerate(prepared):
                 record = item.record
                 item_id = item.id
                 key = (record.tenant, item_id)
                 existing = known.get(key)
                 if existing == item_id:
                     # The id is a memory of its own: other text is an edit (issue 19).
-                    add_outcome(self._edit(writer, item, tokenizers, counts))
+                    before = (views[position], measured[position]) if tokenizers else ({}, None)
+                    add_outcome(self._edit(writer, item, counts, before, late))
                     continue
                 if existing is not None:
                     add_outcome(
@@ -474,7 +526,7 @@ class Ingestion:
                     )
                     continue
                 known[key] = item_id
-                changes.stored(order, rowid, item_id)
+                changes.stored(position, rowid, item_id)
                 if record.key is not None:
                     writer.set_key(record.tenant, rowid, record.key, user=record.user)
                 if candidate is not None:
@@ -493,20 +545,8 @@ class Ingestion:
                     )
                 if tokenizers:
                     counts.extend(
-                        _counted(
-                            rowid,
-                            {
-                                "role": record.role,
-                                "author": record.author,
-                                "content": record.content,
-                                "kind": record.kind,
-                                "created_at": item.created_at,
-                                "channel": record.channel,
-                                "metadata": record.metadata,
-                                "attachments": record.attachments,
-                            },
-                            tokenizers,
-                        )
+                        TokenCount(rowid=rowid, tokenizer=name, message=message, line=line)
+                        for name, message, line in measured[position]
                     )
                 add_outcome(IngestOutcome(id=item_id, status="stored"))
             if aliases:
@@ -540,6 +580,7 @@ class Ingestion:
                 writer.put_token_counts(counts)
             writer.supersede(changes.links())
         changes.remember()  # after the commit: a rolled-back batch's rowids may be reused
+        self._count_late(late, tokenizers)
         return outcomes, index
 
 
@@ -607,19 +648,35 @@ def _record_of(memory: Memory, content: Any) -> Record:
     )
 
 
+def _view(record: Record, created_at: float) -> dict[str, Any]:
+    """The fields of a memory of ``record`` that its rendered message and line show."""
+    return {
+        "role": record.role,
+        "author": record.author,
+        "content": record.content,
+        "kind": record.kind,
+        "created_at": created_at,
+        "channel": record.channel,
+        "metadata": record.metadata,
+        "attachments": record.attachments,
+    }
+
+
+def _measure(
+    view: Mapping[str, Any], tokenizers: Sequence[tokens.Tokenizer]
+) -> list[tuple[str, int, int]]:
+    """Per tokenizer: its name and the token counts of the memory's message and line."""
+    message_text = render.message_text(view)
+    line_text = render.line_text(view)
+    return [(tok.name, tok.count(message_text), tok.count(line_text)) for tok in tokenizers]
+
+
 def _counted(
     rowid: int, view: Mapping[str, Any], tokenizers: Sequence[tokens.Tokenizer]
 ) -> Iterator[TokenCount]:
     """The token counts of a memory (its fields ``view``) under each tokenizer."""
-    message_text = render.message_text(view)
-    line_text = render.line_text(view)
-    for tok in tokenizers:
-        yield TokenCount(
-            rowid=rowid,
-            tokenizer=tok.name,
-            message=tok.count(message_text),
-            line=tok.count(line_text),
-        )
+    for name, message, line in _measure(view, tokenizers):
+        yield TokenCount(rowid=rowid, tokenizer=name, message=message, line=line)
 
 
 def _prefetch(

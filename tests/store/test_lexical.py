@@ -3,11 +3,17 @@ PostgreSQL alike (the ``store`` fixture of the conformance suite)."""
 
 from __future__ import annotations
 
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+
 import pytest
 
+from ctxwarden.scope import ReadScope
 from ctxwarden.store import sqlite_lexical as sqlite_module
 from ctxwarden.store.base import NewMemory, Store
 from ctxwarden.store.pg_lexical import choose_terms, idf
+from ctxwarden.store.sqlite import SQLiteStore
 
 
 def _memory(id: str, content: str, *, tenant: str = "t") -> NewMemory:
@@ -133,3 +139,72 @@ def _status_reports(store: Store, monkeypatch: pytest.MonkeyPatch, extra: NewMem
             w.insert(_memory(f"s{i}", f"status report {i}"))
         w.insert(_memory("z", "zeppelin status"))
         w.insert(extra)
+
+
+def _tenant_b_scores(store: Store, word_of_a: str) -> list[tuple[str, float]]:
+    """Tenant B's scores for a query after tenant A stored rows holding ``word_of_a``."""
+    words = [f"w{i}x" for i in range(60)]
+    with store.write() as w:
+        for i in range(80):
+            text = " ".join(words[(i * 7 + j * 3) % 60] for j in range(3 + i % 9))
+            if i % 5 == 0:
+                text += " kafka" * (1 + i % 3)
+            w.insert(_memory(f"b{i}", text, tenant="B"))
+            if i % 2 == 0:  # A's rows: as many, as long, only one word differs between runs
+                w.insert(_memory(f"a{i}", f"w1x w2x {word_of_a} {word_of_a}", tenant="A"))
+    return [(m.id, score) for m, score in store.search("B", ["kafka", "w3x", "w10x"])]
+
+
+@pytest.fixture
+def second_store(store: Store, request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A second, empty store of the ``store`` fixture's backend."""
+    if isinstance(store, SQLiteStore):
+        other: Store = SQLiteStore(":memory:")
+    else:
+        import psycopg
+
+        from ctxwarden.store.postgres import PostgresStore
+
+        dsn = request.getfixturevalue("pg_dsn")
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        options = urllib.parse.quote(f"-c search_path={schema},public")
+        other = PostgresStore(f"{dsn}{'&' if '?' in dsn else '?'}options={options}")
+    yield other
+    other.close()
+
+
+def test_another_tenants_words_do_not_change_a_tenants_scores(
+    store: Store, second_store: Store
+) -> None:
+    # The side-channel probe of issue 20: B's scores are identical whether or not A stored
+    # the word B searches for (FTS5's statistics span the file; the scores must not).
+    with_word = _tenant_b_scores(store, "kafka")
+    without_word = _tenant_b_scores(second_store, "zebra")
+    assert with_word == without_word
+    assert len(with_word) > 10
+    # A's rows hold the word, and A's own search still finds them.
+    assert len(store.search("A", ["kafka"])) == 40
+
+
+def test_a_tenants_scores_in_a_shared_file_are_those_of_the_tenant_alone() -> None:
+    # SQLite: ranked with the tenant's own statistics, the scores are what FTS5 gives in a
+    # file holding that tenant alone (to rounding), and the order is the same.
+    shared, alone = SQLiteStore(":memory:"), SQLiteStore(":memory:")
+    _tenant_b_scores(shared, "kafka")
+    words = [f"w{i}x" for i in range(60)]
+    with alone.write() as w:
+        for i in range(80):
+            text = " ".join(words[(i * 7 + j * 3) % 60] for j in range(3 + i % 9))
+            if i % 5 == 0:
+                text += " kafka" * (1 + i % 3)
+            w.insert(_memory(f"b{i}", text, tenant="B"))
+    terms = ["kafka", "w3x", "w10x"]
+    got = [(m.id, score) for m, score in shared.search("B", terms)]
+    expected = [(m.id, score) for m, score in alone.search("B", terms)]
+    assert [i for i, _ in got] == [i for i, _ in expected]
+    assert [s for _, s in got] == pytest.approx([s for _, s in expected], rel=1e-12)
+    # Scoped to a session, too.
+    scope = ReadScope(kind="session", session="s")
+    assert [m.id for m, _ in shared.search("B", terms, scope=scope)] == [i for i, _ in expected]

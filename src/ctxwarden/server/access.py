@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ __all__ = [
     "ServerConfig",
     "client_message",
     "credentials_of",
+    "error_field",
     "principal_of",
     "retry_after",
     "status_for",
@@ -98,6 +100,40 @@ def upstream_failure(exc: UpstreamError) -> tuple[int, str]:
     if isinstance(cause, httpx.HTTPError):
         return 502, "upstream: the model server cannot be reached; check that it is running"
     return 502, "upstream: the model server's answer was not usable"
+
+
+#: A message that starts by naming what it is about: ``budget.margin: ...``.
+_NAMED = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")
+#: What a 422 without a named field is about, by error class (first match wins).
+_FIELD_BY_ERROR: tuple[tuple[type[CtxwardenError], str], ...] = (
+    (BudgetError, "budget"),
+    (TokenizerError, "tokenizer"),
+    (ConfigError, "model"),
+)
+
+
+def error_field(error: CtxwardenError) -> str | None:
+    """The request field a client error (422) is about, so that every one names one: the
+    field an :class:`InputError` names, else the name a message starts with (``budget.margin:
+    ...``), else what the error class is about (a budget, the tokenizer, the model: the
+    request's model, window or tokenizer chose them), else ``body``. None for other errors.
+
+    >>> error_field(BudgetError("budget.margin: reserve (2) and margin (16) leave no room"))
+    'budget.margin'
+    >>> error_field(TokenizerError("cannot count")), error_field(InputError("bad"))
+    ('tokenizer', 'body')
+    """
+    if status_for(error) not in (400, 422):
+        return None
+    if isinstance(error, InputError) and error.field is not None:
+        return error.field
+    named = _NAMED.match(str(error))
+    if named is not None:
+        return named.group(1)
+    for kind, field_name in _FIELD_BY_ERROR:
+        if isinstance(error, kind):
+            return field_name
+    return "body"
 
 
 def client_message(error: CtxwardenError) -> str:

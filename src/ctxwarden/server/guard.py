@@ -7,6 +7,10 @@
   it with the memory's id and pin state, never its content (:func:`memory_view`), and the proxy
   adds no retrieved-memory block to its conversations (``Who.reads``), since that block quotes
   stored memories back to the caller.
+- Nor does an ingest's answer tell it what the store held: to a write-only key every record
+  is ``accepted`` (:func:`ingest_view`), where a reader sees ``stored``, ``duplicate`` with
+  the ``duplicate_of`` id of the record that held the text already, ``known`` and the rest.
+  Those say that a text or an id existed, which another writer of the tenant may have stored.
 
 >>> from ctxwarden.server.http import Principal
 >>> can_read(Principal(tenant="t", scopes=frozenset({"write"})))
@@ -19,9 +23,9 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ctxwarden.types import Memory
+from ctxwarden.types import IngestResult, Memory
 
-__all__ = ["can_read", "is_loopback", "memory_view", "require_metrics_access"]
+__all__ = ["can_read", "ingest_view", "is_loopback", "memory_view", "require_metrics_access"]
 
 
 class _Scoped(Protocol):
@@ -34,6 +38,26 @@ class _Scoped(Protocol):
 def can_read(principal: _Scoped) -> bool:
     """Whether ``principal`` may read memories (``read`` or ``admin``)."""
     return "read" in principal.scopes or "admin" in principal.scopes
+
+
+def ingest_view(principal: _Scoped, result: IngestResult) -> dict[str, Any]:
+    """``result`` as an ingest response may show it to ``principal``: every outcome and the
+    counts per status for a reader; for a write-only key each record's own id with status
+    ``accepted`` (what became of it would tell what the store held).
+
+    >>> from ctxwarden.server.http import Principal
+    >>> from ctxwarden.types import IngestOutcome
+    >>> dup = IngestOutcome(id="m2", status="duplicate", duplicate_of="m1")
+    >>> done = IngestResult(outcomes=(dup,))
+    >>> ingest_view(Principal(tenant="t", scopes=frozenset({"write"})), done)
+    {'outcomes': [{'id': 'm2', 'status': 'accepted'}], 'counts': {'accepted': 1}}
+    """
+    if can_read(principal):
+        return {"outcomes": [o.to_dict() for o in result.outcomes], "counts": result.counts}
+    return {
+        "outcomes": [{"id": o.id, "status": "accepted"} for o in result.outcomes],
+        "counts": {"accepted": len(result.outcomes)},
+    }
 
 
 def is_loopback(client: Any) -> bool:

@@ -74,6 +74,7 @@ from ctxwarden.server.access import (
     ServerConfig,
     client_message,
     credentials_of,
+    error_field,
     retry_after,
     status_for,
 )
@@ -81,7 +82,7 @@ from ctxwarden.server.access import Caller as Caller
 from ctxwarden.server.access import Credentials as Credentials
 from ctxwarden.server.access import Principal as Principal
 from ctxwarden.server.access import principal_of as principal_of
-from ctxwarden.server.guard import memory_view, require_metrics_access
+from ctxwarden.server.guard import ingest_view, memory_view, require_metrics_access
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
 from ctxwarden.server.surface import StrictBody, install, validation_error_body
 from ctxwarden.types import Context
@@ -337,8 +338,9 @@ def context_body(context: Context, *, full: bool) -> dict[str, Any]:
 
 def _error_body(exc: CtxwardenError) -> dict[str, Any]:
     body: dict[str, Any] = {"type": type(exc).__name__, "message": client_message(exc)}
-    if isinstance(exc, InputError) and exc.field is not None:
-        body["field"] = exc.field
+    field_name = error_field(exc)
+    if field_name is not None:
+        body["field"] = field_name
     return {"error": body}
 
 
@@ -536,12 +538,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
                 body.records, tenant=principal.tenant, session=body.session, user=body.user
             )
             metrics.observe_ingest(result.counts)
-            return _json(
-                {
-                    "outcomes": [o.to_dict() for o in result.outcomes],
-                    "counts": result.counts,
-                }
-            )
+            return _json(ingest_view(principal, result))
 
         return await caller.run("write", work)
 

@@ -43,6 +43,7 @@ from ctxwarden.errors import AuthError, CtxwardenError, InputError, ScopeError
 from ctxwarden.models import remote_tokenizer
 from ctxwarden.render import line_text
 from ctxwarden.server.access import client_message
+from ctxwarden.server.guard import can_read
 from ctxwarden.server.http import Principal
 from ctxwarden.summarize import ExtractiveSummarizer, SummaryItem
 from ctxwarden.types import SCOPES, format_time
@@ -108,6 +109,14 @@ def create_mcp_server(
         principal.require(scope)
         return str(principal.tenant)
 
+    def reads(ctx: Context | None) -> bool:
+        """Whether the caller may read memories (the local user may)."""
+        request = ctx.request_context.request if ctx is not None else None
+        if request is None:
+            return True
+        principal = (getattr(request, "scope", {}).get("state") or {}).get(_PRINCIPAL)
+        return principal is not None and can_read(principal)
+
     def tokenizer() -> tokens.Tokenizer:
         spec = engine.registry.resolve(engine.config.default_model)
         return tokens.get_tokenizer(spec.tokenizer)
@@ -138,7 +147,8 @@ def create_mcp_server(
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Store a note of end user ``user`` in ``session`` (``kind`` message; fact only where
-        the operator allows it); returns its id and what happened to it. A ``pinned`` note
+        the operator allows it); returns its id and what happened to it (to a key without
+        ``read``: the note's own id, status ``accepted``). A ``pinned`` note
         shows in every context of its session, or of ``scope``: ``user`` (all the user's
         sessions) or ``tenant`` (everyone's). ``attachments``: images, files or links the note
         is about, ``[{kind: image|file|link, name?, caption?, url?}]`` (searched, and shown
@@ -179,6 +189,8 @@ def create_mcp_server(
             stored = outcome.duplicate_of or outcome.id
             if pin_scope is not None:
                 engine.pin(stored, tenant=where, scope=pin_scope)
+            if not reads(ctx):  # a write-only key learns nothing of what the store held
+                return {"id": outcome.id, "status": "accepted"}
             return {"id": stored, "status": outcome.status}
 
     @server.tool()

@@ -217,10 +217,10 @@ class ErrorResponse(BaseModel):
 
 
 class Outcome(BaseModel):
-    """What happened to one record."""
+    """What happened to one record (``accepted`` is all a key without ``read`` is told)."""
 
     id: str
-    status: Literal["stored", "edited", "duplicate", "near_duplicate", "known"]
+    status: Literal["stored", "edited", "duplicate", "near_duplicate", "known", "accepted"]
     duplicate_of: str | None = None
     reason: str | None = None
 

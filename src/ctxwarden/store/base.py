@@ -622,9 +622,13 @@ class Store(Protocol):
     def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
         """Tombstones of a tenant (those pointing at ``summary_id`` when given), by id."""
 
-    def vacuum(self) -> None:
+    def vacuum(self, *, full: bool = False) -> None:
         """Reclaim the space of deleted rows (after compaction): SQLite merges FTS segments
-        and VACUUMs (the file shrinks); PostgreSQL runs ``VACUUM (ANALYZE)`` (space reusable)."""
+        and VACUUMs (the file is rewritten and shrinks, ``full`` or not); PostgreSQL runs
+        ``VACUUM (ANALYZE)`` (space reusable, the deleted rows' bytes stay in the pages until
+        overwritten) or, ``full``, ``VACUUM (FULL, ANALYZE)`` of the whole database (every
+        table rewritten into new files, the old ones removed; it locks each table while it
+        runs: a maintenance window)."""
 
     def iter_memories(self, tenant: str) -> Iterator[Memory]:
         """Every memory of a tenant, oldest first (exports, maintenance)."""

@@ -17,9 +17,9 @@ import numpy.typing as npt
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ctxwarden.errors import InputError, StoreError
+from ctxwarden.errors import InputError
 from ctxwarden.scope import ReadScope
-from ctxwarden.store.pg_writer import Conn, _PostgresWriter
+from ctxwarden.store.pg_writer import Conn, _PostgresWriter, store_failure
 from ctxwarden.store.reads import MEMORY_COLUMNS, embedded_text, memory_of, scope_sql
 from ctxwarden.types import Memory
 
@@ -31,6 +31,7 @@ class PostgresVectors:
     whose ``_conn`` is the transaction's connection), :meth:`_query` and :meth:`_check_open`)."""
 
     _pool: ConnectionPool[Conn]
+    timeout: float
 
     def write(self) -> AbstractContextManager[_PostgresWriter]:
         raise NotImplementedError
@@ -221,7 +222,7 @@ class PostgresVectors:
                     params,
                 ).fetchall()
         except psycopg.Error as exc:
-            raise StoreError(f"vector search failed: {exc}") from exc
+            raise store_failure(exc, "vector search", self.timeout) from exc
         found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found

@@ -13,13 +13,53 @@ from typing import Any
 
 import psycopg
 
-from ctxwarden.errors import StoreError
+from ctxwarden.errors import StoreError, StoreUnavailable
 from ctxwarden.store.base import AggregateUpdate, Alias, FoldTarget, NewMemory, TokenCount
 from ctxwarden.store.reads import memory_row
 from ctxwarden.store.sqlite_writer import _TARGET_COLUMNS, _keep_wanted
 from ctxwarden.store.writes import MemoryWrites
 
-__all__ = ["Conn"]
+__all__ = ["Conn", "store_failure", "timeout_settings"]
+
+
+def timeout_settings(timeout: float) -> tuple[str, ...]:
+    """The session settings that bound a connection's waits by the store's ``timeout``
+    (seconds): ``lock_timeout`` (a lock another transaction holds) and ``statement_timeout``
+    (one statement). Write transactions lift the statement bound (``SET LOCAL``): an erasure of
+    a large tenant may run long, but its waits for locks stay bounded.
+
+    >>> timeout_settings(5)
+    ('SET lock_timeout = 5000', 'SET statement_timeout = 5000')
+    """
+    ms = max(1, round(timeout * 1000))
+    return (f"SET lock_timeout = {ms}", f"SET statement_timeout = {ms}")
+
+
+def store_failure(exc: Exception, doing: str, timeout: float) -> StoreError:
+    """The error a psycopg (or pool) failure while ``doing`` something stands for: a wait past
+    the store's ``timeout`` is :class:`~ctxwarden.errors.StoreUnavailable` (``locked``: a lock
+    held by another transaction; ``timeout``: a statement that ran too long; ``busy``: every
+    pooled connection in use), as SQLite's busy timeout is; anything else a StoreError."""
+    from psycopg_pool import PoolTimeout
+
+    setting = f"{timeout:g}s (the store_timeout setting)"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return StoreUnavailable(
+            "locked",
+            f"{doing}: another transaction held a lock for over {setting}; nothing was "
+            "changed: retry",
+        )
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StoreUnavailable(
+            "timeout",
+            f"{doing}: the statement did not finish within {setting}, waiting on a lock "
+            "another transaction holds or running; nothing was changed: retry",
+        )
+    if isinstance(exc, PoolTimeout):
+        return StoreUnavailable(
+            "busy", f"{doing}: no database connection was free within {setting}: retry"
+        )
+    return StoreError(f"{doing} failed: {exc}")
 
 
 _INSERT_MEMORY = (

@@ -28,9 +28,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ctxwarden.errors import ConflictError, StoreError
+from ctxwarden.errors import ConfigError, ConflictError, StoreError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store import pg_migrations
 from ctxwarden.store.archive import ArchiveReads
@@ -41,13 +41,14 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.pg_vectors import PostgresVectors
-from ctxwarden.store.pg_writer import Conn, _PostgresWriter
+from ctxwarden.store.pg_writer import Conn, _PostgresWriter, store_failure, timeout_settings
 from ctxwarden.store.reads import (
     CONTEXT_COLUMNS,
     MemoryReads,
     context_row,
     memory_of,
 )
+from ctxwarden.store.sqlite_connection import STORE_TIMEOUT_SECONDS
 from ctxwarden.store.writes import ACCESS_UPSERT, access_bump
 from ctxwarden.types import Memory
 
@@ -85,15 +86,43 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).
+
+    ``timeout`` (seconds, ``EngineConfig.store_timeout``) bounds every wait on the database:
+    for a lock another transaction holds (``lock_timeout``), for a read statement
+    (``statement_timeout``) and for a free pooled connection. Past it a call raises
+    :class:`~ctxwarden.errors.StoreUnavailable` (HTTP 503 with ``Retry-After``), the
+    transaction rolled back, as the SQLite store does.
     """
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 4) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        timeout: float = STORE_TIMEOUT_SECONDS,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigError(f"store_timeout: {timeout} must be above 0 seconds")
         self.dsn = dsn
+        self.timeout = timeout
+        settings = timeout_settings(timeout)
+
+        def configure(conn: Conn) -> None:
+            for statement in settings:
+                conn.execute(statement)
+            conn.commit()
+
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 pg_migrations.apply(conn)
             self._pool: ConnectionPool[Conn] = ConnectionPool(
-                dsn, min_size=min_size, max_size=max_size, open=True, timeout=30.0
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                open=True,
+                timeout=timeout,
+                configure=configure,
             )
         except psycopg.Error as exc:
             raise StoreError(f"cannot open PostgreSQL database: {exc}") from exc
@@ -113,10 +142,17 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
         self._check_open()
         try:
             with self._pool.connection() as conn, conn.transaction():
+                conn.execute("SET LOCAL statement_timeout = 0")  # waits stay bounded: locks
                 writer = _PostgresWriter(conn)
                 yield writer
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
             raise ConflictError(f"write conflicted with a concurrent writer, retry: {exc}") from exc
+        except (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.QueryCanceled,
+            PoolTimeout,
+        ) as exc:
+            raise store_failure(exc, "writing", self.timeout) from exc
         self._inserted += writer.inserted
         if self._inserted >= max(_ANALYZE_ROWS, _ANALYZE_SHARE * self._analysed_rows):
             self._analyse()
@@ -232,8 +268,8 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
         try:
             with self._pool.connection() as conn:
                 return conn.execute(sql, params).fetchall()
-        except psycopg.Error as exc:
-            raise StoreError(f"query failed: {exc}") from exc
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise store_failure(exc, "query", self.timeout) from exc
 
     def search(
         self,
@@ -276,12 +312,21 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
 
     # -- compaction (ctxwarden.compact) ---------------------------------------------------------
 
-    def vacuum(self) -> None:
-        """Reclaim space after compaction: ``VACUUM (ANALYZE)`` of the tables compaction
-        rewrites (outside a transaction; space becomes reusable, the files do not shrink)."""
+    def vacuum(self, *, full: bool = False) -> None:
+        """Reclaim space after compaction or erasure: ``VACUUM (ANALYZE)`` of the tables
+        compaction rewrites (outside a transaction; space becomes reusable, the files do not
+        shrink, and deleted rows' bytes stay in their pages until overwritten). ``full``:
+        ``VACUUM (FULL, ANALYZE)`` of every table, rewritten into new files without the deleted
+        rows (the old files are removed); each table is locked while it is rewritten. What is
+        left on disk then: the write-ahead log until its segments are recycled (and any WAL
+        archive, replica or backup), and the blocks of the removed files until the file
+        system reuses them (docs/postgres.md)."""
         self._check_open()
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
+                if full:
+                    conn.execute("VACUUM (FULL, ANALYZE)")
+                    return
                 for table in ("memories", "aliases", "token_counts", "tombstones"):
                     conn.execute(f"VACUUM (ANALYZE) {table}")  # fixed names, no user input
         except psycopg.Error as exc:
@@ -305,8 +350,9 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
 
     def scrub(self) -> None:
         """Nothing to do per delete: deleted rows are gone from every query at commit, and
-        (auto)vacuum reclaims their space. For a byte-level guarantee on disk run
-        ``VACUUM FULL`` in a maintenance window (it rewrites the tables)."""
+        (auto)vacuum reclaims their space, but their bytes stay in the table and index pages
+        until overwritten. To remove them from the files, run :meth:`vacuum` with ``full``
+        (``ctxwarden scrub --full``) in a maintenance window: it rewrites every table."""
         self._check_open()
 
     # -- the background compactor's lease (the Maintenance seam) --------------------------------

@@ -159,6 +159,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         self._vectors = VectorCache(self.path, self._query)
         self._term_cache: dict[str, tuple[int, float]] = {}
         self._common_cache: dict[str, tuple[bool, float]] = {}
+        self._tenant_stats: dict[Any, tuple[Any, tuple[int, int], float]] = {}
         self._scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]] = {}
         # The change stamp (see _change_stamp) each cached scope was last checked at.
         self._scope_stamp: dict[tuple[str, str], tuple[int, int]] = {}
@@ -371,13 +372,13 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
             )
         }
 
-    def vacuum(self) -> None:
-        """Reclaim space after compaction (SQLite-only maintenance, not in the protocol):
-        merges FTS5 segments so deleted rows' tokens leave the index, VACUUMs, then
-        checkpoints and truncates the WAL: the file shrinks only then, since VACUUM's pages are
-        written to the WAL. Raises :class:`StoreError` when a reader (or the checkpoint thread)
-        kept that checkpoint from finishing: the database is vacuumed, the file not yet
-        shrunk; call it again (it used to return as if the file had shrunk)."""
+    def vacuum(self, *, full: bool = False) -> None:
+        """Reclaim space after compaction: merges FTS5 segments so deleted rows' tokens leave
+        the index, VACUUMs (SQLite's VACUUM always rewrites the file: ``full`` changes
+        nothing), then checkpoints and truncates the WAL: the file shrinks only then, since
+        VACUUM's pages are written to the WAL. Raises :class:`StoreError` when a reader (or the
+        checkpoint thread) kept that checkpoint from finishing: the database is vacuumed, the
+        file not yet shrunk; call it again (it used to return as if the file had shrunk)."""
         with self._lock:
             self._check_open()
             try:

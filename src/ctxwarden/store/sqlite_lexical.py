@@ -15,6 +15,7 @@ from typing import Any
 
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of, scope_sql
+from ctxwarden.store.sqlite_tenant_lexical import FRESH_ROWS, TenantLexical
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -124,9 +125,9 @@ def row_budget(limit: int) -> int:
     return max(1, min(SEARCH_ROW_BUDGET, ROWS_PER_RESULT * limit))
 
 
-class SQLiteLexical:
-    """FTS5 search over ``memories_fts`` (the store supplies :meth:`_query` and the two term
-    caches, which it creates empty)."""
+class SQLiteLexical(TenantLexical):
+    """FTS5 search over ``memories_fts`` (the store supplies :meth:`_query` and the term and
+    statistics caches, which it creates empty)."""
 
     _term_cache: dict[str, tuple[int, float]]
     _common_cache: dict[str, tuple[bool, float]]
@@ -160,11 +161,17 @@ class SQLiteLexical:
         matching rows is ranked: a rowid bound in the MATCH query, so a search costs a bounded
         amount at any store size (FTS5 still reads each kept term's whole list once for its
         IDF, ~0.015 us a row).
+
+        In a store that holds other tenants too, the terms, their rarity, the bound and the
+        scores are the tenant's own (:mod:`~ctxwarden.store.sqlite_tenant_lexical`): FTS5's
+        statistics span the file, and another tenant's words would shift them.
         """
         if not terms:
             return []
         budget = row_budget(limit)
         quoted = [_quote(t) for t in dict.fromkeys(terms)]
+        if not self.alone(tenant):
+            return self._search_shared(tenant, quoted, budget, limit, require, known, scope)
         frequency = {q: self._term_rows(q) for q in quoted}
         quoted = choose_terms(frequency, budget, very_common=self._very_common(frequency))
         if require and not any(_quote(t) in quoted for t in require):
@@ -236,6 +243,40 @@ class SQLiteLexical:
             return [(memory_of(r[:-1]), -float(r[-1])) for r in rows]
         found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
         return found[:limit]
+
+    def _search_shared(
+        self,
+        tenant: str,
+        quoted: list[str],
+        budget: int,
+        limit: int,
+        require: Collection[str],
+        known: Mapping[int, Memory] | None,
+        scope: ReadScope | None,
+    ) -> list[tuple[Memory, float]]:
+        """:meth:`search` in a store shared with other tenants: the same choice of terms and
+        the same bound as below, from the tenant's own counts, and the tenant's BM25."""
+        stamp = self._change_stamp()
+        rows, mean_length = self.tenant_statistics(tenant, stamp)
+        if not rows:
+            return []
+        cap = max(COMMON_TERM_ROWS, very_common_rows(rows))
+        large = rows >= FRESH_ROWS
+        frequency = {q: self.tenant_term_rows(tenant, q, cap, stamp, large=large) for q in quoted}
+        cutoff = very_common_rows(rows)
+        kept = choose_terms(
+            frequency, budget, very_common={q for q, n in frequency.items() if n >= cutoff}
+        )
+        if require and not any(_quote(t) in kept for t in require):
+            return []
+        kept = [q for q in kept if frequency[q]]
+        if not kept:
+            return []
+        # A scope ranks every match of its own rows, as _search_scope does.
+        bound = budget if scope is None or scope_sql(scope)[0] == "" else None
+        return self.rank_tenant(
+            tenant, kept, frequency, rows, mean_length, bound, limit, scope, known, stamp
+        )
 
     def _search_scope(
         self,
