@@ -5,6 +5,7 @@ Errors print one line and exit non-zero (a traceback only with ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sys
@@ -18,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ctxwarden.cli_context import _engine, _settings, _state
+from ctxwarden.cli_context import _engine, _settings, _state, _summarizer
 from ctxwarden.cli_serve import keys_app, mcp, proxy, serve
 from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, InputError, MissingExtraError
@@ -403,6 +404,8 @@ def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> Non
             for id_, sentence in p.lost[:10]:
                 console.print(escape(f"  would lose [{id_}] {sentence}"))
             continue
+        if p.fallback:
+            console.print(escape(f"extractive summary instead: {p.fallback}"))
         console.print(escape(p.text), highlight=False)
         if p.dropped:
             console.print(f"drops {len(p.dropped)} sentence(s):")
@@ -427,40 +430,34 @@ def compact(
         str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
     ] = "14d",
     summarizer: Annotated[
-        str, typer.Option(help="extractive (offline, default) or llm.")
-    ] = "extractive",
+        str | None,
+        typer.Option(help="extractive (offline) or llm (default: the summarizer setting)."),
+    ] = None,
     llm_url: Annotated[
         str | None,
-        typer.Option("--llm-url", help="OpenAI-compatible base URL (with --summarizer llm)."),
+        typer.Option(
+            "--llm-url",
+            help="OpenAI-compatible base URL for llm (default: the summarizer_url setting).",
+        ),
     ] = None,
     llm_model: Annotated[
-        str | None, typer.Option("--llm-model", help="Model name for llm.")
+        str | None, typer.Option("--llm-model", help="Model name for llm (summarizer_model).")
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan/result as JSON.")] = False,
 ) -> None:
     """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
     from ctxwarden.compact import CompactionPolicy
-    from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
+    from ctxwarden.summarize import Summarizer
 
     if plan_only == apply_it:
         raise InputError("pass exactly one of --plan or --apply", field="compact")
     policy = CompactionPolicy(older_than=parse_duration(older_than))
-    chosen: Summarizer
-    if summarizer == "extractive":
-        chosen = ExtractiveSummarizer()
-    elif summarizer == "llm":
-        if not llm_url:
-            raise InputError(
-                "--summarizer llm needs --llm-url (and usually --llm-model)", field="llm_url"
-            )
-        from ctxwarden.llm import LLMClient
-
-        chosen = LLMSummarizer(LLMClient(llm_url, model=llm_model), llm_model)
-    else:
-        raise InputError(f"{summarizer!r} is not extractive or llm", field="summarizer")
+    settings = _settings()
+    chosen: Summarizer = _summarizer(settings, kind=summarizer, url=llm_url, model=llm_model)
     console = Console(stderr=as_json)
-    with _engine() as engine:
+    client = getattr(chosen, "client", None)  # the LLM summariser's connection pool
+    with _engine(settings) as engine, client or contextlib.nullcontext():
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
             previews = engine.compact_preview(plan, summarizer=chosen)
@@ -510,6 +507,8 @@ def compact(
             "compacted": result.compacted,
             "already_done": result.already_done,
             "stale": result.stale,
+            "left_alone": result.left_alone,
+            "fallbacks": [list(pair) for pair in result.fallbacks],
         }
         typer.echo(json.dumps(data))
     else:
@@ -517,6 +516,10 @@ def compact(
             f"{result.compacted} memories compacted into {len(result.summaries)} summaries"
             + (f"; {result.stale} stale cluster(s) skipped (run again)" if result.stale else "")
         )
+        from rich.markup import escape
+
+        for summary_id, reason in result.fallbacks:
+            console.print(escape(f"{summary_id}: extractive summary instead: {reason}"))
 
 
 @app.command()
