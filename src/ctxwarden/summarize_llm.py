@@ -377,8 +377,9 @@ json_schema, json_object_schema, json_object, off
                     messages,
                     model=self.model,
                     temperature=self.temperature,
-                    # Room for the JSON syntax and the ids around a summary of max_tokens.
-                    max_tokens=2 * max_tokens + 256,
+                    # Room for the JSON syntax and the ids around a summary of max_tokens; no
+                    # more (a small model under a grammar may write until the cap).
+                    max_tokens=max_tokens * 3 // 2 + 64,
                     response_format=_response_format(mode, schema),
                 )
             except UpstreamTimeoutError as exc:
