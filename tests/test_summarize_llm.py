@@ -152,6 +152,22 @@ def test_no_answer_in_time_is_a_timeout_error_and_not_asked_again() -> None:
     assert "sk-test" not in str(info.value)
 
 
+def test_a_server_that_keeps_timing_out_is_not_asked_for_every_call() -> None:
+    with (
+        ScriptedServer(lambda request: Reply(body=json.dumps(KEEPS), delay=1.0)) as server,
+        LLMClient(server.url, model="tiny", timeout=0.2, max_retries=0) as client,
+    ):
+        summarizer = LLMSummarizer(client, give_up_after=2)
+        reasons = []
+        for _ in range(5):
+            with pytest.raises(SummarizeError) as info:
+                summarizer.summarize(CHAT, max_tokens=200, tokenizer=O200K)
+            reasons.append(info.value.reason)
+        asked = len(server.chat_requests())
+    assert reasons == ["timeout", "timeout", "unavailable", "unavailable", "unavailable"]
+    assert asked == 2
+
+
 def test_auto_moves_to_the_next_structured_output_the_server_takes() -> None:
     def llama_cpp_python(request: Recorded) -> Reply | str:
         # llama-cpp-python's server: response_format.type is json_object (with a schema) or text

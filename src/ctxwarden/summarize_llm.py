@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -141,9 +142,12 @@ class LLMSummarizer:
 
     ``client`` is an :class:`ctxwarden.llm.LLMClient` (anything with its ``chat`` method); its
     timeout and API key are the client's. ``retries`` is how many times a rejected reply is
-    asked again (0: never). ``keep_facts`` turns the fact check (step 3) off for callers that
-    want the model's own choice. ``source_ids`` and ``time_range`` are set from the inputs (the
-    model's are not trusted).
+    asked again (0: never). After ``give_up_after`` server failures in a row (timeouts, error
+    statuses) the server is not asked for ``pause_seconds``: every call fails at once with
+    reason ``unavailable`` (so a compaction run does not wait out the timeout per cluster).
+    ``keep_facts`` turns the fact check (step 3) off for callers that want the model's own
+    choice. ``source_ids`` and ``time_range`` are set from the inputs (the model's are not
+    trusted).
 
     >>> LLMSummarizer(object(), structured_output="xml")
     Traceback (most recent call last):
@@ -162,6 +166,8 @@ json_schema, json_object_schema, json_object, off
         keep_facts: bool = True,
         temperature: float = 0.0,
         max_message_chars: int = 2000,
+        give_up_after: int = 3,
+        pause_seconds: float = 300.0,
     ) -> None:
         if structured_output not in STRUCTURED_OUTPUTS:
             raise ConfigError(
@@ -177,6 +183,11 @@ json_schema, json_object_schema, json_object, off
         self.keep_facts = keep_facts
         self.temperature = temperature
         self.max_message_chars = max_message_chars
+        self.give_up_after = give_up_after
+        self.pause_seconds = pause_seconds
+        # consecutive server failures (timeouts, errors), and until when the server is skipped
+        self._failures = 0
+        self._paused_until = 0.0
         # auto: the modes still to try, the first being the one in use
         self._modes = (
             list(STRUCTURED_OUTPUTS[1:]) if structured_output == "auto" else [structured_output]
@@ -368,6 +379,27 @@ json_schema, json_object_schema, json_object, off
         )
 
     def _ask(
+        self, messages: Sequence[Mapping[str, str]], max_tokens: int, schema: Mapping[str, Any]
+    ) -> str:
+        if self._paused_until > time.monotonic():
+            # A server that timed out or failed give_up_after times in a row is not asked for
+            # every cluster of a run (each would wait out the timeout): each falls back at once.
+            raise SummarizeError(
+                f"the summariser's model server failed {self._failures} times in a row; not "
+                f"asked again for {self.pause_seconds:g}s",
+                reason="unavailable",
+            )
+        try:
+            text = self._chat(messages, max_tokens, schema)
+        except SummarizeError as exc:
+            self._failures += 1
+            if self.give_up_after and self._failures >= self.give_up_after:
+                self._paused_until = time.monotonic() + self.pause_seconds
+            raise exc from exc.__cause__
+        self._failures = 0
+        return text
+
+    def _chat(
         self, messages: Sequence[Mapping[str, str]], max_tokens: int, schema: Mapping[str, Any]
     ) -> str:
         while True:
