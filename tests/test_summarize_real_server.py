@@ -78,18 +78,22 @@ def test_compaction_with_the_real_model_keeps_every_fact(llama: LlamaServer) -> 
     now = 1_800_000_000.0
     chatter = (
         "sounds fine to me, nothing more to add from my side about it, we went over the whole "
-        "thing in the last meeting and the notes can wait until everyone is back next week"
+        "thing in the last meeting and the notes can wait until everyone is back next week, "
+        "so let us leave it there for now and pick it up again when there is more time anyway"
     )
     records = [
         {"id": f"r{n}", "session": "team", "channel": "general", "author": author,
          "content": content, "created_at": now - 20 * 86400 + n * 600}
         for n, (author, content) in enumerate([
-            ("rosa", "The customer demo is now Thursday 10:00, not Wednesday 15:00."),
             ("milo", chatter),
             ("rosa", chatter.replace("fine", "good")),
+            ("milo", chatter.replace("anyway", "honestly")),
+            ("rosa", "The customer demo is now Thursday 10:00, not Wednesday 15:00."),
+            ("milo", chatter.replace("meeting", "call")),
+            ("rosa", chatter.replace("notes", "slides")),
             ("milo", "I will book room Orion for the demo."),
-            ("rosa", chatter.replace("meeting", "call")),
-            ("milo", chatter.replace("notes", "slides")),
+            ("rosa", chatter.replace("whole", "entire")),
+            ("milo", chatter.replace("week", "month")),
         ])
     ]  # fmt: skip
     with Engine.open(":memory:", clock=lambda: now) as engine:
