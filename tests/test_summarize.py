@@ -19,13 +19,13 @@ from ctxwarden.errors import InputError, SummarizeError
 from ctxwarden.llm import LLMClient
 from ctxwarden.summarize import (
     ExtractiveSummarizer,
-    LLMSummarizer,
     Summarizer,
     Summary,
     SummaryItem,
     line_sources,
     truncate_summary,
 )
+from ctxwarden.summarize_llm import LLMSummarizer
 from ctxwarden.tokens import get_tokenizer
 from ctxwarden.types import parse_time
 from llmserver import Reply, ScriptedServer
@@ -327,6 +327,9 @@ GOOD = {
 
 
 def run_llm(script: list[Any], max_tokens: int = 200, **options: Any):
+    # These tests are about reading the model's JSON: one re-ask, no fact check (GOOD keeps few
+    # of CHAT's facts); tests/test_summarize_llm.py checks the facts.
+    options = {"retries": 1, "keep_facts": False, **options}
     with (
         ScriptedServer(script) as server,
         LLMClient(server.url, "sk-x", model="tiny", backoff=0.001, max_retries=0) as client,
@@ -350,7 +353,11 @@ def test_llm_valid_json_first_time():
     assert summary.source_ids == tuple(f"m{n}" for n in range(1, 13))
     assert summary.time_range == ("2026-03-01T08:01:00Z", "2026-03-01T08:12:00Z")
     [request] = server.chat_requests()
-    assert request.body["response_format"] == {"type": "json_object"}
+    # constrained decoding: the reply's JSON Schema, in OpenAI's field (tried first by "auto")
+    assert request.body["response_format"]["type"] == "json_schema"
+    schema = request.body["response_format"]["json_schema"]["schema"]
+    assert schema["additionalProperties"] is False
+    assert outcome.structured_output == "json_schema"
     assert request.body["model"] == "tiny"
     prompt = request.body["messages"][1]["content"]
     assert "[m2] 2026-03-01T08:02Z #dev alice: We decided" in prompt
@@ -385,8 +392,9 @@ def test_llm_missing_field_is_invalid_and_reasked():
 
 
 def test_llm_always_broken_is_a_summarize_error_never_a_placeholder():
-    with pytest.raises(SummarizeError, match="after one retry"):
+    with pytest.raises(SummarizeError, match="rejected 2 time") as info:
         run_llm(["{broken", '{"main_events": [1, 2]'])
+    assert info.value.reason == "invalid"
 
 
 def test_llm_wrong_types_twice_names_the_field():
@@ -405,7 +413,7 @@ def test_llm_extra_keys_and_strings_are_repaired_deterministically():
 
 
 def test_llm_too_long_is_shortened_by_asking_again():
-    long = dict(GOOD, main_events=[f"event number {n} with some words" for n in range(80)])
+    long = dict(GOOD, main_events=[f"event number {n} with some words" for n in range(14)])
     outcome, server = run_llm([json.dumps(long), json.dumps(GOOD)], max_tokens=120)
     assert outcome.reasked_shorter
     assert not outcome.truncated
@@ -415,7 +423,7 @@ def test_llm_too_long_is_shortened_by_asking_again():
 
 
 def test_llm_still_too_long_is_truncated_as_last_resort(caplog: pytest.LogCaptureFixture):
-    long = dict(GOOD, main_events=[f"event number {n} with some words" for n in range(80)])
+    long = dict(GOOD, main_events=[f"event number {n} with some words" for n in range(14)])
     caplog.set_level(logging.WARNING, logger="ctxwarden.summarize")
     outcome, _ = run_llm([json.dumps(long), json.dumps(long)], max_tokens=120)
     assert outcome.truncated
@@ -432,8 +440,8 @@ def test_llm_upstream_failure_is_a_summarize_error():
     assert info.value.__cause__ is not None
 
 
-def test_llm_json_mode_off_sends_no_response_format():
-    _, server = run_llm([json.dumps(GOOD)], json_mode=False)
+def test_llm_structured_output_off_sends_no_response_format():
+    _, server = run_llm([json.dumps(GOOD)], structured_output="off")
     assert "response_format" not in server.chat_requests()[0].body
 
 
@@ -442,7 +450,7 @@ def test_llm_summarize_returns_the_summary():
         ScriptedServer([json.dumps(GOOD)]) as server,
         LLMClient(server.url, model="tiny", max_retries=0) as client,
     ):
-        summarizer = LLMSummarizer(client)
+        summarizer = LLMSummarizer(client, keep_facts=False)
         assert isinstance(summarizer, Summarizer)
         summary = summarizer.summarize(CHAT, max_tokens=200, tokenizer=O200K)
     assert summary.key_entities == ("Atlas", "Redis")

@@ -5,6 +5,7 @@ Errors print one line and exit non-zero (a traceback only with ``--debug``).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import sys
@@ -18,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ctxwarden.cli_context import _engine, _settings, _state
+from ctxwarden.cli_context import _engine, _settings, _state, _summarizer
 from ctxwarden.cli_serve import keys_app, mcp, proxy, serve
 from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, EmbedError, InputError, MissingExtraError
@@ -459,6 +460,8 @@ def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> Non
             for id_, sentence in p.lost[:10]:
                 console.print(escape(f"  would lose [{id_}] {sentence}"))
             continue
+        if p.fallback:
+            console.print(escape(f"extractive summary instead: {p.fallback}"))
         console.print(escape(p.text), highlight=False)
         if p.dropped:
             console.print(f"drops {len(p.dropped)} sentence(s):")
@@ -495,14 +498,18 @@ def compact(
         typer.Option("--archive-days", help="Days archived originals are kept (default 30)."),
     ] = None,
     summarizer: Annotated[
-        str, typer.Option(help="extractive (offline, default) or llm.")
-    ] = "extractive",
+        str | None,
+        typer.Option(help="extractive (offline) or llm (default: the summarizer setting)."),
+    ] = None,
     llm_url: Annotated[
         str | None,
-        typer.Option("--llm-url", help="OpenAI-compatible base URL (with --summarizer llm)."),
+        typer.Option(
+            "--llm-url",
+            help="OpenAI-compatible base URL for llm (default: the summarizer_url setting).",
+        ),
     ] = None,
     llm_model: Annotated[
-        str | None, typer.Option("--llm-model", help="Model name for llm.")
+        str | None, typer.Option("--llm-model", help="Model name for llm (summarizer_model).")
     ] = None,
     tenant: Annotated[str | None, typer.Option(help="Tenant.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan/result as JSON.")] = False,
@@ -517,7 +524,6 @@ def compact(
 ) -> None:
     """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
     from ctxwarden.compact import CompactionPolicy
-    from ctxwarden.summarize import ExtractiveSummarizer, LLMSummarizer
 
     if every is not None:
         apply_it = not plan_only  # --every applies
@@ -530,24 +536,13 @@ def compact(
         keep_originals=keep_originals or settings.keep_originals,  # type: ignore[arg-type]
         archive_days=archive_days if archive_days is not None else settings.archive_days,
     )
-    chosen: Summarizer
-    if summarizer == "extractive":
-        chosen = ExtractiveSummarizer()
-    elif summarizer == "llm":
-        if not llm_url:
-            raise InputError(
-                "--summarizer llm needs --llm-url (and usually --llm-model)", field="llm_url"
-            )
-        from ctxwarden.llm import LLMClient
-
-        chosen = LLMSummarizer(LLMClient(llm_url, model=llm_model), llm_model)
-    else:
-        raise InputError(f"{summarizer!r} is not extractive or llm", field="summarizer")
+    chosen: Summarizer = _summarizer(settings, kind=summarizer, url=llm_url, model=llm_model)
     console = Console(stderr=as_json)
     if every is not None:
         _compact_every(parse_duration(every), policy, chosen, tenant=tenant, as_json=as_json)
         return
-    with _engine(settings) as engine:
+    client = getattr(chosen, "client", None)  # the LLM summariser's connection pool
+    with _engine(settings) as engine, client or contextlib.nullcontext():
         plan = engine.compact_plan(policy=policy, tenant=tenant)
         if plan_only:
             previews = engine.compact_preview(plan, summarizer=chosen)
@@ -604,6 +599,7 @@ def compact(
             "tokens_saved": result.tokens_saved,
             "archived": result.archived,
             "purged": result.purged,
+            "fallbacks": [list(pair) for pair in result.fallbacks],
         }
         typer.echo(json.dumps(data))
     else:
@@ -619,6 +615,10 @@ def compact(
             + (f"; {result.archived} archived" if result.archived else "")
             + (f"; {result.purged} expired archived originals deleted" if result.purged else "")
         )
+        from rich.markup import escape
+
+        for summary_id, reason in result.fallbacks:
+            console.print(escape(f"{summary_id}: extractive summary instead: {reason}"))
 
 
 def _compact_every(

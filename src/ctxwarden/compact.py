@@ -43,7 +43,7 @@ import xxhash
 
 from ctxwarden import render
 from ctxwarden.dedupe import exact_key
-from ctxwarden.errors import ConfigError, NotFound
+from ctxwarden.errors import ConfigError, NotFound, SummarizeError
 from ctxwarden.sentences import split_sentences
 from ctxwarden.store.base import NewMemory, Store, TokenCount
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem, TokenCounter
@@ -264,13 +264,17 @@ class CompactionResult:
     tokens_saved: int = 0
     archived: int = 0
     purged: int = 0
+    #: ``(summary_id, reason)`` of each cluster that got the extractive summary because the
+    #: configured summariser failed or was rejected (see :func:`summarise_cluster`).
+    fallbacks: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSummary:
     """What a cluster's summary would be: its text (None when the cluster is left alone), the
     facts of its originals, the fact sentences it would lose and every sentence it drops, as
-    ``(id, sentence)``. ``reason`` says why a cluster is left alone."""
+    ``(id, sentence)``. ``reason`` says why a cluster is left alone; ``fallback`` why it got
+    the extractive summary instead of the configured summariser's (empty when it did not)."""
 
     summary_id: str
     text: str | None
@@ -279,6 +283,7 @@ class ClusterSummary:
     lost: tuple[tuple[str, str], ...] = ()
     dropped: tuple[tuple[str, str], ...] = ()
     reason: str = ""
+    fallback: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready view."""
@@ -290,6 +295,7 @@ class ClusterSummary:
             "lost": [list(pair) for pair in self.lost],
             "dropped": [list(pair) for pair in self.dropped],
             "reason": self.reason,
+            "fallback": self.fallback,
         }
 
 
@@ -362,9 +368,10 @@ def summarise_cluster(
     :func:`ctxwarden.sentences.fact_values`), up to ``max_tokens`` (a summary too big for a
     context's summaries or related block would never be shown) and half the cluster's tokens (a
     summary that keeps more is not worth what it drops; ``max_share``); a cluster whose facts
-    need more is left alone. A summary that loses a
-    fact (:func:`lost_facts`) is replaced by the extractive one; when that loses one too, the
-    cluster is left alone.
+    need more is left alone. When the configured summariser fails (a
+    :class:`~ctxwarden.errors.SummarizeError`: a timeout, a reply rejected after its retries) or
+    its summary loses a fact (:func:`lost_facts`), the cluster gets the extractive summary and
+    ``fallback`` says why; when that loses a fact too, the cluster is left alone.
     """
     items = [SummaryItem.of(m) for m in sources]
     facts = len(_facts(items))
@@ -376,9 +383,18 @@ def summarise_cluster(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts,
             reason=f"its {facts} facts need {target} of its {cluster.tokens} tokens",
         )  # fmt: skip
-    text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-    lost = lost_facts(items, text)
-    if lost and not isinstance(summarizer, ExtractiveSummarizer):
+    fallback = ""
+    extractive = isinstance(summarizer, ExtractiveSummarizer)
+    try:
+        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
+        lost = lost_facts(items, text)
+        if lost and not extractive:
+            fallback = f"lost_facts: its summary lost {len(lost)} of {facts} facts"
+    except SummarizeError as exc:
+        if extractive:
+            raise
+        fallback = f"{exc.reason or 'failed'}: {exc}"
+    if fallback:
         summarizer = ExtractiveSummarizer()
         text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
         lost = lost_facts(items, text)
@@ -396,10 +412,11 @@ def summarise_cluster(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts, lost=tuple(lost),
             dropped=tuple(_dropped(items, text)),
             reason=f"a summary within {target} tokens would lose {len(lost)} of {facts} facts",
+            fallback=fallback,
         )  # fmt: skip
     return ClusterSummary(
         summary_id=cluster.summary_id, text=text, tokens=tokenizer.count(text), facts=facts,
-        dropped=tuple(_dropped(items, text)),
+        dropped=tuple(_dropped(items, text)), fallback=fallback,
     )  # fmt: skip
 
 
@@ -744,6 +761,7 @@ def apply(
     policy = compaction.policy
     archive_until = when + policy.archive_days * DAY if policy.keep_originals == "archive" else None
     written: list[str] = []
+    fallbacks: list[tuple[str, str]] = []
     compacted = already = stale = left_alone = saved = 0
     for cluster in compaction.clusters:
         if stop is not None and stop():
@@ -753,6 +771,8 @@ def apply(
         if outcome == "compacted":
             cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
             summary = summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share)
+            if summary.fallback:
+                fallbacks.append((cluster.summary_id, summary.fallback))
             if summary.text is None:
                 outcome = "left_alone"
         if outcome == "compacted" and summary is not None and summary.text is not None:
@@ -792,4 +812,5 @@ def apply(
         left_alone=left_alone,
         tokens_saved=saved,
         archived=compacted if archive_until is not None else 0,
+        fallbacks=tuple(fallbacks),
     )

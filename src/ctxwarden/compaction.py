@@ -12,6 +12,7 @@ summaries are written by the configured :class:`~ctxwarden.summarize.Summarizer`
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,11 +21,13 @@ from ctxwarden import render, tokens
 from ctxwarden.budget import allocate
 from ctxwarden.counting import MemoryCounts
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import NotFound
+from ctxwarden.errors import NotFound, SummarizeError
 from ctxwarden.models import ModelRegistry
 from ctxwarden.store.base import Store, scrub_until_done
 from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem
 from ctxwarden.types import Memory
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Compaction"]
 
@@ -242,9 +245,15 @@ class Compaction:
         summary_id = compaction.summary_id(tenant, ids)
         # Messages shrink to a quarter; summaries, already dense, to a half.
         target = max(64, min(1024, cost // 2 if retire else cost // 4))
-        summary = summarizer.summarize(
-            [SummaryItem.of(m) for m in sources], max_tokens=target, tokenizer=tok
-        )
+        items = [SummaryItem.of(m) for m in sources]
+        try:
+            summary = summarizer.summarize(items, max_tokens=target, tokenizer=tok)
+        except SummarizeError as exc:
+            if isinstance(summarizer, ExtractiveSummarizer):
+                raise
+            # A window summary is never skipped for a model's failure: the extractive one.
+            logger.warning("window summary of %s falls back to extractive: %s", session, exc)
+            summary = ExtractiveSummarizer().summarize(items, max_tokens=target, tokenizer=tok)
         channels = {m.channel for m in sources}
         # One end user's lines make their summary; a session shared by several makes one of
         # no user (read in session scope only).

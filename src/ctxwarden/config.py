@@ -184,6 +184,26 @@ class Settings(BaseSettings):
     #: ingest) or ``background`` (a thread; ingest and assemble never wait on a summariser);
     #: unset: ``background`` in the servers, ``off`` in one-shot commands.
     window_summaries: Literal["off", "sync", "background"] | None = None
+    #: The summariser of ``ctxwarden compact``: ``extractive`` (offline) or ``llm`` (a model
+    #: behind an OpenAI-compatible endpoint, ``summarizer_url``; see
+    #: :mod:`ctxwarden.summarize_llm`).
+    summarizer: Literal["extractive", "llm"] = "extractive"
+    #: The LLM summariser's endpoint (an API root such as http://127.0.0.1:8080/v1) and model.
+    summarizer_url: str | None = None
+    summarizer_model: str | None = None
+    #: Its API key (``CTXWARDEN_SUMMARIZER_API_KEY``), sent as ``Authorization: Bearer`` to
+    #: ``summarizer_url`` only; kept out of ``repr``, logs and error messages.
+    summarizer_api_key: str | None = Field(default=None, repr=False)
+    #: How long one summary request may take before the cluster falls back to the extractive
+    #: summary, in seconds.
+    summarizer_timeout: float = Field(default=60.0, gt=0)
+    #: How many times a rejected reply is asked again (and a failed connection or 5xx retried).
+    summarizer_retries: int = Field(default=2, ge=0, le=10)
+    #: The structured-output request field: ``auto`` (the first the server takes),
+    #: ``json_schema``, ``json_object_schema``, ``json_object`` or ``off``.
+    summarizer_structured_output: Literal[
+        "auto", "json_schema", "json_object_schema", "json_object", "off"
+    ] = "auto"
 
     _file_data: dict[str, Any] = {}
 

@@ -18,6 +18,7 @@ translated at the boundary (``raise StoreError(...) from exc``). Messages say wh
     ├── EmbedError         the embedder failed or is not the one the store was built with
     ├── SummarizeError     the summariser failed or its output could not be validated
     ├── UpstreamError      an upstream model server failed (timeouts, bad status, bad body)
+    │   └── UpstreamTimeoutError  no answer within the configured timeout (not retried)
     ├── OverloadedError    too much work queued: retry later (HTTP 429)
     ├── AuthError          a missing, unknown or revoked API key
     │   └── ScopeError     a valid key without the scope the operation needs
@@ -43,6 +44,7 @@ __all__ = [
     "SummarizeError",
     "TokenizerError",
     "UpstreamError",
+    "UpstreamTimeoutError",
 ]
 
 
@@ -152,11 +154,27 @@ class EmbedError(CtxwardenError):
 
 
 class SummarizeError(CtxwardenError):
-    """The summariser failed or its output could not be validated and repaired."""
+    """The summariser failed or its output could not be validated and repaired.
+
+    ``reason`` is a short code for reports (``invalid``, ``echo``, ``lost_facts``,
+    ``dropped_ids``, ``timeout``, ``upstream``; empty when not given).
+
+    >>> SummarizeError("no answer within 5s", reason="timeout").reason
+    'timeout'
+    """
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class UpstreamError(CtxwardenError):
     """An upstream model server failed: timeout, error status or an unusable body."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The upstream model server sent no answer within the timeout (a read timeout is not
+    retried: the request may still be running upstream)."""
 
 
 class OverloadedError(CtxwardenError):

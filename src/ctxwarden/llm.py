@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from ctxwarden.errors import ConfigError, InputError, UpstreamError
+from ctxwarden.errors import ConfigError, InputError, UpstreamError, UpstreamTimeoutError
 from ctxwarden.toolcalls import ToolCall
 
 __all__ = ["ChatResult", "ChunkStream", "LLMClient", "UpstreamStatusError", "Usage"]
@@ -274,7 +274,7 @@ class LLMClient:
                 stream=True,
             )
         except httpx.TimeoutException as exc:
-            raise UpstreamError(f"{shown}: no answer within {self._timeout:g}s") from exc
+            raise UpstreamTimeoutError(f"{shown}: no answer within {self._timeout:g}s") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(
                 f"{shown}: cannot reach the server ({type(exc).__name__}: "
@@ -401,7 +401,7 @@ class LLMClient:
                     "check that it is running and the base_url is right"
                 ) from exc
             except httpx.TimeoutException as exc:
-                raise UpstreamError(
+                raise UpstreamTimeoutError(
                     f"{shown}: no answer within {timeout or self._timeout:g}s "
                     f"({type(exc).__name__}); "
                     "raise the timeout or use a faster model"

@@ -8,10 +8,10 @@ its items and the protocol live in :mod:`ctxwarden.summary`, re-exported here.
 
 - :class:`ExtractiveSummarizer` (offline default, no model) keeps the most informative sentences
   verbatim, each line citing its source message as ``[id]``.
-- :class:`LLMSummarizer` asks an OpenAI-compatible model for the JSON object, repairs and
-  validates it, re-asks once on an invalid reply and once when too long, and truncates lists as
-  the last resort. It raises :class:`~ctxwarden.errors.SummarizeError` rather than ever
-  returning a placeholder.
+- :class:`~ctxwarden.summarize_llm.LLMSummarizer` (in :mod:`ctxwarden.summarize_llm`) asks an
+  OpenAI-compatible model for the JSON object under a schema, checks it against what this
+  module's extractive summary keeps, and raises :class:`~ctxwarden.errors.SummarizeError`
+  rather than ever returning a placeholder.
 
 Provenance convention: ``source_ids`` lists every input the summary covers (spam included), in
 input order. Lines of ``main_events``, ``decisions`` and ``open_loops`` may start with a citation
@@ -24,12 +24,10 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from ctxwarden.errors import InputError, SummarizeError, UpstreamError
-from ctxwarden.jsonrepair import repair_json
+from ctxwarden.errors import InputError, SummarizeError
 from ctxwarden.sentences import cjk_bigrams, fact_values, is_fact, split_sentences, words
 from ctxwarden.summary import (
     _CITATION,
@@ -49,11 +47,9 @@ from ctxwarden.types import format_time
 __all__ = [
     "LIST_FIELDS",
     "ExtractiveSummarizer",
-    "LLMSummarizer",
     "Summarizer",
     "Summary",
     "SummaryItem",
-    "SummaryOutcome",
     "TokenCounter",
     "line_sources",
     "truncate_summary",
@@ -515,223 +511,3 @@ class ExtractiveSummarizer:
             decisions=tuple(sections["decisions"]),
             open_loops=tuple(sections["open_loops"]),
         )
-
-
-# ---------------------------------------------------------------------------- LLM
-
-_SYSTEM_PROMPT = (
-    "You write structured summaries of chat logs. You answer with one JSON object and nothing "
-    "else: no code fence, no comments, no prose."
-)
-_SHAPE = """{
-  "time_range": {"start": "<ISO 8601 time of the first message>", "end": "<of the last>"},
-  "key_entities": ["<people, teams, projects, systems named>"],
-  "main_events": ["<what happened, one short sentence each>"],
-  "decisions": ["<what was decided or changed, with the value now in force>"],
-  "open_loops": ["<questions and tasks left open>"],
-  "spam_patterns": ["<repeated or automated messages, e.g. 'deploybot x12: deploy succeeded'>"],
-  "source_ids": ["<ids of the messages your events and decisions come from>"]
-}"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SummaryOutcome:
-    """A summary and how it was had: model calls made, deterministic repairs applied (JSON
-    repairs, ``extra_keys_dropped``, ``string_as_list``), whether it was re-asked after an
-    invalid reply, re-asked to shorten, and truncated as the last resort."""
-
-    summary: Summary
-    calls: int
-    repairs: tuple[str, ...]
-    reasked_invalid: bool
-    reasked_shorter: bool
-    truncated: bool
-
-
-class LLMSummarizer:
-    """Summaries written by a model behind an OpenAI-compatible chat endpoint.
-
-    ``client`` is an :class:`ctxwarden.llm.LLMClient` (anything with its ``chat`` method).
-    The model is asked for the JSON object of a :class:`Summary`; its reply is repaired
-    deterministically (:func:`ctxwarden.jsonrepair.repair_json`), validated, and re-asked once
-    with the validation error when that fails. ``source_ids`` and ``time_range`` are then set
-    from the inputs themselves (the model's ids are not trusted; a time range is kept only when
-    no input has a time). When the rendered summary is over ``max_tokens`` the model is asked
-    once to shorten it; if it is still over, list items are dropped by
-    :func:`truncate_summary` and a warning is logged. Every failure raises
-    :class:`SummarizeError`.
-
-    ``json_mode`` sends ``response_format={"type": "json_object"}`` (llama.cpp, Ollama, vLLM
-    and OpenAI honour it); turn it off for servers that reject the field.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        model: str | None = None,
-        *,
-        json_mode: bool = True,
-        temperature: float = 0.0,
-        max_message_chars: int = 2000,
-    ) -> None:
-        self.client = client
-        self.model = model
-        self.json_mode = json_mode
-        self.temperature = temperature
-        self.max_message_chars = max_message_chars
-
-    def summarize(
-        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
-    ) -> Summary:
-        """Summarise ``items``; the rendered result counts at most ``max_tokens``."""
-        return self.summarize_detailed(items, max_tokens=max_tokens, tokenizer=tokenizer).summary
-
-    def summarize_detailed(
-        self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
-    ) -> SummaryOutcome:
-        """Like :meth:`summarize`, and say how the summary was had."""
-        _check_inputs(items, max_tokens)
-        messages: list[dict[str, str]] = [
-            {"role": "system", "content": _SYSTEM_PROMPT},
-            {"role": "user", "content": self._request(items, max_tokens)},
-        ]
-        calls = 0
-        repairs: list[str] = []
-        reasked_invalid = False
-
-        text = self._ask(messages, max_tokens)
-        calls += 1
-        summary, error = self._read(text, items, repairs)
-        if summary is None:
-            reasked_invalid = True
-            messages += [
-                {"role": "assistant", "content": text},
-                {
-                    "role": "user",
-                    "content": f"That reply is not valid: {error}. Reply again with only the "
-                    f"JSON object, with exactly these fields:\n{_SHAPE}",
-                },
-            ]
-            text = self._ask(messages, max_tokens)
-            calls += 1
-            summary, error = self._read(text, items, repairs)
-            if summary is None:
-                raise SummarizeError(
-                    f"the model's summary could not be validated after one retry: {error}; "
-                    "use a stronger model or the extractive summarizer"
-                )
-
-        reasked_shorter = False
-        size = tokenizer.count(summary.render())
-        if size > max_tokens:
-            reasked_shorter = True
-            messages += [
-                {"role": "assistant", "content": text},
-                {
-                    "role": "user",
-                    "content": f"That summary is {size} tokens long; the limit is {max_tokens}. "
-                    "Shorten it: fewer and shorter list items, keep names, numbers and dates "
-                    "exactly. Reply with only the JSON object.",
-                },
-            ]
-            text = self._ask(messages, max_tokens)
-            calls += 1
-            shorter, _ = self._read(text, items, repairs)
-            if shorter is not None and tokenizer.count(shorter.render()) < size:
-                summary = shorter
-
-        truncated = False
-        if tokenizer.count(summary.render()) > max_tokens:
-            summary = truncate_summary(summary, max_tokens=max_tokens, tokenizer=tokenizer)
-            truncated = True
-            logger.warning(
-                "summary of %d items truncated to fit %d tokens after the model's shortening",
-                len(items),
-                max_tokens,
-            )
-        return SummaryOutcome(
-            summary=summary,
-            calls=calls,
-            repairs=tuple(dict.fromkeys(repairs)),
-            reasked_invalid=reasked_invalid,
-            reasked_shorter=reasked_shorter,
-            truncated=truncated,
-        )
-
-    # -- steps
-
-    def _request(self, items: Sequence[SummaryItem], max_tokens: int) -> str:
-        lines = []
-        for item in items:
-            when = format_time(item.created_at, precision="minutes") if item.created_at else ""
-            where = f"#{item.channel}" if item.channel else ""
-            who = f"{item.author}:" if item.author else ""
-            content = " ".join(item.content.split())
-            if len(content) > self.max_message_chars:
-                content = content[: self.max_message_chars] + " ..."
-            head = " ".join(part for part in (f"[{item.id}]", when, where, who) if part)
-            lines.append(f"{head} {content}")
-        words = max(10, int(max_tokens * 0.6))
-        return (
-            f"Summarise these {len(items)} messages as this JSON object:\n{_SHAPE}\n"
-            "Use [] for an empty list. Keep names, numbers, dates and final values exactly as "
-            f"written. The whole summary must stay under {max_tokens} tokens (about {words} "
-            "words).\n\nMessages:\n" + "\n".join(lines)
-        )
-
-    def _ask(self, messages: Sequence[Mapping[str, str]], max_tokens: int) -> str:
-        try:
-            result = self.client.chat(
-                messages,
-                model=self.model,
-                temperature=self.temperature,
-                # Room for the JSON syntax and the ids around a summary of max_tokens.
-                max_tokens=2 * max_tokens + 256,
-                response_format={"type": "json_object"} if self.json_mode else None,
-            )
-        except UpstreamError as exc:
-            raise SummarizeError(f"the summariser's model server failed: {exc}") from exc
-        text = result.text
-        if not isinstance(text, str) or not text.strip():
-            return ""
-        return text
-
-    @staticmethod
-    def _read(
-        text: str, items: Sequence[SummaryItem], repairs: list[str]
-    ) -> tuple[Summary | None, str]:
-        """Repair and validate one reply: (summary, "") or (None, what is wrong)."""
-        if not text:
-            return None, "the reply is empty"
-        fixed = repair_json(text)
-        if not fixed.ok:
-            return None, f"the reply is not JSON ({fixed.error})"
-        data = fixed.value
-        if not isinstance(data, dict):
-            return None, f"the reply is a JSON {type(data).__name__}, not an object"
-        found = list(fixed.repairs)
-        expected = {"time_range", "source_ids", *LIST_FIELDS}
-        missing = [name for name in LIST_FIELDS if name not in data]
-        if missing:
-            return None, f"field(s) missing: {', '.join(missing)}"
-        if set(data) - expected:
-            found.append("extra_keys_dropped")
-            data = {k: v for k, v in data.items() if k in expected}
-        for name in LIST_FIELDS:
-            if isinstance(data[name], str):
-                found.append("string_as_list")
-                data[name] = [data[name]] if data[name].strip() else []
-        time_range = data.get("time_range")
-        data = {**data, "time_range": None, "source_ids": []}
-        try:
-            summary = Summary.from_mapping(data)
-        except InputError as exc:
-            return None, str(exc)
-        known = _time_range(items)
-        if known is None and time_range is not None:
-            try:
-                known = Summary.from_mapping({"time_range": time_range}).time_range
-            except InputError:
-                found.append("time_range_dropped")
-        repairs.extend(found)
-        return replace(summary, time_range=known, source_ids=_source_ids(items)), ""
