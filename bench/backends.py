@@ -17,6 +17,7 @@ import multiprocessing
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,14 +74,14 @@ def run(target: str, sizes: list[int], runs: int, procs: int, per_proc: int) -> 
     return out
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dsn", help="a PostgreSQL URL (default: start an embedded server)")
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--per-proc", type=int, default=500)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     script = None
     with tempfile.TemporaryDirectory() as folder:

@@ -34,6 +34,7 @@ import sqlite3
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def semantic(
     return runs
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument(
@@ -160,7 +161,7 @@ def main() -> None:
     parser.add_argument(
         "--thresholds", default="0.90,0.93,0.95,0.97,0.99", help="layer C cosines to try"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     messages = load(args.data_dir / "messages.jsonl")
     family = {row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl")}
     evidence = {mid for row in load(args.data_dir / "qa.jsonl") for mid in row["evidence"]}

@@ -3,7 +3,7 @@
 Usage::
 
     uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
-        [--breakdown]
+        [--breakdown] [--exact-check] [--templates 300] [--texts 512]
 
 Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
 (40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
@@ -16,11 +16,12 @@ throughput on 30-word messages. Both wall and CPU time (``time.process_time``) p
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
 author-scoped vector); ``--exact-check`` compares each query's author-scoped top 20 with exact
-search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README,
-"Related memory"; rounds in docs/benchmarks.md): 100k CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M
-16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
-of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
-first time per author), Python ~3-4 ms.
+search over the author's stored vectors; ``--templates`` and ``--texts`` set how many sentences
+MiniLM embeds for the vectors and for the throughput line (smaller: a quick run). Targets: p50
+<= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"; rounds in docs/benchmarks.md): 100k
+CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M 16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M:
+FTS5 ranking of the main search ~5 ms and of the two bridge hops ~2 ms, the graph search ~3 ms,
+the author scope ~2 ms warm (~12 ms the first time per author), Python ~3-4 ms.
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +47,16 @@ AUTHORS = [f"user{i:02d}" for i in range(40)]
 CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
 
 
-def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, list[str]]:
+def build(
+    path: Path, n: int, rng: np.random.Generator, templates: int = 300
+) -> tuple[SQLiteStore, list[str]]:
     vocab = vocabulary(rng)
     weights = zipf_weights(len(vocab))
     store = SQLiteStore(path)
     if store.stats("default")["memories"] >= n:
         return store, vocab
     embedder = MiniLMEmbedder()
-    templates = [sentence(rng, vocab, weights) for _ in range(300)]
-    base = embedder.embed(templates)
+    base = embedder.embed([sentence(rng, vocab, weights) for _ in range(templates)])
     started = time.perf_counter()
     batch = 20_000
     for start in range(0, n, batch):
@@ -84,10 +87,10 @@ def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None
     main lexical search for ``RetrievalWeights.candidates``, 100)."""
     search, vector_search = store.search, store.vector_search
 
-    def timed_search(tenant: str, terms: Any, *, limit: int = 100, require: Any = ()) -> Any:
+    def timed_search(tenant: str, terms: Any, **kwargs: Any) -> Any:
         began = time.process_time()
-        found = search(tenant, terms, limit=limit, require=require)
-        step = "lexical search (bridge hop)" if require else "lexical search"
+        found = search(tenant, terms, **kwargs)
+        step = "lexical search (bridge hop)" if kwargs.get("require") else "lexical search"
         spent.setdefault(step, []).append((time.process_time() - began) * 1000)
         return found
 
@@ -137,7 +140,7 @@ def exact_check(
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
@@ -151,7 +154,13 @@ def main() -> None:
         action="store_true",
         help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--templates", type=int, default=300, help="MiniLM-embedded sentences mixed into vectors"
+    )
+    parser.add_argument(
+        "--texts", type=int, default=512, help="30-word messages for the embedders' throughput"
+    )
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(7)
     if not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -159,7 +168,7 @@ def main() -> None:
         for leftover in Path(str(args.db) + ".vectors").glob("*"):
             leftover.unlink()
     started = time.perf_counter()
-    store, vocab = build(args.db, args.n, rng)
+    store, vocab = build(args.db, args.n, rng, args.templates)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
     weights = zipf_weights(len(vocab))
@@ -207,7 +216,7 @@ def main() -> None:
     if args.exact_check:
         exact_check(store, embedder.name, queries, vectors)
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
-    texts = [sentence(rng, vocab, weights) for _ in range(512)]
+    texts = [sentence(rng, vocab, weights) for _ in range(args.texts)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
     for model in (MiniLMEmbedder(), StaticEmbedder()):
         model.embed(texts[:8])

@@ -18,6 +18,7 @@ import argparse
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ctxwarden import Engine
@@ -27,12 +28,12 @@ from ctxwarden.scope import ReadScope
 QUERY = "when is the next deploy of the build release"
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--layout", choices=["live", "interleaved"], default="live")
     parser.add_argument("--runs", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = random.Random(7)
     words = [f"w{i}" for i in range(3000)]
     common = ["deploy", "release", "the", "build", "lunch", "meeting"]

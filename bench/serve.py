@@ -59,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20_000, help="open-loop phase")
     parser.add_argument(
@@ -235,7 +236,7 @@ def main() -> None:
         default="chat",
         help="message text: Zipf-like over ~3,000 words (chat) or uniform over 40 (tiny)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for name in ("requests", "saturation_requests"):
         if not 0 <= getattr(args, name) <= MAX_REQUESTS:
             parser.error(f"--{name.replace('_', '-')} must be between 0 and {MAX_REQUESTS}")
