@@ -51,6 +51,12 @@ def _run(capsys: pytest.CaptureFixture[str], script: str, words: str, *extra: ob
     return capsys.readouterr().out
 
 
+def _children_import_this_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Child processes a bench starts import this checkout's ``src``, not an installed copy."""
+    paths = [str(SRC), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+
+
 def test_access(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(capsys, "access", "--memories 200 --contexts 20 --included 10 --reads 5")
     assert out.startswith("200 memories, 20 contexts of 10 inclusions")
@@ -94,6 +100,18 @@ def test_ingest(capsys: pytest.CaptureFixture[str]) -> None:
     assert [row[0] for row in rows[2:]] == ["0k-300"]
 
 
+def test_ingest_compare_runs_both_inits_in_fresh_processes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --compare runs `bench/ingest.py --plain-init` and the default, each in a fresh process
+    _children_import_this_source(monkeypatch)
+    out = _run(capsys, "ingest", "--compare 1 --messages 60 --batch 20")
+    for variant in ("plain", "fast"):
+        assert re.search(rf"^{variant}: [\d.]+ CPU us per message$", out, re.MULTILINE)
+        assert re.search(rf"^{variant}: median [\d.]+ CPU us per message \(runs [\d.]+\)$", out,
+                         re.MULTILINE)  # fmt: skip
+
+
 def test_ingest_one(capsys: pytest.CaptureFixture[str]) -> None:
     argv = "--sizes 100,200 --calls 8 --sessions 5"
     rows = _rows(_run(capsys, "ingest_one", argv))
@@ -133,8 +151,7 @@ def test_scoped_search(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_over_loopback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The server is `python -m ctxwarden.cli` in a child process: this checkout's source.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    _children_import_this_source(monkeypatch)  # the server is `python -m ctxwarden.cli`
     argv = "--requests 12 --saturation-requests 12 --connections 2 --seed 40 --sessions 3"
     out = _run(capsys, "serve", argv)
     assert out.count("12 requests in") == 2
