@@ -324,6 +324,9 @@ def test_lexical_agreement_at_scale(capsys: pytest.CaptureFixture[str], pg_schem
         "4 common + 2 rare",
         "12 common words",
     ]
+    for row in rows[2:]:  # how many of the 300 rows hold each word, "+"-joined
+        assert all(0 <= int(count) <= 300 for count in row[1].split("+"))
+    assert len(rows[-1][1].split("+")) == 12
 
 
 @pytest.mark.postgres
