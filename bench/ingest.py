@@ -204,7 +204,7 @@ def run(
         for offset in range(1, len(messages), batch):
             result = engine.ingest(messages[offset : offset + batch])
             for key, value in result.counts.items():
-                counts[key] = counts.get(key, 0) + value  # every status the engine reports
+                counts[key] = counts.get(key, 0) + value
             done = min(offset + batch, len(messages))
             if done // slice_size != offset // slice_size or done >= len(messages):
                 now, cpu_now = time.perf_counter(), time.process_time()
