@@ -205,11 +205,12 @@ def run(
             result = engine.ingest(messages[offset : offset + batch])
             for key, value in result.counts.items():
                 counts[key] = counts.get(key, 0) + value
-            done = min(offset + batch, len(messages))
+            done = offset + batch
             if done // slice_size != offset // slice_size or done >= len(messages):
                 now, cpu_now = time.perf_counter(), time.process_time()
-                slices.append((first, done, now - slice_start, cpu_now - cpu_slice))
-                slice_start, cpu_slice, first = now, cpu_now, done
+                end = min(done, len(messages))
+                slices.append((first, end, now - slice_start, cpu_now - cpu_slice))
+                slice_start, cpu_slice, first = now, cpu_now, end
         total = time.perf_counter() - start
         cpu = time.process_time() - cpu_start
     print(f"process CPU time {cpu:.2f} s: {(len(messages) - 1) / cpu:,.0f} messages per CPU second")
