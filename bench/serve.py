@@ -291,6 +291,10 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         static = isinstance(inspect.getattr_static(owner, name), staticmethod)
         setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
+    # a method of Assembly at first, a module function since the class was split
+    costs = assembly_module.Assembly
+    if not hasattr(costs, "_block_message_cost"):
+        costs = assembly_module  # type: ignore[assignment]
     phases = [
         (assembly_module._RecentWalk, "take", "recent (history walk, counts)"),
         (assembly_module.Assembly, "_related", "related (retrieval + line costs)"),
@@ -299,7 +303,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         (SQLiteStore, "neighbours", "    store.neighbours"),
         (assembly_module.Assembly, "_line_candidates", "pinned + summaries"),
         (assembly_module, "fill", "fill (blocks, report)"),
-        (assembly_module.Assembly, "_block_message_cost", "message costs (render, count)"),
+        (costs, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
         (SQLiteStore, "token_counts", "store.token_counts (all callers)"),
     ]
