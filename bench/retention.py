@@ -1,7 +1,7 @@
 """Retention after compaction, measured on chatbench-dev and locomo-dev.
 
     uv run python bench/retention.py [DATA ...] [--budget 4000] [--keep-days 7]
-        [--keep-sessions 2] [--objects 12] [--conversations N] [--limit N]
+        [--keep-sessions 2] [--objects 12] [--conversations N] [--limit N] [--embed MODE]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``) or a LoCoMo JSON file; it
 defaults to ../shared/data/chatbench-dev and ../shared/data/locomo-dev/locomo-dev.json (the first
@@ -18,7 +18,8 @@ FTS optimize and VACUUM on both sides, so free pages do not count).
   compaction takes all but its last ``--keep-sessions`` sessions. Questions of category 5
   (adversarial: no answer in the conversation) and items without an ``answer`` are left out.
   ``--conversations N`` takes only the first N conversations of a LoCoMo file, ``--limit N``
-  the first N questions of each data set's tenants (a quick run).
+  the first N questions of each data set's tenants (a quick run); ``--embed`` sets
+  ``EngineConfig.embed`` (default: the config's).
 
 Below each table: where the store's bytes are before and after (SQLite's ``dbstat``, per table
 and index, the ``--objects`` largest after compaction), when this SQLite has ``dbstat``.
@@ -151,9 +152,13 @@ def _count(store: SQLiteStore, table: str) -> int:
     return int(store._query(f"SELECT count(*) FROM {table}", ())[0][0])
 
 
-def run(data: DataSet, budget: int, objects: int, share: float | None) -> bool:
+def run(
+    data: DataSet, budget: int, objects: int, share: float | None, embed: str | None = None
+) -> bool:
     clock = [0.0]
     config = EngineConfig(default_model="gpt-4", tokenizers=("cl100k_base",))
+    if embed is not None:
+        config = replace(config, embed=embed)
     tok = get_tokenizer("cl100k_base")
     questions = sum(len(c.qa) for c in data.cases)
     events = sum(len(c.messages) for c in data.cases)
@@ -266,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--conversations", type=int, default=None, help="LoCoMo: the first N conversations"
     )
     parser.add_argument("--limit", type=int, default=None, help="questions per tenant")
+    parser.add_argument(
+        "--embed", choices=["off", "sync", "background"], default=None, help="EngineConfig.embed"
+    )
     args = parser.parse_args(argv)
     for path in args.data:
         if not path.exists():
@@ -281,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 data = read_chatbench(item, args.keep_days, args.limit)
             else:
                 data = read_locomo_cases(item, args.keep_sessions, args.conversations, args.limit)
-            run(data, args.budget, args.objects, args.max_summary_share)
+            run(data, args.budget, args.objects, args.max_summary_share, args.embed)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def test_ingest_one_on_an_embedded_postgres(
 
 
 def test_scoped_search(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(capsys, "scoped_search", "--messages 300 --runs 2")
+    out = _run(capsys, "scoped_search", "--messages 300 --runs 2 --embed off")
     assert out.startswith("300 messages, layout live, 2 runs each")
     hits = {m[1]: int(m[2]) for m in re.finditer(r"search +(\w+) +(\d+) hits", out)}
     assert set(hits) == {"tenant", "session", "user"}
@@ -152,6 +152,7 @@ def test_serve_over_loopback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _children_import_this_source(monkeypatch)  # the server is `python -m ctxwarden.cli`
+    monkeypatch.setenv("CTXWARDEN_EMBED", "off")  # its Settings: words only, no model to load
     argv = "--requests 12 --saturation-requests 12 --connections 2 --seed 40 --sessions 3"
     out = _run(capsys, "serve", argv)
     assert out.count("12 requests in") == 2
@@ -288,6 +289,7 @@ def test_dedupe_quality_with_layer_c(capsys: pytest.CaptureFixture[str]) -> None
 def test_retention_on_one_conversation(capsys: pytest.CaptureFixture[str]) -> None:
     data = _data("locomo-dev/locomo-dev.json")
     argv = "--conversations 1 --limit 6 --keep-sessions 1 --max-summary-share 0.95 --objects 2"
+    argv += " --embed off"  # words only: embedding every turn would be most of the run
     out = _run(capsys, "retention", argv, data)
     assert re.search(r"^## locomo-dev: \d+ events in 1 tenant\(s\), 6 questions", out, re.MULTILINE)
     rows: dict[str, list[str]] = {}
@@ -341,3 +343,35 @@ def test_backends(capsys: pytest.CaptureFixture[str], pg_schema_dsn: str) -> Non
         "2 processes, 1 record/call",
     ]
     assert all(cell.endswith(("rec/s", "ms", "us")) for row in rows[2:] for cell in row[1:])
+
+
+# -- benches newer than this file's branch (main after the 'semantic' and 'attachments' merges) --
+
+
+def _newer_bench(script: str) -> None:
+    if not (ROOT / "bench" / f"{script}.py").is_file():
+        pytest.skip(f"bench/{script}.py is not in this checkout (it came with a later merge)")
+
+
+def test_query_latency(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _newer_bench("query_latency")
+    # its main() reads sys.argv (no argv parameter)
+    argv = ["query_latency.py", "--memories", "200", "--runs", "3", "--budget", "500"]
+    monkeypatch.setattr("sys.argv", argv)
+    load_bench("query_latency", "bench_smoke_query_latency").main()
+    out = capsys.readouterr().out
+    assert "200 memories, budget 500, 3 questions" in out
+    rows = _rows(out)
+    assert rows[0][:3] == ["what", "wall p50", "wall p95"]
+    assert [row[0] for row in rows[2:]] == [
+        "query embedding alone (MiniLM)",
+        "assemble, words only (no vector read)",
+        "assemble with the query embedded (default config)",
+    ]
+
+
+def test_rerank_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    _newer_bench("rerank_cost")
+    data = _data("locomo-dev/locomo-dev.json")
+    out = _run(capsys, "rerank_cost", "--pairs 3,5 --questions 2 --data", data)
+    assert re.findall(r"^(\d+) pairs: p50 [\d.]+ ms$", out, re.MULTILINE) == ["3", "5"]
