@@ -3,7 +3,7 @@
 Usage::
 
     uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
-        [--breakdown] [--exact-check] [--templates 300] [--texts 512]
+        [--breakdown] [--other-tenants K] [--templates 300] [--texts 512]
 
 Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
 (40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
@@ -16,12 +16,15 @@ throughput on 30-word messages. Both wall and CPU time (``time.process_time``) p
 printed: on a shared machine wall time mostly measures the wait for a core, so compare CPU time.
 ``--breakdown`` adds the CPU per query of each store search (main and bridge-hop BM25, vector,
 author-scoped vector); ``--exact-check`` compares each query's author-scoped top 20 with exact
-search over the author's stored vectors; ``--templates`` and ``--texts`` set how many sentences
-MiniLM embeds for the vectors and for the throughput line (smaller: a quick run). Targets: p50
-<= 20 ms, p95 <= 50 ms. Measured (README, "Related memory"; rounds in docs/benchmarks.md): 100k
-CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M 16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M:
-FTS5 ranking of the main search ~5 ms and of the two bridge hops ~2 ms, the graph search ~3 ms,
-the author scope ~2 ms warm (~12 ms the first time per author), Python ~3-4 ms.
+search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Measured (README,
+"Related memory"; rounds in docs/benchmarks.md): 100k CPU p50 12.1-12.5 / p95 14.3-14.8 ms, 1M
+16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
+of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
+first time per author), Python ~3-4 ms.
+``--other-tenants K`` gives ``K`` of every ``K + 1`` rows to other tenants (queries still
+search ``default``): the file's FTS5 statistics are then not the tenant's, and search ranks with
+the tenant's own (``store/sqlite_tenant_lexical.py``). ``--templates`` and ``--texts`` set how
+many sentences MiniLM embeds for the vectors and for the throughput line (smaller: a quick run).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
 random generator is not advanced by the build).
 """
@@ -48,12 +51,12 @@ CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "sup
 
 
 def build(
-    path: Path, n: int, rng: np.random.Generator, templates: int = 300
+    path: Path, n: int, rng: np.random.Generator, others: int = 0, templates: int = 300
 ) -> tuple[SQLiteStore, list[str]]:
     vocab = vocabulary(rng)
     weights = zipf_weights(len(vocab))
     store = SQLiteStore(path)
-    if store.stats("default")["memories"] >= n:
+    if store.stats("default")["memories"] >= n // (others + 1):
         return store, vocab
     embedder = MiniLMEmbedder()
     base = embedder.embed([sentence(rng, vocab, weights) for _ in range(templates)])
@@ -64,7 +67,7 @@ def build(
         with store.write() as writer:
             for i in range(start, min(n, start + batch)):
                 memory = NewMemory(
-                    id=f"m{i}", tenant="default", session="s", channel=CHANNELS[i % 8],
+                    id=f"m{i}", tenant=_tenant(i, others), session="s", channel=CHANNELS[i % 8],
                     author=AUTHORS[int(rng.integers(0, 40))], author_kind="human", role="user",
                     content=sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
                     thread_id=None, reply_to=None, kind="message", pinned=False, name=None,
@@ -82,15 +85,22 @@ def build(
     return store, vocab
 
 
+def _tenant(row: int, others: int) -> str:
+    """The tenant of the ``row``-th row: ``default`` for one in ``others + 1``."""
+    return "default" if row % (others + 1) == 0 else f"other{row % (others + 1)}"
+
+
 def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
     """Wrap the store's searches to add up their CPU time (bridge hops ask for 10 results, the
     main lexical search for ``RetrievalWeights.candidates``, 100)."""
     search, vector_search = store.search, store.vector_search
 
-    def timed_search(tenant: str, terms: Any, **kwargs: Any) -> Any:
+    def timed_search(
+        tenant: str, terms: Any, *, limit: int = 100, require: Any = (), **rest: Any
+    ) -> Any:
         began = time.process_time()
-        found = search(tenant, terms, **kwargs)
-        step = "lexical search (bridge hop)" if kwargs.get("require") else "lexical search"
+        found = search(tenant, terms, limit=limit, require=require, **rest)
+        step = "lexical search (bridge hop)" if require else "lexical search"
         spent.setdefault(step, []).append((time.process_time() - began) * 1000)
         return found
 
@@ -155,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
     parser.add_argument(
+        "--other-tenants",
+        type=int,
+        default=0,
+        help="give K of every K + 1 rows to other tenants (the file is shared)",
+    )
+    parser.add_argument(
         "--templates", type=int, default=300, help="MiniLM-embedded sentences mixed into vectors"
     )
     parser.add_argument(
@@ -168,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for leftover in Path(str(args.db) + ".vectors").glob("*"):
             leftover.unlink()
     started = time.perf_counter()
-    store, vocab = build(args.db, args.n, rng, args.templates)
+    store, vocab = build(args.db, args.n, rng, args.other_tenants, args.templates)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
     weights = zipf_weights(len(vocab))
