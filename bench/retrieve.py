@@ -48,10 +48,12 @@ from ctxwarden.store.sqlite import SQLiteStore
 
 AUTHORS = [f"user{i:02d}" for i in range(40)]
 CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
+#: Sentences MiniLM embeds, mixed two by two into the stored vectors (``--templates``).
+TEMPLATES = 300
 
 
 def build(
-    path: Path, n: int, rng: np.random.Generator, others: int = 0, templates: int = 300
+    path: Path, n: int, rng: np.random.Generator, others: int = 0
 ) -> tuple[SQLiteStore, list[str]]:
     vocab = vocabulary(rng)
     weights = zipf_weights(len(vocab))
@@ -59,7 +61,8 @@ def build(
     if store.stats("default")["memories"] >= n // (others + 1):
         return store, vocab
     embedder = MiniLMEmbedder()
-    base = embedder.embed([sentence(rng, vocab, weights) for _ in range(templates)])
+    templates = [sentence(rng, vocab, weights) for _ in range(TEMPLATES)]
+    base = embedder.embed(templates)
     started = time.perf_counter()
     batch = 20_000
     for start in range(0, n, batch):
@@ -184,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for leftover in Path(str(args.db) + ".vectors").glob("*"):
             leftover.unlink()
     started = time.perf_counter()
-    store, vocab = build(args.db, args.n, rng, args.other_tenants, args.templates)
+    global TEMPLATES
+    TEMPLATES = args.templates
+    store, vocab = build(args.db, args.n, rng, args.other_tenants)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
     weights = zipf_weights(len(vocab))
