@@ -3,7 +3,7 @@
 Usage::
 
     uv run python bench/retrieve.py [--n 1000000] [--queries 200] [--db PATH] [--keep]
-        [--breakdown] [--other-tenants K] [--templates 300] [--texts 512]
+        [--breakdown]
 
 Builds (or reuses, with ``--db`` and ``--keep``) a SQLite store of ``n`` synthetic chat messages
 (40 authors, 8 channels, a vocabulary of ~3,000 words drawn Zipf-like, so common terms are common)
@@ -21,12 +21,9 @@ search over the author's stored vectors. Targets: p50 <= 20 ms, p95 <= 50 ms. Me
 16.2-18.8 / 31.1-36.9 ms (load average 2-4). At 1M: FTS5 ranking of the main search ~5 ms and
 of the two bridge hops ~2 ms, the graph search ~3 ms, the author scope ~2 ms warm (~12 ms the
 first time per author), Python ~3-4 ms.
-``--other-tenants K`` gives ``K`` of every ``K + 1`` rows to other tenants (queries still
-search ``default``): the file's FTS5 statistics are then not the tenant's, and search ranks with
-the tenant's own (``store/sqlite_tenant_lexical.py``). ``--templates`` and ``--texts`` set how
-many sentences MiniLM embeds for the vectors and for the throughput line (smaller: a quick run).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
-random generator is not advanced by the build).
+random generator is not advanced by the build). ``--templates N`` (300) and ``--texts N`` (512)
+set how many sentences MiniLM embeds for the vectors and for the throughput line (a quick run).
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +48,11 @@ CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "sup
 TEMPLATES = 300
 
 
-def build(
-    path: Path, n: int, rng: np.random.Generator, others: int = 0
-) -> tuple[SQLiteStore, list[str]]:
+def build(path: Path, n: int, rng: np.random.Generator) -> tuple[SQLiteStore, list[str]]:
     vocab = vocabulary(rng)
     weights = zipf_weights(len(vocab))
     store = SQLiteStore(path)
-    if store.stats("default")["memories"] >= n // (others + 1):
+    if store.stats("default")["memories"] >= n:
         return store, vocab
     embedder = MiniLMEmbedder()
     templates = [sentence(rng, vocab, weights) for _ in range(TEMPLATES)]
@@ -70,7 +64,7 @@ def build(
         with store.write() as writer:
             for i in range(start, min(n, start + batch)):
                 memory = NewMemory(
-                    id=f"m{i}", tenant=_tenant(i, others), session="s", channel=CHANNELS[i % 8],
+                    id=f"m{i}", tenant="default", session="s", channel=CHANNELS[i % 8],
                     author=AUTHORS[int(rng.integers(0, 40))], author_kind="human", role="user",
                     content=sentence(rng, vocab, weights), created_at=1.7e9 + i * 30.0,
                     thread_id=None, reply_to=None, kind="message", pinned=False, name=None,
@@ -86,11 +80,6 @@ def build(
         store.put_vectors(embedder.name, rows, vectors)
         print(f"  {start + len(rows):,} rows, {time.perf_counter() - started:.0f}s", flush=True)
     return store, vocab
-
-
-def _tenant(row: int, others: int) -> str:
-    """The tenant of the ``row``-th row: ``default`` for one in ``others + 1``."""
-    return "default" if row % (others + 1) == 0 else f"other{row % (others + 1)}"
 
 
 def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
@@ -153,10 +142,16 @@ def exact_check(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--templates", type=int, default=300, help="MiniLM-embedded sentences mixed into vectors"
+    )
+    parser.add_argument(
+        "--texts", type=int, default=512, help="30-word messages for the embedders' throughput"
+    )
     parser.add_argument("--db", type=Path, default=Path("/tmp/ctxwarden-bench-retrieve.db"))
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
     parser.add_argument(
@@ -167,29 +162,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also compare each query's author-scoped top 20 with exact search (overlap@20)",
     )
-    parser.add_argument(
-        "--other-tenants",
-        type=int,
-        default=0,
-        help="give K of every K + 1 rows to other tenants (the file is shared)",
-    )
-    parser.add_argument(
-        "--templates", type=int, default=300, help="MiniLM-embedded sentences mixed into vectors"
-    )
-    parser.add_argument(
-        "--texts", type=int, default=512, help="30-word messages for the embedders' throughput"
-    )
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     rng = np.random.default_rng(7)
+    global TEMPLATES
+    TEMPLATES = args.templates
     if not args.keep:
         for suffix in ("", "-wal", "-shm"):
             Path(str(args.db) + suffix).unlink(missing_ok=True)
         for leftover in Path(str(args.db) + ".vectors").glob("*"):
             leftover.unlink()
     started = time.perf_counter()
-    global TEMPLATES
-    TEMPLATES = args.templates
-    store, vocab = build(args.db, args.n, rng, args.other_tenants)
+    store, vocab = build(args.db, args.n, rng)
     print(f"store of {args.n:,} memories ready in {time.perf_counter() - started:.0f}s")
     embedder = MiniLMEmbedder()
     weights = zipf_weights(len(vocab))

@@ -220,9 +220,14 @@ def test_vectors_choice_refuses_sizes_under_k(capsys: pytest.CaptureFixture[str]
     assert "--sizes: each must be more than k=50" in capsys.readouterr().err
 
 
-def test_retrieve(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    argv = "--n 300 --queries 4 --breakdown --exact-check --templates 12 --texts 8"
-    out = _run(capsys, "retrieve", argv, "--db", tmp_path / "r.db")
+def test_retrieve(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = "--n 300 --queries 4 --breakdown --exact-check --templates 12 --texts 8 --db"
+    # its main() reads sys.argv (no argv parameter)
+    monkeypatch.setattr("sys.argv", ["retrieve.py", *argv.split(), str(tmp_path / "r.db")])
+    load_bench("retrieve", "bench_smoke_retrieve").main()
+    out = capsys.readouterr().out
     assert "store of 300 memories ready" in out
     assert re.search(r"retrieve over 300 memories, 4 queries, CPU time .*: p50 [\d.]+ ms", out)
     assert re.search(r"lexical search: [\d.]+ ms CPU per query", out)
