@@ -27,6 +27,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ctxwarden.store.base import ContextLog, Inclusion, NewMemory
@@ -64,13 +65,13 @@ def wal_pages(path: Path) -> float:
     return max(0, size - WAL_HEADER) / (4096 + FRAME_HEADER)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memories", type=int, default=12_000)
     parser.add_argument("--contexts", type=int, default=300)
     parser.add_argument("--included", type=int, default=100)
     parser.add_argument("--reads", type=int, default=300)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "access.db"

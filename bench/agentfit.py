@@ -15,7 +15,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ctxwarden import fit_messages, fit_responses
@@ -64,11 +64,11 @@ def one(module: Any, body: dict[str, Any], pricer: Pricer) -> Callable[[], None]
     return run
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", default="1000,20000")
     parser.add_argument("--repeat", type=int, default=9)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("| API | items | first request (ms CPU) | later requests, median (ms CPU) |")
     print("|---|---|---|---|")
     for items in (int(n) for n in args.items.split(",")):

@@ -15,7 +15,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ctxwarden import Engine, tokens
@@ -67,12 +67,12 @@ def fmt(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--budget", type=int, default=8000)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--sizes", default="1000,10000,100000")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from langchain_core.messages import HumanMessage, trim_messages
     from langchain_core.messages.utils import count_tokens_approximately
 

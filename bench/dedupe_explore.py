@@ -24,6 +24,7 @@ import json
 import math
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -190,14 +191,14 @@ def speed(data_dir: Path, rounds: int = 5) -> None:
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_dir", nargs="?", default="/work/shared/data/chatbench-dev")
     parser.add_argument(
         "--scope", choices=("channel_or_session", "channel", "session"), default=None
     )
     parser.add_argument("--show", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data_dir = Path(args.data_dir)
     scopes = [args.scope] if args.scope else ["channel_or_session", "channel", "session"]
     for scope in scopes:

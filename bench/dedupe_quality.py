@@ -1,6 +1,7 @@
 """Score de-duplication at ingest through the real Engine on a chatbench log.
 
     uv run python bench/dedupe_quality.py DATA_DIR [--scope channel_or_session|channel|session|all]
+        [--show N] [--semantic [--thresholds 0.90,...]] [--messages N]
 
 Reads ``messages.jsonl``, ``dups.jsonl`` and ``qa.jsonl`` from DATA_DIR, ingests the log oldest
 first through ``Engine.ingest`` into a temporary SQLite file with the de-dup windows covering the
@@ -22,6 +23,9 @@ layer C (``Engine.dedupe_semantic``, window covering the whole log) once per thr
 ``--thresholds``, on a copy of the store each, and scores ingest folds plus semantic folds
 together (``semantic`` = layer C folds, ``refused`` = candidates above the threshold that the
 changed-fact guard refused).
+
+``--messages N`` takes the first N events of the log only (families and evidence cut to them):
+a quick run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import sqlite3
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +154,7 @@ def semantic(
     return runs
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument(
@@ -160,11 +165,16 @@ def main() -> None:
     parser.add_argument(
         "--thresholds", default="0.90,0.93,0.95,0.97,0.99", help="layer C cosines to try"
     )
-    args = parser.parse_args()
-    messages = load(args.data_dir / "messages.jsonl")
-    family = {row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl")}
-    evidence = {mid for row in load(args.data_dir / "qa.jsonl") for mid in row["evidence"]}
+    parser.add_argument("--messages", type=int, default=None, help="the first N events only")
+    args = parser.parse_args(argv)
+    messages = load(args.data_dir / "messages.jsonl")[: args.messages]
     by_id = {m["id"]: m for m in messages}
+    family = {
+        row["id"]: row["family"] for row in load(args.data_dir / "dups.jsonl") if row["id"] in by_id
+    }
+    evidence = {
+        mid for row in load(args.data_dir / "qa.jsonl") for mid in row["evidence"] if mid in by_id
+    }
     scopes = ["channel_or_session", "channel", "session"] if args.scope == "all" else [args.scope]
 
     with tempfile.TemporaryDirectory() as tmp:

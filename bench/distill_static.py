@@ -10,13 +10,16 @@ the id stands for the rank, as model2vec does.
 The table is stored int8 with one float16 scale per row, compressed, in
 ``src/ctxwarden/data/embed/minilm-l6-static.npz`` (read by ``ctxwarden.embed.StaticEmbedder``).
 
-    uv run python bench/distill_static.py [--dims 256] [--sif 1e-4] [--out PATH]
+    uv run python bench/distill_static.py [--dims 256] [--sif 1e-4] [--out PATH] [--tokens N]
+
+``--tokens N`` distils only the first N vocabulary ids (a quick run, not a table to ship).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +29,13 @@ from ctxwarden.embed import MiniLMEmbedder, _load_tokenizer
 OUT = Path(__file__).resolve().parent.parent / "src/ctxwarden/data/embed/minilm-l6-static.npz"
 
 
-def token_outputs(batch: int = 512) -> np.ndarray:
-    """Mean-pooled MiniLM output of ``[CLS] t [SEP]`` for every vocabulary id ``t``."""
+def token_outputs(batch: int = 512, limit: int | None = None) -> np.ndarray:
+    """Mean-pooled MiniLM output of ``[CLS] t [SEP]`` for every vocabulary id ``t`` (the first
+    ``limit`` ids if given)."""
     tokenizer = _load_tokenizer()
     size = tokenizer.get_vocab_size()
+    if limit is not None:
+        size = min(size, limit)
     cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     embedder = MiniLMEmbedder(threads=2)
     _, session = embedder._load()
@@ -68,18 +74,19 @@ def quantise(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return quantised.astype(np.int8), scales
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, default=256)
     parser.add_argument("--sif", type=float, default=1e-5)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--raw-cache", type=Path, default=None, help="reuse/save raw outputs")
-    args = parser.parse_args()
+    parser.add_argument("--tokens", type=int, default=None, help="only the first N ids")
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.raw_cache is not None and args.raw_cache.exists():
         raw = np.load(args.raw_cache)
     else:
-        raw = token_outputs()
+        raw = token_outputs(limit=args.tokens)
         if args.raw_cache is not None:
             np.save(args.raw_cache, raw)
     print(f"token outputs: {raw.shape} in {time.perf_counter() - started:.1f}s")

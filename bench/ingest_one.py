@@ -24,7 +24,7 @@ import contextlib
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ def target(args: argparse.Namespace) -> Iterator[str]:
             yield str(Path(folder) / "b.db")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="2000,7000,20000,50000")
     parser.add_argument("--calls", type=int, default=300)
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--dsn")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     rng = random.Random(5)
     number = 0

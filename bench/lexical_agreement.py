@@ -1,6 +1,7 @@
 """How closely PostgreSQL's lexical ranking follows SQLite's FTS5 BM25, question by question.
 
     python bench/lexical_agreement.py DATA [--dsn postgresql://...] [--k 20] [--limit N]
+        [--conversations N]
     python bench/lexical_agreement.py --scale 1000000 [--dsn postgresql://...]
 
 ``DATA`` is a chatbench directory or a LoCoMo file (the readers of evidence_recall.py). Both
@@ -13,6 +14,9 @@ both and the two top-k lists of memory ids are compared:
 - **Spearman**: rank correlation of the ids the two lists share (questions with >= 3 shared);
 - **evidence@k**: the share of each question's evidence ids in A and in B (what the ranking is
   for).
+
+``--limit N`` asks the first N questions of each conversation, ``--conversations N`` reads only
+the first N conversations (a quick run).
 
 ``--scale ROWS`` instead fills the PostgreSQL store with ROWS synthetic 12-word messages (in
 SQL: a vocabulary of 5,000 words drawn with a Zipf-like skew, so a few words are in most rows)
@@ -52,8 +56,9 @@ def spearman(a: Sequence[str], b: Sequence[str]) -> float | None:
     return 1.0 - 6.0 * d2 / (n * (n * n - 1))
 
 
-def run(data: Path, dsn: str, k: int, limit: int | None) -> dict[str, float]:
-    conversations = read(data)
+def run(
+    data: Path, dsn: str, k: int, limit: int | None, conversations: int | None = None
+) -> dict[str, float]:
     config = EngineConfig(default_model="gpt-4")
     clock = [0.0]
     overlaps: list[float] = []
@@ -64,7 +69,7 @@ def run(data: Path, dsn: str, k: int, limit: int | None) -> dict[str, float]:
         Engine.open(":memory:", config=config, clock=lambda: clock[0]) as lite,
         Engine.open(dsn, config=config, clock=lambda: clock[0]) as pg,
     ):
-        for conversation in conversations:
+        for conversation in read(data)[:conversations]:
             tenant = conversation.name
             for engine in (lite, pg):
                 engine.ingest(conversation.records, tenant=tenant)
@@ -135,7 +140,7 @@ def scale(dsn: str, rows: int) -> None:
             start = time.perf_counter()
             store.search("scale", terms, limit=100)
             times.append(time.perf_counter() - start)
-        counts = store._lexical._term_rows(store._query, "scale", terms, 0.0, fresh=True)
+        counts = store._lexical._term_rows(store._query, "scale", terms, 0.0, rows=rows, fresh=True)
         held = "+".join(str(counts[t][0]) for t in terms)
         print(
             f"| {name} | {held} | {1000 * statistics.median(times):.1f} ms | "
@@ -151,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dsn", help="a PostgreSQL URL (default: start an embedded server)")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    parser.add_argument("--conversations", type=int, default=None, help="the first N only")
     args = parser.parse_args(argv)
     script = None
     dsn = args.dsn
@@ -164,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         if args.data is None:
             parser.error("give DATA (a chatbench directory or LoCoMo file) or --scale ROWS")
-        result = run(args.data, dsn, args.k, args.limit)
+        result = run(args.data, dsn, args.k, args.limit, args.conversations)
     finally:
         if script is not None:
             script.stop(pg_dir)

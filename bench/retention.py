@@ -1,7 +1,7 @@
 """Retention after compaction, measured on chatbench-dev and locomo-dev.
 
     uv run python bench/retention.py [DATA ...] [--budget 4000] [--keep-days 7]
-        [--keep-sessions 2] [--objects 12]
+        [--keep-sessions 2] [--objects 12] [--conversations N] [--limit N] [--embed MODE]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``) or a LoCoMo JSON file; it
 defaults to ../shared/data/chatbench-dev and ../shared/data/locomo-dev/locomo-dev.json (the first
@@ -17,6 +17,9 @@ FTS optimize and VACUUM on both sides, so free pages do not count).
 - locomo-dev: each conversation is a tenant of its own, its clock just after its last turn, and
   compaction takes all but its last ``--keep-sessions`` sessions. Questions of category 5
   (adversarial: no answer in the conversation) and items without an ``answer`` are left out.
+  ``--conversations N`` takes only the first N conversations of a LoCoMo file, ``--limit N``
+  the first N questions of each data set's tenants (a quick run); ``--embed`` sets
+  ``EngineConfig.embed`` (default: the config's).
 
 Below each table: where the store's bytes are before and after (SQLite's ``dbstat``, per table
 and index, the ``--objects`` largest after compaction), when this SQLite has ``dbstat``.
@@ -29,6 +32,7 @@ import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -70,26 +74,29 @@ def _load(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def read_chatbench(folder: Path, keep_days: float) -> DataSet:
+def read_chatbench(folder: Path, keep_days: float, limit: int | None = None) -> DataSet:
     messages = _load(folder / "messages.jsonl")
-    qa = [(str(q["question"]), str(q["answer"])) for q in _load(folder / "qa.jsonl")]
+    qa = [(str(q["question"]), str(q["answer"])) for q in _load(folder / "qa.jsonl")][:limit]
     now = max(parse_time(m["created_at"]) for m in messages) + 60
     case = Case(tenant="default", session=messages[0]["session"], messages=messages, qa=qa,
                 now=now, older_than=keep_days * DAY)  # fmt: skip
     return DataSet(folder.name, [case], f"compacting all but the last {keep_days:g} days")
 
 
-def read_locomo_cases(path: Path, keep_sessions: int) -> DataSet:
+def read_locomo_cases(
+    path: Path, keep_sessions: int, conversations: int | None = None, limit: int | None = None
+) -> DataSet:
     raw = json.loads(path.read_text(encoding="utf-8"))
     samples = raw if isinstance(raw, list) else [raw]
     items = {str(s.get("sample_id", f"sample-{n}")): s.get("qa", []) for n, s in enumerate(samples)}
     out = DataSet(path.stem, note=f"compacting all but the last {keep_sessions} sessions")
-    for conversation in read_locomo(path):
+    for conversation in read_locomo(path)[:conversations]:
         qa = []
         for question in conversation.questions:
             item = items[conversation.name][int(question.qid.rsplit("-", 1)[1])]
             if question.category not in conversation.apart and "answer" in item:
                 qa.append((question.question, str(item["answer"])))
+        qa = qa[:limit]
         records = conversation.records
         starts: dict[str, float] = {}
         for record in records:
@@ -145,9 +152,13 @@ def _count(store: SQLiteStore, table: str) -> int:
     return int(store._query(f"SELECT count(*) FROM {table}", ())[0][0])
 
 
-def run(data: DataSet, budget: int, objects: int, share: float | None) -> bool:
+def run(
+    data: DataSet, budget: int, objects: int, share: float | None, embed: str | None = None
+) -> bool:
     clock = [0.0]
     config = EngineConfig(default_model="gpt-4", tokenizers=("cl100k_base",))
+    if embed is not None:
+        config = replace(config, embed=embed)
     tok = get_tokenizer("cl100k_base")
     questions = sum(len(c.qa) for c in data.cases)
     events = sum(len(c.messages) for c in data.cases)
@@ -237,7 +248,7 @@ def run(data: DataSet, budget: int, objects: int, share: float | None) -> bool:
     return ok_retention and ok_size
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "data",
@@ -256,7 +267,14 @@ def main() -> None:
         default=None,
         help="CompactionPolicy.max_summary_share (default: the policy's)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--conversations", type=int, default=None, help="LoCoMo: the first N conversations"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="questions per tenant")
+    parser.add_argument(
+        "--embed", choices=["off", "sync", "background"], default=None, help="EngineConfig.embed"
+    )
+    args = parser.parse_args(argv)
     for path in args.data:
         if not path.exists():
             parser.error(f"{path}: no such folder or file (a chatbench folder or LoCoMo JSON)")
@@ -268,10 +286,10 @@ def main() -> None:
             paths = [path]
         for item in paths:
             if item.is_dir():
-                data = read_chatbench(item, args.keep_days)
+                data = read_chatbench(item, args.keep_days, args.limit)
             else:
-                data = read_locomo_cases(item, args.keep_sessions)
-            run(data, args.budget, args.objects, args.max_summary_share)
+                data = read_locomo_cases(item, args.keep_sessions, args.conversations, args.limit)
+            run(data, args.budget, args.objects, args.max_summary_share, args.embed)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ first time per author), Python ~3-4 ms.
 search ``default``): the file's FTS5 statistics are then not the tenant's, and search ranks with
 the tenant's own (``store/sqlite_tenant_lexical.py``).
 A store kept with ``--keep`` is reused as it is (its queries differ from a fresh build's, as the
-random generator is not advanced by the build).
+random generator is not advanced by the build). ``--templates N`` (300) and ``--texts N`` (512)
+set how many sentences MiniLM embeds for the vectors and for the throughput line (a quick run).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from ctxwarden.store.sqlite import SQLiteStore
 
 AUTHORS = [f"user{i:02d}" for i in range(40)]
 CHANNELS = ["general", "dev", "ops", "random", "alerts", "design", "sales", "support"]
+#: Sentences MiniLM embeds, mixed two by two into the stored vectors (``--templates``).
+TEMPLATES = 300
 
 
 def build(
@@ -57,7 +60,7 @@ def build(
     if store.stats("default")["memories"] >= n // (others + 1):
         return store, vocab
     embedder = MiniLMEmbedder()
-    templates = [sentence(rng, vocab, weights) for _ in range(300)]
+    templates = [sentence(rng, vocab, weights) for _ in range(TEMPLATES)]
     base = embedder.embed(templates)
     started = time.perf_counter()
     batch = 20_000
@@ -153,6 +156,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--templates", type=int, default=300, help="MiniLM-embedded sentences mixed into vectors"
+    )
+    parser.add_argument(
+        "--texts", type=int, default=512, help="30-word messages for the embedders' throughput"
+    )
     parser.add_argument("--db", type=Path, default=Path("/tmp/ctxwarden-bench-retrieve.db"))
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the database")
     parser.add_argument(
@@ -171,6 +180,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     rng = np.random.default_rng(7)
+    global TEMPLATES
+    TEMPLATES = args.templates
     if not args.keep:
         for suffix in ("", "-wal", "-shm"):
             Path(str(args.db) + suffix).unlink(missing_ok=True)
@@ -225,7 +236,7 @@ def main() -> None:
     if args.exact_check:
         exact_check(store, embedder.name, queries, vectors)
     print(f"query embedding (MiniLM, one at a time): {query_ms:.1f} ms")
-    texts = [sentence(rng, vocab, weights) for _ in range(512)]
+    texts = [sentence(rng, vocab, weights) for _ in range(args.texts)]
     texts = [" ".join((t + " " + t).split()[:30]) for t in texts]
     for model in (MiniLMEmbedder(), StaticEmbedder()):
         model.embed(texts[:8])

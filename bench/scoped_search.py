@@ -3,13 +3,15 @@
 Usage::
 
     uv run python bench/scoped_search.py [--messages 100000] [--layout live|interleaved]
+        [--runs 20] [--embed off|sync|background]
 
 Stores ``--messages`` synthetic chat messages (12 words from a 3,000-word vocabulary, 30 %
 common words), each with a session and an end user, then times ``store.search`` (limit 70) and
 ``Engine.assemble`` (budget 4,000, no embedder) for the newest session's user in each scope.
 ``live``: sessions of 200 messages, 20 running at a time (a session spans ~4,000 rows of the
 store, as a live conversation does); ``interleaved``: 500 sessions round-robin over the whole
-store (the worst case: every session spans it).
+store (the worst case: every session spans it). ``--embed`` sets ``EngineConfig.embed``
+(default: the config's).
 """
 
 from __future__ import annotations
@@ -18,21 +20,26 @@ import argparse
 import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ctxwarden import Engine
 from ctxwarden.assemble import query_terms
+from ctxwarden.engine import EngineConfig
 from ctxwarden.scope import ReadScope
 
 QUERY = "when is the next deploy of the build release"
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--layout", choices=["live", "interleaved"], default="live")
     parser.add_argument("--runs", type=int, default=20)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--embed", choices=["off", "sync", "background"], default=None, help="EngineConfig.embed"
+    )
+    args = parser.parse_args(argv)
     rng = random.Random(7)
     words = [f"w{i}" for i in range(3000)]
     common = ["deploy", "release", "the", "build", "lunch", "meeting"]
@@ -47,7 +54,11 @@ def main() -> None:
             return i % 500
         return i // 4000 * 20 + i % 20
 
-    with tempfile.TemporaryDirectory() as folder, Engine.open(Path(folder) / "b.db") as engine:
+    config = EngineConfig() if args.embed is None else EngineConfig(embed=args.embed)
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Engine.open(Path(folder) / "b.db", config=config) as engine,
+    ):
         rows = [
             {"id": f"m{i}", "session": f"s{session_of(i)}", "user": f"u{session_of(i) % 500}",
              "content": text(), "created_at": 1e9 + i}

@@ -59,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20_000, help="open-loop phase")
     parser.add_argument(
@@ -235,7 +236,7 @@ def main() -> None:
         default="chat",
         help="message text: Zipf-like over ~3,000 words (chat) or uniform over 40 (tiny)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for name in ("requests", "saturation_requests"):
         if not 0 <= getattr(args, name) <= MAX_REQUESTS:
             parser.error(f"--{name.replace('_', '-')} must be between 0 and {MAX_REQUESTS}")
@@ -290,6 +291,10 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         static = isinstance(inspect.getattr_static(owner, name), staticmethod)
         setattr(owner, name, staticmethod(wrapper) if static else wrapper)
 
+    # a method of Assembly at first, a module function since the class was split
+    costs = assembly_module.Assembly
+    if not hasattr(costs, "_block_message_cost"):
+        costs = assembly_module  # type: ignore[assignment]
     phases = [
         (assembly_module._RecentWalk, "take", "recent (history walk, counts)"),
         (assembly_module.Assembly, "_related", "related (retrieval + line costs)"),
@@ -298,7 +303,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
         (SQLiteStore, "neighbours", "    store.neighbours"),
         (assembly_module.Assembly, "_line_candidates", "pinned + summaries"),
         (assembly_module, "fill", "fill (blocks, report)"),
-        (assembly_module.Assembly, "_block_message_cost", "message costs (render, count)"),
+        (costs, "_block_message_cost", "message costs (render, count)"),
         (SQLiteStore, "log_context", "inclusion log + access stats"),
         (SQLiteStore, "token_counts", "store.token_counts (all callers)"),
     ]

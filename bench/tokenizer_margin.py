@@ -36,7 +36,7 @@ import random
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ctxwarden.tokens import FallbackTokenizer, get_tokenizer
@@ -183,12 +183,12 @@ def node_counts(script: Path, texts: list[str]) -> dict[str, int]:
     return dict(zip(texts, json.loads(result.stdout), strict=True))
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None)
     parser.add_argument("--hf", action="append", default=[], metavar="NAME=PATH")
     parser.add_argument("--node", action="append", default=[], metavar="NAME=SCRIPT")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     o200k = get_tokenizer("o200k_base")
     units = FallbackTokenizer(o200k, factor=1.0).units
     texts = corpus()

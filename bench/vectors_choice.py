@@ -32,7 +32,7 @@ import importlib.util
 import random
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +219,9 @@ def measure(
 ) -> list[str]:
     module, builder = CANDIDATES[name]
     if module and importlib.util.find_spec(module) is None:
-        return [f"{name:14} {len(data):>9,}  (not installed: uv run --with {module} ...)"]
+        row = f"{name:22} {len(data):>9,}  (not installed: uv run --with {module} ...)"
+        print(row, flush=True)
+        return [row]
     gc.collect()
     before = rss_mb()
     started = time.process_time()
@@ -273,10 +275,13 @@ def measure_scopes(
         sub = data[members]
         # Exact answers first: interleaving a scan of the scope with the timed searches would
         # evict the index from cache and time that instead.
+        # A scope of K rows or fewer (a small --sizes) is its own top K.
+        k = min(K, len(members))
         truth = []
         for q in queries[:100]:
             sims = sub @ q
-            truth.append(set(members[np.argpartition(-sims, K)[:K]].tolist()))
+            top = np.argpartition(-sims, k)[:k] if k < len(members) else np.arange(k)
+            truth.append(set(members[top].tolist()))
         del sub
         times, walls, hits = [], [], 0
         for q, expected in zip(queries[:100], truth, strict=True):
@@ -289,7 +294,7 @@ def measure_scopes(
         label = f"  scope {fraction:.0%} ef={index.expansion_search}"
         rows.append(
             f"{label:22} {len(allowed):>9,} {'':>8} {p50:>7.2f} {p95:>7.2f} "
-            f"{hits / (100 * K):>7.3f} {memory:>8.0f} {disk:>8.0f} "
+            f"{hits / max(1, sum(map(len, truth))):>7.3f} {memory:>8.0f} {disk:>8.0f} "
             f"{float(np.percentile(walls, 50)):>8.2f}"
         )
         print(rows[-1], flush=True)
@@ -307,7 +312,7 @@ def set_ef(name: str, handle: Any, ef: int) -> None:
         handle.expansion_search = ef
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     parser.add_argument("--candidates", default=",".join(CANDIDATES))
@@ -316,7 +321,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--base", type=int, default=6000)
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ctxw-bench")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if min(args.sizes) <= K:
+        parser.error(f"--sizes: each must be more than k={K}")
     random.seed(0)
     base = base_embeddings(args.base, args.cache)
     header = (
