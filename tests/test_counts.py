@@ -72,6 +72,7 @@ def test_cached_counts_equal_fresh_counts_and_spare_the_store(
 ) -> None:
     engine = Engine(counting, clock=clock)  # type: ignore[arg-type]
     engine.ingest(_history(80))
+    engine.embed_pending()  # every vector in: both turns retrieve from the same store
     first = engine.assemble(session="s", query="the deploy w3", budget=1500, log_inclusions=False)
     assert counting.asked  # the first assembly read (or made) its counts
     counting.asked.clear()
@@ -218,6 +219,7 @@ def test_the_cache_stays_within_its_bound_oldest_out_first() -> None:
 def test_a_small_bound_changes_no_context(store: Store, clock: Clock) -> None:
     small = Engine(store, clock=clock, config=EngineConfig(count_cache_size=16))
     small.ingest(_history(120))
+    small.embed_pending()  # every vector in: both engines retrieve from the same store
     for query in ("deploy w1", "w7 w9", "message 3", "deploy w1"):
         got = small.assemble(session="s", query=query, budget=2500, log_inclusions=False)
         assert len(small._counter.cache) <= 16
