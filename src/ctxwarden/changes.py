@@ -155,29 +155,37 @@ class ChangeLinks:
                 if len(timeline) >= 6 and len(js) * 3 > len(timeline)
             )
             last_of: dict[str | None, int] = {}
+            times = [e.created_at for e in timeline]
+            authors = [e.statement.author for e in timeline]
+            rowids = [e.rowid for e in timeline]
             for index, entry in enumerate(timeline):
                 new = entry.statement
                 if entry.order >= 0 and (new.cue or (new.values and new.author is not None)):
-                    low = index - CANDIDATES
                     near: set[int] = set()
                     for term in new.terms - common:
                         js = postings[term]
                         end = bisect.bisect_left(js, index)
-                        near.update(j for j in js[max(0, end - _COMPARED) : end] if j >= low)
-                    if not new.cue:  # only its author's own statements can be changed so
-                        near = {j for j in near if timeline[j].statement.author == new.author}
+                        near.update(js[max(0, end - _COMPARED) : end])  # one C call
                     own = last_of.get(new.author) if new.retracts else None
-                    if own is not None and own >= low:
+                    if own is not None:
                         near.add(own)
-                    near = {j for j in near if timeline[j].rowid not in done}
-                    since = entry.created_at - self.window
-                    # The newest few that share a term: the value in force is the last stated.
-                    earlier = [
-                        timeline[j]
-                        for j in sorted(near)[-_COMPARED:]
-                        if timeline[j].created_at >= since
+                    # The look-back: the last CANDIDATES messages within the window. The
+                    # timeline is in time order, so both bounds are one position (and cutting
+                    # the window before taking the newest few is the same as after).
+                    since = bisect.bisect_left(times, entry.created_at - self.window)
+                    low = max(index - CANDIDATES, since)
+                    author = new.author
+                    kept = [
+                        j
+                        for j in near
+                        if j >= low
+                        and (new.cue or authors[j] == author)  # else only its author's own
+                        and rowids[j] not in done
                     ]
-                    if earlier:
+                    if kept:
+                        kept.sort()
+                        # The newest few that share a term: the value in force is the last stated.
+                        earlier = [timeline[j] for j in kept[-_COMPARED:]]
                         statements = [e.statement for e in earlier]
                         found = superseded(new, statements, common=common)
                         if found is not None:
