@@ -141,3 +141,12 @@ def test_statement_is_a_value() -> None:
     assert isinstance(s, Statement)
     assert s.ref == 7
     assert "friday" in s.values
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=80))
+def test_the_ascii_word_pattern_finds_what_the_general_one_does(text: str) -> None:
+    # analyse takes the cheaper pattern for ASCII text: the same words, in the same order.
+    from ctxwarden import validity
+
+    lower = text.lower()
+    assert validity._ASCII_LETTERS.findall(lower) == validity._LETTERS.findall(lower)

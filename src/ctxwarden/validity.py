@@ -66,6 +66,8 @@ _PAIR = re.compile(
 _DIGIT = re.compile(r"\d")
 _TOKEN = re.compile(r"[\w.:/-]+")
 _LETTERS = re.compile(r"\b[^\W\d_]{3,}\b")  # a word of letters only ("word14" is a value)
+# The same on lower-case ASCII text, where a letter is a-z: ~30 % cheaper than the class above.
+_ASCII_LETTERS = re.compile(r"\b[a-z]{3,}\b")
 # A capitalised word after a word (not opening a sentence: the character before the space
 # is not a sentence end).
 _NAME = re.compile(r"(\S)\s+([A-ZÀ-ÞĀ-Ž][^\W\d_]*)")
@@ -115,6 +117,8 @@ _FUNCTION_WORDS = frozenset(
     der die das und ist sind mit für von auf nicht ein eine""".split()
 )
 
+_NOT_TERMS = _FUNCTION_WORDS | _CUE_WORDS
+
 
 class Statement(NamedTuple):
     """One message as the detector sees it: its subject terms, its values and what it says of
@@ -138,7 +142,7 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
     terms. CJK runs give values by pattern and terms by character pairs. This runs for every
     message ingested, so it is one regex pass and set lookups.
     """
-    cjk = _CJK_RUN.search(text) is not None
+    cjk = not text.isascii() and _CJK_RUN.search(text) is not None
     latin = _CJK_RUN.sub(" ", text) if cjk else text
     lower = latin.lower()
     names: set[str] = set()
@@ -148,7 +152,7 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
     values = names
     if _DIGIT.search(lower):
         values = names.union(filter(_DIGIT.search, _TOKEN.findall(lower)))
-    words = set(_LETTERS.findall(lower))
+    words = set((_ASCII_LETTERS if lower.isascii() else _LETTERS).findall(lower))
     # Substring tests by map: one C loop each (a regex alternation costs ~10x more).
     stem = any(map(lower.__contains__, _CUE_STEMS))
     cue = stem or not words.isdisjoint(_CUE_WORDS)
@@ -158,7 +162,7 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
             cue = True
             retracts = retracts or (first, second) in _RETRACT_PAIRS
     # a crude stem: "deployment"/"deploying" share "deploy"
-    terms = {w[:6] for w in words - _FUNCTION_WORDS - _CUE_WORDS - names}
+    terms = {w[:6] for w in (words - _NOT_TERMS - names if names else words - _NOT_TERMS)}
     if stem:
         terms = {t for t in terms if not t.startswith(_CUE_STEMS)}
     if not cue and "not" in lower and _NOT_AFTER_COMMA.search(lower):
