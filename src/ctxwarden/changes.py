@@ -29,7 +29,7 @@ from ctxwarden.assemble import Candidate, Material, keep_in_force
 from ctxwarden.errors import NotFound
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory, Record
-from ctxwarden.validity import Statement, analyse, asks_history, superseded
+from ctxwarden.validity import Statement, analyse, asks_history, may_change, superseded
 
 __all__ = ["CANDIDATES", "PRIOR_PAGE", "ChangeLinks", "in_force"]
 
@@ -45,6 +45,8 @@ _COMPARED = 24
 _CACHE_SIZE = 4096
 
 _Place = tuple[str, str, str | None, str | None]  # tenant, session, channel, end user
+#: The statement of a message not analysed yet (:meth:`ChangeLinks.stored`).
+_UNREAD = Statement(None, None, frozenset(), frozenset(), False, False, False)
 
 
 @dataclass(slots=True)
@@ -69,6 +71,8 @@ class ChangeLinks:
     _pending: dict[int, tuple[_Place, float, str, str | None]] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
     _changing: set[_Place] = field(default_factory=set)
+    #: Rowids of the batch's messages not analysed yet, with their authors.
+    _deferred: dict[int, str | None] = field(default_factory=dict)
 
     def read(self, records: Sequence[tuple[Record, float]]) -> None:
         """Note the batch's conversational messages (``(record, created_at)`` in batch
@@ -89,6 +93,12 @@ class ChangeLinks:
         if pending is None:
             return
         place, created_at, text, author = pending
+        if place not in self._changing and not may_change(text, author=author):
+            # It can change nothing: analysed only if a message of its place can (links).
+            self._deferred[rowid] = author
+            self._batch.setdefault(place, []).append(_Entry(_UNREAD, created_at, order, rowid, id))
+            self._content[rowid] = text
+            return
         statement = analyse(text, author=author)
         if statement.question:
             return
@@ -96,6 +106,23 @@ class ChangeLinks:
         self._content[rowid] = text
         if statement.cue or (statement.values and author is not None):
             self._changing.add(place)
+
+    def _analysed(self, place: _Place) -> list[_Entry]:
+        """The place's batch messages, each analysed (questions left out)."""
+        entries = self._batch[place]
+        deferred = self._deferred
+        if not any(e.rowid in deferred for e in entries):
+            return entries
+        out = []
+        for entry in entries:
+            if entry.rowid in deferred:
+                author = deferred.pop(entry.rowid)
+                entry.statement = analyse(self._content[entry.rowid], author=author)
+                if entry.statement.question:
+                    continue
+            out.append(entry)
+        self._batch[place] = out
+        return out
 
     def _prior(self, place: _Place, first: float) -> list[_Entry]:
         """The place's messages before ``first`` (committed before the batch), oldest first:
@@ -124,7 +151,8 @@ class ChangeLinks:
         cache = self.cache
         for entries in self._batch.values():
             for entry in entries:
-                cache[entry.rowid] = (self._content[entry.rowid], entry.statement)
+                if entry.statement is not _UNREAD:  # never analysed: its place changed nothing
+                    cache[entry.rowid] = (self._content[entry.rowid], entry.statement)
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
 
@@ -132,7 +160,7 @@ class ChangeLinks:
         """``(superseded rowid, successor id, valid_until)`` for each change found."""
         out: list[tuple[int, str, float]] = []
         for place in sorted(self._changing, key=str):
-            batch = self._batch[place]
+            batch = self._analysed(place)
             prior = self._prior(place, min(e.created_at for e in batch))
             timeline = sorted([*prior, *batch], key=lambda e: (e.created_at, e.order))
             # What a later message changed already is not in force: never changed again (the
