@@ -11,7 +11,9 @@ or folded.
 
 Cost: one :meth:`~ctxwarden.store.base.Store.recent` page per place per batch, and per message
 with a cue or a value a comparison with the earlier ones that share a subject term with it
-(found through a term index of the place, not by comparing with every earlier message).
+(found through a term index of the place, not by comparing with every earlier message). A
+message that can change nothing (:func:`~ctxwarden.validity.may_change`) is analysed only when
+a message of its place can: where nothing changes, nothing is analysed or read.
 
 At assembly, :func:`in_force` reads those links for the context's pins and related hits: what
 is superseded leaves (or is dated, for a question about history) and its newest successor
