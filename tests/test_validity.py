@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxwarden.validity import Statement, analyse, asks_history, common_terms, superseded
+from ctxwarden.validity import (
+    Statement,
+    analyse,
+    asks_history,
+    common_terms,
+    may_change,
+    superseded,
+)
 
 OLD = "The customer demo is on Wednesday 15:00 in room B."
 
@@ -141,3 +148,30 @@ def test_statement_is_a_value() -> None:
     assert isinstance(s, Statement)
     assert s.ref == 7
     assert "friday" in s.values
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=80))
+def test_the_ascii_word_pattern_finds_what_the_general_one_does(text: str) -> None:
+    # analyse takes the cheaper pattern for ASCII text: the same words, in the same order.
+    from ctxwarden import validity
+
+    lower = text.lower()
+    assert validity._ASCII_LETTERS.findall(lower) == validity._LETTERS.findall(lower)
+
+
+@given(st.text(alphabet="abnotwmvecdhgilr KN1., \u00e9\u5909", max_size=60), st.booleans())
+def test_may_change_is_false_only_where_analyse_finds_nothing_that_changes(
+    text: str, has_author: bool
+) -> None:
+    author = "rosa" if has_author else None
+    statement = analyse(text, author=author)
+    if not may_change(text, author=author):
+        assert not statement.cue
+        assert not (statement.values and author is not None)
+
+
+@pytest.mark.parametrize(
+    "text", ["it moved", "we are NOT going", "scratch that", "no longer", "the note", "nowhere"]
+)
+def test_may_change_finds_cues(text: str) -> None:
+    assert may_change(text.lower())

@@ -11,7 +11,9 @@ or folded.
 
 Cost: one :meth:`~ctxwarden.store.base.Store.recent` page per place per batch, and per message
 with a cue or a value a comparison with the earlier ones that share a subject term with it
-(found through a term index of the place, not by comparing with every earlier message).
+(found through a term index of the place, not by comparing with every earlier message). A
+message that can change nothing (:func:`~ctxwarden.validity.may_change`) is analysed only when
+a message of its place can: where nothing changes, nothing is analysed or read.
 
 At assembly, :func:`in_force` reads those links for the context's pins and related hits: what
 is superseded leaves (or is dated, for a question about history) and its newest successor
@@ -29,7 +31,7 @@ from ctxwarden.assemble import Candidate, Material, keep_in_force
 from ctxwarden.errors import NotFound
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory, Record
-from ctxwarden.validity import Statement, analyse, asks_history, superseded
+from ctxwarden.validity import Statement, analyse, asks_history, may_change, superseded
 
 __all__ = ["CANDIDATES", "PRIOR_PAGE", "ChangeLinks", "in_force"]
 
@@ -45,6 +47,8 @@ _COMPARED = 24
 _CACHE_SIZE = 4096
 
 _Place = tuple[str, str, str | None, str | None]  # tenant, session, channel, end user
+#: The statement of a message not analysed yet (:meth:`ChangeLinks.stored`).
+_UNREAD = Statement(None, None, frozenset(), frozenset(), False, False, False)
 
 
 @dataclass(slots=True)
@@ -69,6 +73,8 @@ class ChangeLinks:
     _pending: dict[int, tuple[_Place, float, str, str | None]] = field(default_factory=dict)
     _content: dict[int, str] = field(default_factory=dict)
     _changing: set[_Place] = field(default_factory=set)
+    #: Rowids of the batch's messages not analysed yet, with their authors.
+    _deferred: dict[int, str | None] = field(default_factory=dict)
 
     def read(self, records: Sequence[tuple[Record, float]]) -> None:
         """Note the batch's conversational messages (``(record, created_at)`` in batch
@@ -89,6 +95,12 @@ class ChangeLinks:
         if pending is None:
             return
         place, created_at, text, author = pending
+        if place not in self._changing and not may_change(text, author=author):
+            # It can change nothing: analysed only if a message of its place can (links).
+            self._deferred[rowid] = author
+            self._batch.setdefault(place, []).append(_Entry(_UNREAD, created_at, order, rowid, id))
+            self._content[rowid] = text
+            return
         statement = analyse(text, author=author)
         if statement.question:
             return
@@ -96,6 +108,23 @@ class ChangeLinks:
         self._content[rowid] = text
         if statement.cue or (statement.values and author is not None):
             self._changing.add(place)
+
+    def _analysed(self, place: _Place) -> list[_Entry]:
+        """The place's batch messages, each analysed (questions left out)."""
+        entries = self._batch[place]
+        deferred = self._deferred
+        if not any(e.rowid in deferred for e in entries):
+            return entries
+        out = []
+        for entry in entries:
+            if entry.rowid in deferred:
+                author = deferred.pop(entry.rowid)
+                entry.statement = analyse(self._content[entry.rowid], author=author)
+                if entry.statement.question:
+                    continue
+            out.append(entry)
+        self._batch[place] = out
+        return out
 
     def _prior(self, place: _Place, first: float) -> list[_Entry]:
         """The place's messages before ``first`` (committed before the batch), oldest first:
@@ -124,7 +153,8 @@ class ChangeLinks:
         cache = self.cache
         for entries in self._batch.values():
             for entry in entries:
-                cache[entry.rowid] = (self._content[entry.rowid], entry.statement)
+                if entry.statement is not _UNREAD:  # never analysed: its place changed nothing
+                    cache[entry.rowid] = (self._content[entry.rowid], entry.statement)
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
 
@@ -132,7 +162,7 @@ class ChangeLinks:
         """``(superseded rowid, successor id, valid_until)`` for each change found."""
         out: list[tuple[int, str, float]] = []
         for place in sorted(self._changing, key=str):
-            batch = self._batch[place]
+            batch = self._analysed(place)
             prior = self._prior(place, min(e.created_at for e in batch))
             timeline = sorted([*prior, *batch], key=lambda e: (e.created_at, e.order))
             # What a later message changed already is not in force: never changed again (the
@@ -155,29 +185,37 @@ class ChangeLinks:
                 if len(timeline) >= 6 and len(js) * 3 > len(timeline)
             )
             last_of: dict[str | None, int] = {}
+            times = [e.created_at for e in timeline]
+            authors = [e.statement.author for e in timeline]
+            rowids = [e.rowid for e in timeline]
             for index, entry in enumerate(timeline):
                 new = entry.statement
                 if entry.order >= 0 and (new.cue or (new.values and new.author is not None)):
-                    low = index - CANDIDATES
                     near: set[int] = set()
                     for term in new.terms - common:
                         js = postings[term]
                         end = bisect.bisect_left(js, index)
-                        near.update(j for j in js[max(0, end - _COMPARED) : end] if j >= low)
-                    if not new.cue:  # only its author's own statements can be changed so
-                        near = {j for j in near if timeline[j].statement.author == new.author}
+                        near.update(js[max(0, end - _COMPARED) : end])  # one C call
                     own = last_of.get(new.author) if new.retracts else None
-                    if own is not None and own >= low:
+                    if own is not None:
                         near.add(own)
-                    near = {j for j in near if timeline[j].rowid not in done}
-                    since = entry.created_at - self.window
-                    # The newest few that share a term: the value in force is the last stated.
-                    earlier = [
-                        timeline[j]
-                        for j in sorted(near)[-_COMPARED:]
-                        if timeline[j].created_at >= since
+                    # The look-back: the last CANDIDATES messages within the window. The
+                    # timeline is in time order, so both bounds are one position (and cutting
+                    # the window before taking the newest few is the same as after).
+                    since = bisect.bisect_left(times, entry.created_at - self.window)
+                    low = max(index - CANDIDATES, since)
+                    author = new.author
+                    kept = [
+                        j
+                        for j in near
+                        if j >= low
+                        and (new.cue or authors[j] == author)  # else only its author's own
+                        and rowids[j] not in done
                     ]
-                    if earlier:
+                    if kept:
+                        kept.sort()
+                        # The newest few that share a term: the value in force is the last stated.
+                        earlier = [timeline[j] for j in kept[-_COMPARED:]]
                         statements = [e.statement for e in earlier]
                         found = superseded(new, statements, common=common)
                         if found is not None:

@@ -197,11 +197,14 @@ class MemoryReads:
         for start in range(0, len(rowids), 400):
             chunk = list(rowids[start : start + 400])
             marks = ",".join("?" * len(chunk))
+            # Driven by the rowids asked for (the key of supersessions), the tenant checked per
+            # row: as a join, SQLite walked every memory of the tenant first, a cost that grew
+            # with the store (0.8 ms at 7k memories against ~40 us for a page of 100 rowids).
             for rowid, successor, until in self._read(
                 "SELECT s.memory_rowid, s.superseded_by, s.valid_until FROM supersessions s "
-                f"JOIN memories m ON m.rowid = s.memory_rowid WHERE m.tenant = ? "
-                f"AND s.memory_rowid IN ({marks})",
-                [tenant, *chunk],
+                f"WHERE s.memory_rowid IN ({marks}) "
+                "AND (SELECT m.tenant FROM memories m WHERE m.rowid = s.memory_rowid) = ?",
+                [*chunk, tenant],
             ):
                 out[int(rowid)] = (str(successor), float(until))
         return out
