@@ -25,13 +25,18 @@ RECORDS = [
 
 
 @pytest.fixture
-def client() -> Iterator[httpx.Client]:
+def served() -> Iterator[tuple[httpx.Client, Engine]]:
     with (
         Engine.open(":memory:") as engine,
         serve(create_app(engine)) as base,
         httpx.Client(base_url=base) as http,
     ):
-        yield http
+        yield http, engine
+
+
+@pytest.fixture
+def client(served: tuple[httpx.Client, Engine]) -> httpx.Client:
+    return served[0]
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:
@@ -117,8 +122,12 @@ def test_one_error_shape_on_every_path(
 
 
 def test_the_schema_documents_every_response_and_the_answers_match(
-    client: httpx.Client,
+    served: tuple[httpx.Client, Engine],
 ) -> None:
+    client, engine = served
+    # a large tool result offloaded by the library: its whole text is what /sources returns
+    result = {"role": "tool", "tool_call_id": "c1", "content": "row " * 400}
+    offloaded = engine.offload([result], max_tokens=50, session="tools")
     schema = client.get("/openapi.json").json()
     documented = {
         (method, path) for path, operations in schema["paths"].items() for method in operations
@@ -148,6 +157,9 @@ def test_the_schema_documents_every_response_and_the_answers_match(
         ("get", "/v1/stats"): client.get("/v1/stats"),
         ("get", "/v1/stats/history"): client.get("/v1/stats/history?buckets=5"),
         ("get", "/v1/memories/{memory_id}/history"): client.get("/v1/memories/m1/history"),
+        ("get", "/v1/memories/{memory_id}/sources"): client.get(
+            f"/v1/memories/{offloaded.ids[0]}/sources", params={"session": "tools"}
+        ),
         ("post", "/v1/compact/plan"): client.post("/v1/compact/plan", json={}),
         ("post", "/v1/compact/apply"): client.post("/v1/compact/apply", json={}),
         ("delete", "/v1/memories/{memory_id}"): client.delete("/v1/memories/m2"),

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import CtxwardenError, EmbedError, InputError
+from ctxwarden.errors import EmbedError, InputError
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.semantic import (
     MERGE_STATUS,
@@ -339,9 +339,11 @@ class Embeddings:
             self._embed_wake.clear()
             try:
                 self._embed_new()
-            except CtxwardenError as exc:
+            except EmbedError as exc:  # no model, or another model's vectors: for good
                 log.warning("background embedding stopped: %s", exc)
                 return
+            except Exception:  # the store busy or failing: the next ingest wakes it again
+                log.exception("background embedding failed; tried again after the next ingest")
 
     def may_search(self) -> bool:
         """Whether a query is likely searched by vectors: this engine embeds, or the store

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from ctxwarden.engine import Engine
+from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import ConfigError
 from ctxwarden.store.base import Alias, NewMemory, TokenCount
 
@@ -67,7 +67,8 @@ def test_migrations_plan_apply_and_vectors(pg_schema_dsn: str) -> None:
         methods = conn.execute(
             "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "JOIN pg_am am ON am.oid = c.relam WHERE c.relname IN "
-            "('memory_vectors_hnsw', 'memories_fts') ORDER BY c.relname"
+            "('memory_vectors_hnsw', 'memories_fts') "
+            "AND c.relnamespace = current_schema()::regnamespace ORDER BY c.relname"
         ).fetchall()
         assert methods == [("gin",), ("hnsw",)]
     store = PostgresStore(pg_schema_dsn)  # opens an up-to-date schema without re-applying
@@ -125,7 +126,9 @@ def _records(p: int) -> list[dict[str, object]]:
 
 
 def _worker(dsn: str, p: int, barrier: object, results: object) -> None:
-    engine = Engine.open(dsn)
+    # Concurrent ingest is under test: no embedder (eight MiniLM loads on two cores cost
+    # minutes and test nothing here; tests/test_embedding.py covers PG's shared embedding).
+    engine = Engine.open(dsn, config=EngineConfig(embed="off"))
     records = _records(p)
     barrier.wait()  # type: ignore[attr-defined]
     statuses: Counter[str] = Counter()

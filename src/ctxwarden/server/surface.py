@@ -408,6 +408,13 @@ class CompactApplyResponse(BaseModel):
     tokens_saved: int
 
 
+class SourcesResponse(BaseModel):
+    """What an id stands for: a summary's archived originals, or an offloaded tool result."""
+
+    id: str
+    sources: list[MemoryModel]
+
+
 class HealthResponse(BaseModel):
     """The process answers."""
 
@@ -427,6 +434,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("delete", "/v1/memories/{memory_id}"): DeletedResponse,
     ("patch", "/v1/memories/{memory_id}"): EditedResponse,
     ("get", "/v1/memories/{memory_id}/versions"): VersionsResponse,
+    ("get", "/v1/memories/{memory_id}/sources"): SourcesResponse,
     ("delete", "/v1/sessions/{session}"): SessionDeletedResponse,
     ("delete", "/v1/tenant"): TenantDeletedResponse,
     ("get", "/v1/stats"): StatsResponse,

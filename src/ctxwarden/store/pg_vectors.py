@@ -135,9 +135,12 @@ class PostgresVectors:
                     field="vectors",
                 )
             for (rowid, _), vector in zip(claimed, matrix, strict=True):
+                # FOR KEY SHARE: a memory erased meanwhile (its delete committed after this
+                # statement's snapshot) is re-checked once the delete is done and skipped,
+                # instead of failing the vector's foreign key.
                 conn.execute(
                     "INSERT INTO memory_vectors (memory_rowid, model, embedding) "
-                    "SELECT %s, %s, %s::vector FROM memories WHERE rowid = %s "
+                    "SELECT %s, %s, %s::vector FROM memories WHERE rowid = %s FOR KEY SHARE "
                     "ON CONFLICT (memory_rowid, model) "
                     "DO UPDATE SET embedding = excluded.embedding",
                     (rowid, model, _literal(vector), rowid),
