@@ -306,22 +306,7 @@ class SQLiteLexical(TenantLexical):
             [match, lo, hi, tenant, *scope_params, limit],
         )
         rank: dict[int, float] = dict(ranked)
-        rows: dict[int, Memory] = {}
-        unread = []
-        for rowid in rank:
-            memory = known.get(rowid) if known else None
-            if memory is not None and memory.tenant == tenant:
-                rows[rowid] = memory
-            else:
-                unread.append(rowid)
-        for start in range(0, len(unread), 500):
-            chunk = unread[start : start + 500]
-            for row in self._query(
-                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN "
-                f"({','.join('?' * len(chunk))})",
-                chunk,
-            ):
-                rows[int(row[0])] = memory_of(row)
+        rows = self._memories_at(list(rank), known, tenant)
         return [(rows[r], -rank[r]) for r in rank if r in rows]
 
     def _term_rows(self, quoted: str) -> int:

@@ -261,9 +261,17 @@ class TenantLexical:
                 tf = term_frequency(-rank, term_idf, length, index_mean)
                 scores[rowid] += own_idf * tf * (K1 + 1) / (tf + length_norm(length, mean_length))
         best = sorted(candidates, key=lambda r: (-scores[r], r))[:limit]
+        rows = self._memories_at(best, known, tenant)
+        return [(rows[r], scores[r]) for r in best if r in rows]
+
+    def _memories_at(
+        self, rowids: Sequence[int], known: Mapping[int, Memory] | None, tenant: str
+    ) -> dict[int, Memory]:
+        """The memories at ``rowids``: the caller's ``known`` ones of ``tenant`` as they are,
+        the rest read in chunks of 500."""
         rows: dict[int, Memory] = {}
         unread = []
-        for rowid in best:
+        for rowid in rowids:
             memory = known.get(rowid) if known else None
             if memory is not None and memory.tenant == tenant:
                 rows[rowid] = memory
@@ -277,4 +285,4 @@ class TenantLexical:
                 chunk,
             ):
                 rows[int(row[0])] = memory_of(row)
-        return [(rows[r], scores[r]) for r in best if r in rows]
+        return rows
