@@ -14,7 +14,8 @@ prints, per language, the share of questions whose context holds the value in fo
 a line with an old value, without the value in force and without "(superseded on" (target 0).
 The recent block is the conversation itself, in order, and is not judged.
 
-Runs twice: with change detection (the default config) and without (``change_window=0``).
+Runs twice: with change detection (``change_window`` two weeks, ``CHANGE_WINDOW``) and without
+(``change_window=0``, the default).
 
 Measured (seed 7, 8 sessions x 4 subjects a language, 96 questions): docs/benchmarks.md.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden import Engine
-from ctxwarden.engine_config import EngineConfig
+from ctxwarden.engine_config import CHANGE_WINDOW, EngineConfig
 from ctxwarden.store.sqlite import SQLiteStore
 
 MODEL = "gpt-4-turbo"
@@ -206,7 +207,7 @@ def run(
 ) -> dict[str, list[tuple[bool, bool]]]:
     """Ingest the log into a fresh store and ask every subject; per language the verdicts.
     ``embedder``: ``"off"`` (words only) or an embedder's name (vectors made at ingest)."""
-    config = EngineConfig()
+    config = EngineConfig(change_window=CHANGE_WINDOW)
     if embedder != "off":
         config = replace(config, embed="sync", embedder=embedder)
     if not detect:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxwarden.engine import Engine
-from ctxwarden.engine_config import EngineConfig
+from ctxwarden.engine_config import CHANGE_WINDOW, EngineConfig
 from ctxwarden.store.base import Store
 
 DAY = 86400.0
@@ -32,7 +32,7 @@ def _links(store: Store, engine: Engine, ids: list[str]) -> dict[str, tuple[str,
 
 
 def test_a_changed_value_is_linked_and_neither_side_is_changed(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     engine.ingest(LOG)
     assert _links(store, engine, ["m1", "m2", "m3", "m4", "m5"]) == {"m1": ("m4", 2 * DAY)}
     assert engine.get("m1").content == LOG[0]["content"]  # kept, not folded or deleted
@@ -40,14 +40,14 @@ def test_a_changed_value_is_linked_and_neither_side_is_changed(store: Store) -> 
 
 
 def test_one_message_at_a_time_links_the_same(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     for record in LOG:
         engine.ingest([record])
     assert _links(store, engine, ["m1", "m4"]) == {"m1": ("m4", 2 * DAY)}
 
 
 def test_other_places_and_unrelated_messages_are_not_linked(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     engine.ingest(
         [
             LOG[0],
@@ -68,7 +68,7 @@ def test_detection_can_be_turned_off(store: Store) -> None:
 
 
 def test_a_change_in_japanese_and_in_chinese(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     engine.ingest(
         [
             _msg("j1", "製品デモは水曜15時に会議室Bで行います。", 1 * DAY, "yui"),
@@ -89,7 +89,7 @@ def _assemble(engine: Engine, query: str) -> Any:
 
 
 def test_assembly_leaves_the_superseded_value_out_and_says_why(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     engine.ingest(LOG)
     context = _assemble(engine, "when is the customer demo?")
     text = "\n".join(str(m["content"]) for m in context.messages)
@@ -100,7 +100,7 @@ def test_assembly_leaves_the_superseded_value_out_and_says_why(store: Store) -> 
 
 
 def test_a_question_about_history_shows_the_old_value_dated(store: Store) -> None:
-    engine = Engine(store)
+    engine = Engine(store, config=EngineConfig(change_window=CHANGE_WINDOW))
     engine.ingest(LOG)
     context = _assemble(engine, "what was the customer demo time before the change?")
     lines = [ln for m in context.messages for ln in str(m["content"]).splitlines()]
