@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxwarden import Engine
+from ctxwarden import Engine, EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.llm import LLMClient
 from ctxwarden.llm_anthropic import AnthropicClient
@@ -182,7 +182,10 @@ def test_any_text_is_stored_and_read_or_refused_naming_the_field(
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     path = tmp_path / "serve.db"
-    with Engine.open(path) as engine, serve(create_app(engine)) as url:
+    # No background embedder: its vector writes for earlier records would change the store
+    # between the digests these tests compare around a refused request.
+    config = EngineConfig(embed="off")
+    with Engine.open(path, config=config) as engine, serve(create_app(engine)) as url:
         yield url, path
 
 

@@ -149,7 +149,9 @@ def _copy(seed: Path, to: Path) -> Path:
 
 def _run(seed: Path, folder: Path, op: str, kind: str, at: int) -> FaultyConnection:
     path = _copy(seed, folder / f"{op}-{kind}-{at}.db".replace(" ", "_").replace("/", ""))
-    engine = Engine.open(path, clock=lambda: NOW + 2 * DAY)
+    # No background embedder: its vector writes would move the N-th write under test.
+    config = EngineConfig(embed="off")
+    engine = Engine.open(path, clock=lambda: NOW + 2 * DAY, config=config)
     store: Any = engine.store
     faulty = FaultyConnection(store._conn, path, kind, at)
     store._conn = faulty
