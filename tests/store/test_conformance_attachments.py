@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import numpy as np
+
 from ctxwarden.engine import Engine
 from ctxwarden.store import migrations
 from ctxwarden.store.base import Store
@@ -37,6 +39,15 @@ def test_captions_and_names_are_searched_embedded_and_rendered(store: Store) -> 
         "b": "itinerary pdf",
         "c": "nice!",
     }
+    # the background worker's claim embeds the same texts (an attachment-only row included)
+    seen: list[str] = []
+
+    def embed(batch: list[str]) -> np.ndarray:
+        seen.extend(batch)
+        return np.ones((len(batch), 384), dtype=np.float32)
+
+    store.embed_pending_batch("m", embed, limit=10)
+    assert sorted(seen) == sorted(pending.values())
     context = engine.assemble(session="s", query="what pottery did mel make", budget=2000)
     text = "\n".join(str(m["content"]) for m in context.messages)
     assert "look what I made! [image: a pottery bowl with blue glaze]" in text

@@ -104,8 +104,10 @@ class PostgresVectors:
             # The volatile lock call is evaluated row by row as the outer LIMIT pulls, so a
             # caller claims at most `limit`; the inner pool leaves room to skip others' claims.
             rows = conn.execute(
-                "SELECT c.rowid, c.content FROM (SELECT m.rowid, m.content FROM memories m "
-                "WHERE m.rowid > %s AND m.content <> '' AND m.role <> 'tool' AND NOT EXISTS "
+                "SELECT c.rowid, c.content, c.attachment_text FROM (SELECT m.rowid, m.content, "
+                "m.attachment_text FROM memories m WHERE m.rowid > %s "
+                "AND (m.content <> '' OR m.attachment_text IS NOT NULL) "
+                "AND m.role <> 'tool' AND NOT EXISTS "
                 "(SELECT 1 FROM memory_vectors v WHERE v.memory_rowid = m.rowid "
                 "AND v.model = %s) ORDER BY m.rowid LIMIT %s) c "
                 "WHERE pg_try_advisory_xact_lock(%s, ((c.rowid %% 4294967296) - 2147483648)::int) "
@@ -124,7 +126,10 @@ class PostgresVectors:
                     (model, [int(r[0]) for r in rows]),
                 )
             }
-            claimed = [(int(r[0]), str(r[1])) for r in rows if int(r[0]) not in done]
+            # the text pending_embeddings gives: the content and its attachments' words
+            claimed = [
+                (int(r[0]), embedded_text(str(r[1]), r[2])) for r in rows if int(r[0]) not in done
+            ]
             if not claimed:
                 return []
             matrix = np.asarray(embed([text for _, text in claimed]), dtype=np.float32)
