@@ -120,7 +120,9 @@ def query_terms(query: str, *, limit: int = 12) -> list[str]:
     >>> query_terms("What laptop does omar use for work?")
     ['laptop', 'omar', 'use', 'work']
     >>> query_terms("来週の会議はどこ? room B")
-    ['来週', '週の', 'の会', '会議', '議は', 'はど', 'どこ', 'room']
+    ['来週', '週の', 'の会', '会議', '議は', 'room']
+
+    Bigrams of hiragana alone are left out when the query has others (:func:`_kana_only`).
     """
     if not query.isascii() and has_run(query):
         return _terms_with_runs(query, limit)
@@ -162,7 +164,17 @@ def _terms_with_runs(query: str, limit: int) -> list[str]:
             if words < limit:
                 seen[word] = None
                 words += 1
+    if any(not _kana_only(t) for t in seen if has_run(t)):
+        return [t for t in seen if not _kana_only(t)]
     return list(seen)
+
+
+def _kana_only(term: str) -> bool:
+    """A bigram of hiragana alone: in Japanese, hiragana writes the grammar (particles,
+    inflections, auxiliaries: ``について``, ``ました``) and ideographs or katakana the words, so
+    such a bigram is what an English stopword is to a query that has other terms (a query of
+    only hiragana still searches them). The index keeps them all."""
+    return all("\u3041" <= char <= "\u309f" for char in term)
 
 
 @dataclass(slots=True)
