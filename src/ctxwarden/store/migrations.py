@@ -92,7 +92,7 @@ better than its messages one by one), how many (``originals``), the summary's se
 by session) and the time they expire (``expires_at``: the retention in days after compaction;
 purged by the next compaction or ``Engine.purge_archive``). Erasure rewrites a row without the
 records it erases, or deletes it with its summary.
-Migration 20 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
+Migration 18 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
 holds each attachment's name and caption (:func:`ctxwarden.attachments.search_text`, written
 by ingest, filled here for older rows), ``memories_fts`` is rebuilt with it as a second column
 (its triggers take both columns out and put them back), and the token counts of rows with
