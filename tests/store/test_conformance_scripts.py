@@ -234,3 +234,31 @@ def test_every_term_of_a_word_is_indexed_for_a_text_holding_it(
     text = f"{latin}{before}{word}{after}。"
     indexed = set((bigram_text(text) or "").split())
     assert set(query_terms(word)) <= indexed
+
+
+def test_erasing_a_compacted_id_takes_its_bigrams_out_of_the_summary(store: Store) -> None:
+    """A summary rewritten without an erased message's line loses that line's bigrams from the
+    index too (the erased words must not stay searchable)."""
+    from tests.store.test_conformance import _memory, _summary_of
+
+    summary = (
+        "Summary of 2 messages\nEvents:\n- [a] ana: 金庫の暗証番号は四七一一\n"
+        "- [b] ana: 会議室を予約"
+    )
+    with store.write() as w:
+        w.insert(_memory("a", content="金庫の暗証番号は四七一一"))
+        w.insert(_memory("b", content="会議室を予約"))
+        rowid = w.insert(_summary_of("S1", ["a", "b"], content=summary))
+        w.retire("t", ["a", "b"], summary_rowid=rowid, deleted_at=600.0, reason="compacted")
+    assert [m.id for m, _ in store.search("t", ["暗証"], limit=5)] == ["S1"]
+    with store.write() as w:
+        receipt = w.erase_id("t", "a", deleted_at=700.0, reason="user request")
+    assert receipt is not None
+    assert receipt.summaries_rewritten == ("S1",)
+    assert store.search("t", ["暗証"], limit=5) == []
+    assert [m.id for m, _ in store.search("t", ["予約"], limit=5)] == ["S1"]
+    if isinstance(store, SQLiteStore):
+        assert (
+            store._query("INSERT INTO memories_fts (memories_fts) VALUES ('integrity-check')", ())
+            == []
+        )
