@@ -135,6 +135,18 @@ def test_ingest_one_on_an_embedded_postgres(
     assert rows[2][-1].endswith("/4")
 
 
+def test_script_search(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _run(capsys, "script_search", "--distractors 5 --seed 1")
+    assert out.startswith("145 messages, 5 distractors a language, seed 1")  # 5 x (24 + 5)
+    rows = _rows(out)
+    assert rows[0] == ["language", "questions", "hit@1", "recall@5"]
+    assert [row[:2] for row in rows[2:]] == [
+        [lang, "24"] for lang in ("en", "ja", "zh", "ko", "th")
+    ]
+    for row in rows[2:]:  # a question sharing a word with two messages finds one of them
+        assert float(row[2].rstrip(" %")) > 0
+
+
 def test_scoped_search(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(capsys, "scoped_search", "--messages 300 --runs 2 --embed off")
     assert out.startswith("300 messages, layout live, 2 runs each")

@@ -348,3 +348,17 @@ def test_the_second_hop_searches_a_hits_new_words_and_what_it_shared() -> None:
     shared = _hit("look!", ({"kind": "image", "caption": "a hand-built ceramics kiln"},))
     assert bridge_terms(shared, {"look"}, limit=2) == ["hand-built", "ceramics"]
     assert bridge_terms(_hit("cat pets"), {"cat", "pets"}) == []
+
+
+def test_words_of_text_without_spaces_are_its_bigrams() -> None:
+    """MMR's word sets and the names a query mentions see Chinese and Japanese words: a run is
+    one ``\\w+`` match, so two messages sharing 预算 shared no word, and 李娜 was never named."""
+    from ctxwarden.retrieve import _named, _words
+
+    first, second = _words("这个项目的预算已经批准了"), _words("预算下周再讨论")
+    assert "预算" in first & second
+    assert _named("李娜", _words("李娜说了什么"))
+    assert _named("王小明", _words("王小明明天几点到"))
+    assert not _named("王小明", _words("小明明天几点到"))
+    assert _named("ana", _words("what did ana say"))
+    assert not _named("ana", _words("banana"))

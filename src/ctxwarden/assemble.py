@@ -48,6 +48,7 @@ from ctxwarden import render
 from ctxwarden.budget import BudgetPolicy, Limits, allocate
 from ctxwarden.errors import BudgetError
 from ctxwarden.normalize import line_key
+from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.types import BlockReport, CandidateRow, Memory
 
 __all__ = [
@@ -109,9 +110,22 @@ def _summary_line_keys(line: str) -> set[str]:
 def query_terms(query: str, *, limit: int = 12) -> list[str]:
     """The search terms of a query: words without stopwords, de-duplicated, in order.
 
+    A run of a script written without spaces (Chinese, Japanese, Thai, ...) gives the
+    character bigrams the index holds for it (:mod:`ctxwarden.segment`), up to
+    ``BIGRAMS_PER_WORD`` times ``limit`` of them beside the ``limit`` words: a sentence of
+    such text is one run of many bigrams, and the store keeps the rarest of the terms it is
+    given (``choose_terms``), so cutting them at ``limit`` would keep only the run's first
+    characters.
+
     >>> query_terms("What laptop does omar use for work?")
     ['laptop', 'omar', 'use', 'work']
+    >>> query_terms("来週の会議はどこ? room B")
+    ['来週', '週の', 'の会', '会議', '議は', 'room']
+
+    Bigrams of hiragana alone are left out when the query has others (:func:`_kana_only`).
     """
+    if not query.isascii() and has_run(query):
+        return _terms_with_runs(query, limit)
     seen: dict[str, None] = {}
     for match in _WORD.finditer(query.casefold()):
         word = match.group().strip("'.-")
@@ -123,6 +137,44 @@ def query_terms(query: str, *, limit: int = 12) -> list[str]:
         if len(seen) >= limit:
             break
     return list(seen)
+
+
+#: Bigrams a query may search per word it may (see :func:`query_terms`): a Japanese or Chinese
+#: word is about two characters, so a sentence has about as many bigrams as characters, two
+#: to three times its words; four leaves room for the bigrams that span word boundaries.
+BIGRAMS_PER_WORD = 4
+
+
+def _terms_with_runs(query: str, limit: int) -> list[str]:
+    """:func:`query_terms` of a query holding runs: the words between runs as there, each
+    run's bigrams in its place, each kind within its own bound."""
+    seen: dict[str, None] = {}
+    words = grams = 0
+    for piece, is_run in split_runs(query.casefold()):
+        if is_run:
+            for gram in bigrams(piece):
+                if grams < BIGRAMS_PER_WORD * limit and gram not in seen:
+                    seen[gram] = None
+                    grams += 1
+            continue
+        for match in _WORD.finditer(piece):
+            word = match.group().strip("'.-")
+            if (len(word) < 2 and not word.isdigit()) or word in _STOPWORDS or word in seen:
+                continue
+            if words < limit:
+                seen[word] = None
+                words += 1
+    if any(not _kana_only(t) for t in seen if has_run(t)):
+        return [t for t in seen if not _kana_only(t)]
+    return list(seen)
+
+
+def _kana_only(term: str) -> bool:
+    """A bigram of hiragana alone: in Japanese, hiragana writes the grammar (particles,
+    inflections, auxiliaries: ``について``, ``ました``) and ideographs or katakana the words, so
+    such a bigram is what an English stopword is to a query that has other terms (a query of
+    only hiragana still searches them). The index keeps them all."""
+    return all("\u3041" <= char <= "\u309f" for char in term)
 
 
 @dataclass(slots=True)

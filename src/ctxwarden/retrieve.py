@@ -62,6 +62,7 @@ from ctxwarden.attachments import search_text
 from ctxwarden.errors import ConfigError, InputError
 from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope
+from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
 from ctxwarden.vectors import _numkong
@@ -176,7 +177,16 @@ class Hit:
 
 
 def _words(text: str) -> frozenset[str]:
-    return frozenset(w for w in _WORDS.findall(text.casefold()) if len(w) > 2)
+    """The words of ``text`` longer than two characters, and the character bigrams of its
+    runs in scripts written without spaces (:mod:`ctxwarden.segment`: such a run is one
+    ``\\w+`` match, so two Chinese messages sharing words would share no word)."""
+    folded = text.casefold()
+    words = {w for w in _WORDS.findall(folded) if len(w) > 2}
+    if not folded.isascii() and has_run(folded):
+        for piece, is_run in split_runs(folded):
+            if is_run:
+                words.update(bigrams(piece))
+    return frozenset(words)
 
 
 #: Word-set masks of recently compared texts by the text's ``hash`` (see :func:`_mask`); emptied
@@ -244,7 +254,10 @@ def _named(author: str | None, words: frozenset[str]) -> bool:
     if not author:
         return False
     parts = [p for p in _WORDS.findall(author.casefold()) if len(p) > 1]
-    return bool(parts) and any(p in words for p in parts)
+    # A name in a script without spaces is named by its bigrams (李娜 in 李娜说了什么).
+    return bool(parts) and any(
+        p in words or (has_run(p) and all(b in words for b in bigrams(p))) for p in parts
+    )
 
 
 #: A query's vector, or a function that waits for it (None: not embedded after all).

@@ -20,6 +20,7 @@ from typing import Any
 
 from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
+from ctxwarden.store.reads import bigram_column
 from ctxwarden.summary import line_sources
 
 __all__ = ["ErasureWrites", "without_sources"]
@@ -351,14 +352,17 @@ class ErasureWrites(ArchiveWrites):
 
     def _rewrite_summary(self, rowid: int, content: str, sources: Sequence[str]) -> None:
         """Replace a summary's text and sources; what was derived from its old text (token
-        counts, its vector) goes, to be computed again from the new."""
+        counts, its vector) goes, to be computed again from the new. Its search bigrams are
+        those of the new text: the erased text's must leave the index too."""
+        attached = self._rows("SELECT attachment_text FROM memories WHERE rowid = ?", (rowid,))
         self._run(
             "UPDATE memories SET content = ?, latest_content = NULL, source_ids = ?, "
-            "content_hash = ? WHERE rowid = ?",
+            "content_hash = ?, bigram_text = ? WHERE rowid = ?",
             (
                 content,
                 json.dumps(list(sources)),
                 "summary-" + hashlib.sha256(content.encode()).hexdigest()[:32],
+                bigram_column(content, attached[0][0] if attached else None),
                 rowid,
             ),
         )

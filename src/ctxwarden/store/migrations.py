@@ -92,29 +92,41 @@ better than its messages one by one), how many (``originals``), the summary's se
 by session) and the time they expire (``expires_at``: the retention in days after compaction;
 purged by the next compaction or ``Engine.purge_archive``). Erasure rewrites a row without the
 records it erases, or deletes it with its summary.
-Migration 20 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
+Migration 18 (``attachment_search``) makes attachments searchable: ``memories.attachment_text``
 holds each attachment's name and caption (:func:`ctxwarden.attachments.search_text`, written
 by ingest, filled here for older rows), ``memories_fts`` is rebuilt with it as a second column
 (its triggers take both columns out and put them back), and the token counts of rows with
 attachments are dropped (they are now rendered after the content; each is counted again when
 assembly needs it).
+
+Migration 20 (``script_bigrams``) makes text in scripts written without spaces searchable
+(Chinese, Japanese, Korean, Thai, Lao, Khmer, Myanmar): ``memories.bigram_text`` holds the
+character bigrams of such runs in the content and the attachment text
+(:func:`ctxwarden.segment.bigram_text`, NULL for rows without any; written by the store's
+writers, filled here for older rows), and ``memories_fts`` is rebuilt with it as a third
+column (its triggers take the three columns out and put them back).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from ctxwarden.segment import bigram_text
 
 __all__ = ["MIGRATIONS", "Migration", "apply", "plan"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Migration:
-    """One schema step: its version, a name, and the statements it runs."""
+    """One schema step: its version, a name, the statements it runs, and then (in the same
+    transaction) ``fill``: a step in Python, for values SQL cannot compute."""
 
     version: int
     name: str
     statements: tuple[str, ...]
+    fill: Callable[[sqlite3.Connection], None] | None = None
 
 
 #: Migration 14 (``fact_keys``).
@@ -174,6 +186,62 @@ _ATTACHMENT_SEARCH = (
     "DELETE FROM token_counts WHERE memory_rowid IN "
     "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
 )
+
+#: Migration 20 (``script_bigrams``).
+_SCRIPT_BIGRAMS = (
+    # The bigrams of runs in scripts written without spaces (ctxwarden.segment), NULL for rows
+    # without any (most): written by the writers, filled for older rows by _fill_bigrams.
+    "ALTER TABLE memories ADD COLUMN bigram_text TEXT",
+    "DROP TRIGGER memories_fts_delete",
+    "DROP TRIGGER memories_fts_update",
+    "DROP TABLE memories_fts",
+)
+#: ... and after the fill (no trigger sees it), the index over the three columns.
+_SCRIPT_BIGRAMS_INDEX = (
+    """
+    CREATE VIRTUAL TABLE memories_fts USING fts5 (
+        content, attachment_text, bigram_text, content='memories', content_rowid='rowid',
+        tokenize='porter unicode61 remove_diacritics 2'
+    )
+    """,
+    """
+    CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text, bigram_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text, old.bigram_text);
+    END
+    """,
+    """
+    CREATE TRIGGER memories_fts_update AFTER UPDATE OF content, attachment_text, bigram_text
+    ON memories BEGIN
+        INSERT INTO memories_fts (memories_fts, rowid, content, attachment_text, bigram_text)
+        VALUES ('delete', old.rowid, old.content, old.attachment_text, old.bigram_text);
+        INSERT INTO memories_fts (rowid, content, attachment_text, bigram_text)
+        VALUES (new.rowid, new.content, new.attachment_text, new.bigram_text);
+    END
+    """,
+    "INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')",
+)
+
+
+def _fill_bigrams(conn: sqlite3.Connection) -> None:
+    """Migration 20's fill: ``bigram_text`` of the rows before it (the old index and its
+    triggers are gone), then the index over the three columns, built from every row once."""
+    last = 0
+    while rows := conn.execute(
+        "SELECT rowid, content, attachment_text FROM memories WHERE rowid > ? "
+        "ORDER BY rowid LIMIT 2000",
+        (last,),
+    ).fetchall():
+        last = int(rows[-1][0])
+        found = []
+        for rowid, content, attachments in rows:
+            bigrams = bigram_text(f"{content} {attachments}" if attachments else content)
+            if bigrams is not None:
+                found.append((bigrams, rowid))
+        conn.executemany("UPDATE memories SET bigram_text = ? WHERE rowid = ?", found)
+    for statement in _SCRIPT_BIGRAMS_INDEX:
+        conn.execute(statement)
+
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -634,6 +702,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         name="attachment_search",
         statements=_ATTACHMENT_SEARCH,
     ),
+    Migration(
+        version=20,
+        name="script_bigrams",
+        statements=_SCRIPT_BIGRAMS,
+        fill=_fill_bigrams,
+    ),
 )
 
 
@@ -656,6 +730,8 @@ def apply(conn: sqlite3.Connection) -> list[Migration]:
         try:
             for statement in migration.statements:
                 conn.execute(statement)
+            if migration.fill is not None:
+                migration.fill(conn)
             conn.execute(f"PRAGMA user_version = {int(migration.version)}")
         except BaseException:
             conn.execute("ROLLBACK")

@@ -40,12 +40,21 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   ``memories.attachment_text`` holds each attachment's name and caption, ``content_tsv`` is
   regenerated over the content and it, and the token counts of rows with attachments are
   dropped. ``memory_rows`` is recreated (its ``m.*`` named the old column).
+- Migration 18 (``script_bigrams``) makes text in scripts written without spaces searchable, as
+  SQLite's migration 20: ``memories.bigram_text`` (the character bigrams of such runs,
+  :func:`ctxwarden.segment.bigram_text`; NULL for rows without any) enters ``content_tsv``,
+  filled for older rows in Python. The ``english`` configuration indexes the bigrams as they
+  are: its stemmer and stop words touch ASCII words only, so one configuration serves both
+  (a query's bigrams pass through it unchanged too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ctxwarden.segment import bigram_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -58,11 +67,34 @@ _LOCK_KEY = 0x637478776172  # "ctxwar"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Migration:
-    """One schema step: its version, a name, and the statements it runs."""
+    """One schema step: its version, a name, the statements it runs, and then (in the same
+    transaction) ``fill``: a step in Python, for values SQL cannot compute."""
 
     version: int
     name: str
     statements: tuple[str, ...]
+    fill: Callable[[psycopg.Connection[tuple[object, ...]]], None] | None = None
+
+
+def _fill_bigrams(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Migration 18's fill: ``bigram_text`` of the older rows that hold a character outside
+    ASCII (only those can have any); ``content_tsv`` follows as a generated column."""
+    last = 0
+    while rows := conn.execute(
+        "SELECT rowid, content, attachment_text FROM memories WHERE rowid > %s AND "
+        "(octet_length(content) <> char_length(content) "
+        "OR octet_length(attachment_text) <> char_length(attachment_text)) "
+        "ORDER BY rowid LIMIT 2000",
+        (last,),
+    ).fetchall():
+        last = int(rows[-1][0])  # type: ignore[call-overload]
+        found = []
+        for rowid, content, attachments in rows:
+            bigrams = bigram_text(f"{content} {attachments}" if attachments else str(content))
+            if bigrams is not None:
+                found.append((bigrams, rowid))
+        with conn.cursor() as cursor:
+            cursor.executemany("UPDATE memories SET bigram_text = %s WHERE rowid = %s", found)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -456,6 +488,34 @@ MIGRATIONS: tuple[Migration, ...] = (
             "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
         ),
     ),
+    Migration(
+        version=18,
+        name="script_bigrams",
+        statements=(
+            # See SQLite's migration 20: the bigrams of runs in scripts written without
+            # spaces, written by the writers, filled for older rows by _fill_bigrams.
+            "ALTER TABLE memories ADD COLUMN bigram_text TEXT",
+            "DROP VIEW memory_rows",
+            "ALTER TABLE memories DROP COLUMN content_tsv",
+            """
+            ALTER TABLE memories ADD COLUMN content_tsv TSVECTOR GENERATED ALWAYS AS (
+                to_tsvector('english', content || ' ' || coalesce(attachment_text, '') || ' '
+                            || coalesce(bigram_text, ''))
+            ) STORED
+            """,
+            "CREATE INDEX memories_fts ON memories USING GIN (content_tsv)",
+            """
+            CREATE VIEW memory_rows AS SELECT m.*,
+                coalesce(a.access_count, 0) AS access_count,
+                a.last_accessed_at AS last_accessed_at,
+                coalesce(a.access_score, 0.0) AS access_score,
+                a.access_score_at AS access_score_at,
+                coalesce(a.included_tokens_total, 0) AS included_tokens_total
+            FROM memories m LEFT JOIN memory_access a ON a.memory_rowid = m.rowid
+            """,
+        ),
+        fill=_fill_bigrams,
+    ),
 )
 
 _VERSION_TABLE = """
@@ -496,6 +556,8 @@ def apply(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
                 continue
             for statement in migration.statements:
                 conn.execute(statement)  # fixed text, no user input
+            if migration.fill is not None:
+                migration.fill(conn)
             conn.execute(
                 "INSERT INTO ctxwarden_schema (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),

@@ -15,7 +15,7 @@ import psycopg
 
 from ctxwarden.errors import StoreError, StoreUnavailable
 from ctxwarden.store.base import AggregateUpdate, Alias, FoldTarget, NewMemory, TokenCount
-from ctxwarden.store.reads import memory_row
+from ctxwarden.store.reads import bigram_column, memory_row
 from ctxwarden.store.sqlite_writer import _TARGET_COLUMNS, _keep_wanted
 from ctxwarden.store.writes import MemoryWrites
 
@@ -66,10 +66,10 @@ _INSERT_MEMORY = (
     "INSERT INTO memories (rowid, id, tenant, session, channel, author, author_kind, role, "
     "content, created_at, thread_id, reply_to, kind, pinned, name, tool_calls, tool_call_id, "
     "attachments, metadata, content_hash, near_key, last_seen_at, source_ids, time_start, "
-    "time_end, end_user, attachment_text) "
+    "time_end, end_user, attachment_text, bigram_text) "
     "VALUES (coalesce(%s, nextval(pg_get_serial_sequence('memories', 'rowid'))), "
     "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s, %s, %s, %s)"
+    "%s, %s, %s, %s, %s)"
 )
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -206,7 +206,10 @@ class _PostgresWriter(MemoryWrites):
         return [a.id for a in aliases if (a.tenant, a.id) not in added]
 
     def insert(self, memory: NewMemory) -> int:
-        row = self._one(_INSERT_MEMORY + " RETURNING rowid", memory_row(None, memory))
+        values = memory_row(None, memory)
+        row = self._one(
+            _INSERT_MEMORY + " RETURNING rowid", (*values, bigram_column(values[8], values[26]))
+        )
         assert row is not None
         self.inserted += 1
         return int(row[0])
@@ -221,6 +224,7 @@ class _PostgresWriter(MemoryWrites):
     ) -> tuple[str, int, str]:
         # The columns this method reads, by their place in memory_row(None, memory)[1:].
         id_, tenant, created_at, content_hash = values[0], values[1], values[8], values[18]
+        values = (*values, bigram_column(values[7], values[25]))  # the column after them
         if not heads:
             row = self._one(
                 _INSERT_MEMORY + " ON CONFLICT (tenant, id) DO NOTHING RETURNING rowid",

@@ -15,6 +15,7 @@ from typing import Any
 from ctxwarden.attachments import search_text
 from ctxwarden.errors import NotFound
 from ctxwarden.scope import ReadScope
+from ctxwarden.segment import bigram_text
 from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone, Version
 from ctxwarden.types import Memory
 
@@ -23,6 +24,7 @@ __all__ = [
     "MEMORY_COLUMNS",
     "MemoryReads",
     "api_key_of",
+    "bigram_column",
     "memory_of",
     "memory_row",
     "scope_sql",
@@ -107,6 +109,17 @@ def embedded_text(content: str, attachment_text: str | None) -> str:
     """The text a memory is embedded by: its content and its attachments' words (the column
     ``attachment_text``: :func:`ctxwarden.attachments.search_text`)."""
     return f"{content} {attachment_text}".strip() if attachment_text else content
+
+
+def bigram_column(content: str, attachment_text: str | None) -> str | None:
+    """The column ``bigram_text`` of a row (migration ``script_bigrams``): the character
+    bigrams of its runs in scripts written without spaces, in the content and the attachment
+    text (:func:`ctxwarden.segment.bigram_text`); None for a row without any.
+
+    >>> bigram_column("会議は木曜", None), bigram_column("standup at 10", "notes.txt")
+    ('会議 議は は木 木曜', None)
+    """
+    return bigram_text(f"{content} {attachment_text}" if attachment_text else content)
 
 
 def memory_row(rowid: int | None, memory: NewMemory) -> tuple[Any, ...]:

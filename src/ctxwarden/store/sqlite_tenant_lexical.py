@@ -10,7 +10,7 @@ tenant's matches with that tenant's statistics only, as PostgreSQL does
                                          / (tf(t, d) + k1 * (1 - b + b * |d| / avg_T|d|))
 
 - ``N_T``: the tenant's rows; ``n_T(t)``: its rows holding ``t``, counted up to the cap the term
-  choice needs (exact below it); ``avg_T|d|``: mean FTS5 length (tokens, from
+  choice needs (exact below it); ``avg_T|d|``: mean FTS5 length (tokens over every column, from
   ``memories_fts_docsize``) of the tenant's newest :data:`LENGTH_SAMPLE` rows (all of them in a
   smaller tenant, where the score is then exactly FTS5's for a store of that tenant alone).
 - ``tf(t, d)`` and ``|d|`` are the row's own: FTS5 ranks each kept term alone, and the term's
@@ -50,6 +50,7 @@ __all__ = [
     "idf",
     "term_frequency",
     "varint",
+    "varint_sum",
 ]
 
 #: BM25's term-frequency saturation and length normalisation (FTS5's defaults).
@@ -89,6 +90,21 @@ def varint(data: bytes, offset: int = 0) -> tuple[int, int]:
         if byte < 0x80:
             return value, offset + i + 1
     return (value << 8) | data[offset + 8], offset + 9
+
+
+def varint_sum(data: bytes, offset: int = 0) -> int:
+    """The sum of the varints from ``offset`` to the end of ``data``: a row's tokens over every
+    column (``memories_fts_docsize``), or the index's (its averages record after the row
+    count). FTS5's ``bm25()`` takes a row's length over all its columns.
+
+    >>> varint_sum(bytes([0x05, 0x81, 0x00, 0x02]))
+    135
+    """
+    total = 0
+    while offset < len(data):
+        value, offset = varint(data, offset)
+        total += value
+    return total
 
 
 def length_norm(length: float, mean: float) -> float:
@@ -161,7 +177,7 @@ class TenantLexical:
                 "WHERE +m.tenant = ? ORDER BY m.rowid DESC LIMIT ?",
                 (tenant, LENGTH_SAMPLE),
             )
-            lengths = [varint(bytes(sz))[0] for (sz,) in sizes]
+            lengths = [varint_sum(bytes(sz)) for (sz,) in sizes]
             value = (rows, sum(lengths) / len(lengths) if lengths else 1.0)
             self._keep(key, value, stamp)
         return value  # type: ignore[no-any-return]
@@ -236,10 +252,10 @@ class TenantLexical:
             for rowid, sz in self._query(
                 f"SELECT id, sz FROM memories_fts_docsize WHERE id IN ({marks})", chunk
             ):
-                lengths[int(rowid)] = varint(bytes(sz))[0]
+                lengths[int(rowid)] = varint_sum(bytes(sz))
         record = self._query("SELECT block FROM memories_fts_data WHERE id = 1", ())
         index_rows, offset = varint(bytes(record[0][0]))
-        index_tokens = varint(bytes(record[0][0]), offset)[0]
+        index_tokens = varint_sum(bytes(record[0][0]), offset)
         index_mean = index_tokens / max(index_rows, 1)
         scores = dict.fromkeys(candidates, 0.0)
         floor, ceiling = min(candidates), max(candidates)

@@ -24,6 +24,7 @@ from ctxwarden.attachments import search_text
 from ctxwarden.errors import StoreError
 from ctxwarden.store.base import Edit, Edited
 from ctxwarden.store.erasures import ErasureWrites, without_sources
+from ctxwarden.store.reads import bigram_column
 
 __all__ = [
     "ACCESS_TAU_SECONDS",
@@ -142,6 +143,7 @@ class MemoryWrites(ErasureWrites):
             return None
         rowid, content, content_hash, created_at, role, author, kind, channel, stored = rows[0]
         attachments = json.dumps(list(edit.attachments)) if edit.attachments else None
+        attachment_text = search_text(edit.attachments) or None
         if content == edit.content and stored == attachments:
             return "unchanged"
         version: int | None = None
@@ -160,14 +162,16 @@ class MemoryWrites(ErasureWrites):
             )
         self._run(
             "UPDATE memories SET content = ?, content_hash = ?, near_key = ?, metadata = ?, "
-            "attachments = ?, attachment_text = ?, latest_content = NULL WHERE rowid = ?",
+            "attachments = ?, attachment_text = ?, bigram_text = ?, latest_content = NULL "
+            "WHERE rowid = ?",
             (
                 edit.content,
                 edit.content_hash,
                 edit.near_key,
                 json.dumps(dict(edit.metadata)) if edit.metadata else None,
                 attachments,
-                search_text(edit.attachments) or None,
+                attachment_text,
+                bigram_column(edit.content, attachment_text),
                 rowid,
             ),
         )
