@@ -27,28 +27,56 @@ def test_a_missing_successor_takes_the_superseded_hits_place() -> None:
     material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5)])
     successor = _cand(7, 0.0)
     notes = keep_in_force(material, {1: ("m7", 3 * DAY)}, {"m7": successor}, history=False)
-    assert [c.ids for c in material.related] == [("m7",), ("m2",)]
+    # The old hit stays right behind its successor, dated, for fill to leave out or show.
+    assert [c.ids for c in material.related] == [("m7",), ("m1",), ("m2",)]
     assert material.related[0].score == 0.9
-    assert [(s, c.ids, why) for s, c, why in material.withheld] == [
-        ("retrieval", ("m1",), "superseded by m7 (in this context) on 1970-01-04")
-    ]
+    old = material.related[1]
+    assert old.text.endswith("(superseded on 1970-01-04)\n")
+    assert old.superseded == (frozenset({7}), "m7", "1970-01-04")
+    assert material.withheld == []
     assert notes == ["related: m7 (in force) put in place of m1, superseded on 1970-01-04"]
 
 
 def test_a_successor_ranked_lower_moves_up() -> None:
     material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5), _cand(3, 0.2)])
     keep_in_force(material, {1: ("m3", 3 * DAY)}, {}, history=False)
-    assert [c.ids for c in material.related] == [("m3",), ("m2",)]
+    assert [c.ids for c in material.related] == [("m3",), ("m1",), ("m2",)]
     assert material.related[0].score == 0.9
-    assert material.withheld[0][2] == "superseded by m3 (in this context) on 1970-01-04"
+    assert material.related[1].superseded == (frozenset({3}), "m3", "1970-01-04")
 
 
 def test_a_chain_moves_up_its_newest_only() -> None:
-    # m1 -> m2 -> m3: m2 is superseded too, so only m3 is shown, in m1's place... or m2's.
+    # m1 -> m2 -> m3: m2 is superseded too, so m3 is the one in force, in m2's place; m1 and
+    # m2 stay dated, each left out when anything after it is chosen.
     material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5), _cand(3, 0.2)])
     keep_in_force(material, {1: ("m2", 2 * DAY), 2: ("m3", 3 * DAY)}, {}, history=False)
-    assert [c.ids for c in material.related] == [("m3",)]
-    assert {c.ids[0] for _, c, _ in material.withheld} == {"m1", "m2"}
+    assert [c.ids for c in material.related] == [("m3",), ("m2",), ("m1",)]
+    marks = {c.ids[0]: c.superseded for c in material.related}
+    assert marks["m3"] is None
+    assert marks["m1"] == (frozenset({2, 3}), "m2", "1970-01-03")
+    assert marks["m2"] == (frozenset({3}), "m3", "1970-01-04")
+
+
+def test_fill_leaves_a_superseded_hit_out_only_when_its_successor_is_chosen() -> None:
+    from ctxwarden.assemble import fill
+    from ctxwarden.budget import Limits, chat_policy
+
+    def related(budget: int) -> tuple[list[str], dict[str, str]]:
+        # m7 (the successor) costs 40 tokens, m1 (superseded) 5.
+        successor = Candidate(memories=(_memory(7, "new"),), tokens=40, score=0.0)
+        material = Material(count=lambda text: 0, related=[_cand(1, 0.9)])
+        keep_in_force(material, {1: ("m7", 3 * DAY)}, {"m7": successor}, history=False)
+        limits = Limits(window=budget, reserve=0, margin=0, cap=budget)
+        plan = fill(chat_policy(), limits, fixed=0, material=material)
+        reasons = {r[0]: r[3] for r in plan.candidates}
+        return [i for c in plan.chosen["related"] for i in c.ids], reasons
+
+    chosen, reasons = related(1000)
+    assert chosen == ["m7"]
+    assert reasons["m1"] == "superseded by m7 (in this context) on 1970-01-04"
+    chosen, reasons = related(30)  # no room for the successor: the old one, dated
+    assert chosen == ["m1"]
+    assert "dated: superseded by m7 on 1970-01-04" in reasons["m1"]
 
 
 def test_history_keeps_the_old_hit_dated() -> None:
