@@ -304,9 +304,10 @@ def superseded(
         else:
             if old.author != author or count < 2 or not old_values:
                 continue
-            smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
             linked = (
-                count * 2 >= smaller and bool(old_values - values) and bool(values - old_values)
+                _covers(new, old, common, count, subject)
+                and bool(old_values - values)
+                and bool(values - old_values)
             )
         if not linked:
             continue
@@ -325,13 +326,24 @@ def _replaced(
     ``subject`` ones, half of the shorter subject at least) another value: one of the old
     values is gone and a new one is stated. For CJK text, where a name or a place has no
     case or digit to mark it a value, character pairs stand in for values."""
-    smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
-    if count * 2 < smaller:
+    if not _covers(new, old, common, count, subject):
         return False
     if old.values - new.values and new.values - old.values:
         return True
     cjk = any(not t.isascii() for t in new.terms)
     return cjk and bool(old.terms - new.terms) and bool(new.terms - old.terms - common)
+
+
+def _covers(
+    new: Statement, old: Statement, common: frozenset[str], count: int, subject: int
+) -> bool:
+    """Whether the ``count`` shared terms are half the shorter subject (of ``subject`` terms
+    in ``new``), or a third in CJK text: there a value without a digit ("七楼大厅") is not
+    told apart from the subject and its k characters add k + 1 pairs to the terms, where in
+    a spaced script a word adds one."""
+    smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
+    share = 3 if any(not t.isascii() for t in new.terms) else 2
+    return count * share >= smaller
 
 
 def asks_history(query: str) -> bool:
