@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ctxwarden.assemble import Candidate, Material, keep_in_force
 from ctxwarden.types import Memory
 
@@ -95,3 +98,36 @@ def test_nothing_superseded_changes_nothing() -> None:
     material = Material(count=len, related=[_cand(1, 0.9), _cand(2, 0.5)])
     assert keep_in_force(material, {}, {}, history=False) == []
     assert [c.ids for c in material.related] == [("m1",), ("m2",)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    budget=st.integers(min_value=0, max_value=200),
+    sizes=st.lists(st.integers(min_value=1, max_value=60), min_size=3, max_size=3),
+    in_related=st.booleans(),
+)
+def test_a_superseded_hit_is_shown_dated_or_left_out_for_its_chosen_successor(
+    budget: int, sizes: list[int], in_related: bool
+) -> None:
+    """For every budget: a superseded hit (m1 -> m7) is either left out with its successor
+    chosen, or shown dated with its successor not chosen; never undated."""
+    from ctxwarden.assemble import fill
+    from ctxwarden.budget import Limits, chat_policy
+
+    old = Candidate(memories=(_memory(1, "old"),), tokens=sizes[0], score=0.9)
+    other = Candidate(memories=(_memory(2, "other"),), tokens=sizes[1], score=0.5)
+    new = Candidate(memories=(_memory(7, "new"),), tokens=sizes[2], score=0.1)
+    related = [old, other, new] if in_related else [old, other]
+    material = Material(count=lambda text: sizes[0] + 1, related=related)
+    successors = {} if in_related else {"m7": new}
+    keep_in_force(material, {1: ("m7", 3 * DAY)}, successors, history=False)
+    limits = Limits(window=budget, reserve=0, margin=0, cap=budget)
+    plan = fill(chat_policy(), limits, fixed=0, material=material)
+    chosen = {c.ids[0]: c for c in plan.chosen["related"]}
+    reasons = {r[0]: r[3] for r in plan.candidates if not r[2]}
+    if "m1" in chosen:  # shown: always dated
+        assert chosen["m1"].text.endswith("(superseded on 1970-01-04)\n")
+    elif "m7" in chosen:  # left out for its successor
+        assert reasons["m1"] == "superseded by m7 (in this context) on 1970-01-04"
+    else:  # neither: only for want of room, never for being superseded
+        assert reasons["m1"] == "over the block's budget"

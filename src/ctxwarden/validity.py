@@ -330,7 +330,7 @@ def _replaced(
         return False
     if old.values - new.values and new.values - old.values:
         return True
-    cjk = any(not t.isascii() for t in new.terms)
+    cjk = any(_CJK_RUN.match(t) for t in new.terms)
     return cjk and bool(old.terms - new.terms) and bool(new.terms - old.terms - common)
 
 
@@ -342,7 +342,7 @@ def _covers(
     told apart from the subject and its k characters add k + 1 pairs to the terms, where in
     a spaced script a word adds one."""
     smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
-    share = 3 if any(not t.isascii() for t in new.terms) else 2
+    share = 3 if any(_CJK_RUN.match(t) for t in new.terms) else 2
     return count * share >= smaller
 
 
