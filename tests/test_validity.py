@@ -215,3 +215,13 @@ def test_a_preposition_is_no_subject() -> None:
     old = analyse("the nightly export broke twice before Friday", author="ana")
     new = analyse("actually I lived in Lima before", author="ben")
     assert superseded(new, [old]) is None
+
+
+def test_a_feed_without_an_author_changes_only_a_value() -> None:
+    # A feed's items repeat its template; a cue word in a title is no change.
+    old = analyse("New article: Scaling the search tier https://news.example.org/scaling")
+    new = analyse("New article: How we switched build systems https://news.example.org/build")
+    assert superseded(new, [old]) is None
+    old = analyse("Maintenance window: Tuesday 22:00 UTC for the storage tier")
+    new = analyse("Maintenance window moved: Thursday 23:00 UTC for the storage tier")
+    assert superseded(new, [old]) is old

@@ -298,6 +298,10 @@ def superseded(
             )
             if linked and not (values - old_values or terms - old.terms):
                 linked = new.order != old.order  # else nothing new was said
+            if linked and author is None and not restated:
+                # No author (a bot's feed, whose template and cue words repeat): only a
+                # value replaced is a change.
+                linked = _value_replaced(new, old, common)
         elif cue:
             linked = old.author == author or not (new.personal or old.personal)
             linked = linked and count >= 2 and _replaced(new, old, common, count, subject)
@@ -323,11 +327,13 @@ def _replaced(
     new: Statement, old: Statement, common: frozenset[str], count: int, subject: int
 ) -> bool:
     """Whether ``new`` gives the subject it shares with ``old`` (``count`` terms of its
-    ``subject`` ones, half of the shorter subject at least) another value: one of the old
-    values is gone and a new one is stated. For CJK text, where a name or a place has no
-    case or digit to mark it a value, character pairs stand in for values."""
-    if not _covers(new, old, common, count, subject):
-        return False
+    ``subject`` ones, :func:`_covers`) another value (:func:`_value_replaced`)."""
+    return _covers(new, old, common, count, subject) and _value_replaced(new, old, common)
+
+
+def _value_replaced(new: Statement, old: Statement, common: frozenset[str]) -> bool:
+    """Whether an old value is gone in ``new`` and a new one stated. For CJK text, where a
+    name or a place has no case or digit to mark it a value, character pairs stand in."""
     if old.values - new.values and new.values - old.values:
         return True
     cjk = any(_CJK_RUN.match(t) for t in new.terms)
