@@ -225,3 +225,17 @@ def test_a_feed_without_an_author_changes_only_a_value() -> None:
     old = analyse("Maintenance window: Tuesday 22:00 UTC for the storage tier")
     new = analyse("Maintenance window moved: Thursday 23:00 UTC for the storage tier")
     assert superseded(new, [old]) is old
+
+
+def test_long_talk_with_a_cue_in_passing_is_no_change() -> None:
+    old = analyse(
+        "Spent the weekend restoring an old sailboat with my brother; sanding the hull took "
+        "forever but the varnish finally looks right and the harbour crew loved it.",
+        author="ana",
+    )
+    new = analyse(
+        "Thanks! The harbour crew were kind. Now I am off to the market to find fresh bread "
+        "and maybe cheese for the picnic with my cousins on Sunday afternoon.",
+        author="ana",
+    )
+    assert superseded(new, [old]) is None

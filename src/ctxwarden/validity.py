@@ -296,6 +296,9 @@ def superseded(
             linked = count >= 2 or (
                 count == 1 and (restated or (bool(old_values) and bool(values)))
             )
+            # Two long messages sharing a few words, one with "now" or "actually" in passing,
+            # are talk, not a change: the shared subject is half the shorter one's at least.
+            linked = linked and _covers(new, old, common, count, subject)
             if linked and not (values - old_values or terms - old.terms):
                 linked = new.order != old.order  # else nothing new was said
             if linked and author is None and not restated:
