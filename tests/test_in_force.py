@@ -131,3 +131,12 @@ def test_a_superseded_hit_is_shown_dated_or_left_out_for_its_chosen_successor(
         assert reasons["m1"] == "superseded by m7 (in this context) on 1970-01-04"
     else:  # neither: only for want of room, never for being superseded
         assert reasons["m1"] == "over the block's budget"
+
+
+def test_a_superseded_pin_whose_successor_is_absent_stays_dated() -> None:
+    material = Material(count=len, pinned=[_cand(1, 0.0), _cand(2, 0.0)])
+    keep_in_force(material, {1: ("m9", 3 * DAY), 2: ("m1", 2 * DAY)}, {}, history=False)
+    # m2's successor m1 is pinned: m2 leaves; m1's successor m9 is nowhere: m1 stays, dated.
+    assert [c.ids for c in material.pinned] == [("m1",)]
+    assert material.pinned[0].text.endswith("(superseded on 1970-01-04)\n")
+    assert [c.ids for _, c, _ in material.withheld] == [("m2",)]

@@ -227,7 +227,8 @@ def keep_in_force(
     """What is in force wins (issue 19): of the pinned and related candidates, those ``links``
     marks superseded (rowid -> successor's id, valid_until) give way to what follows them.
 
-    A superseded pin is left out, with its reason in the report. A superseded related hit's
+    A superseded pin is left out when its successor is in the context (its reason in the
+    report), and kept dated (as below) when it is not. A superseded related hit's
     successor takes its place in the related order: moved up when it is there lower, put in
     from ``successors`` (the newest memory of the chain, by the successor id) when it is not
     in the context at all; the hit itself stays right behind it, dated ("(superseded on
@@ -292,7 +293,7 @@ def keep_in_force(
                         f"related: {newest.memories[0].id} (in force) put in place of "
                         f"{memory.id}, superseded on {day}"
                     )
-            if history or source == "retrieval":
+            if history or source == "retrieval" or successor_id not in present:
                 text = (cand.text or render.line_text(memory)).rstrip("\n")
                 cand.text = f"{text} (superseded on {day})\n"
                 cand.tokens = material.count(cand.text)

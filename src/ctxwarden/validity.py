@@ -7,7 +7,11 @@ the same subject a different value (a number, time, date, name: :func:`~ctxwarde
 fact_values`). The subject is what the two share after their values and cues are taken out:
 content words of three letters or more for scripts with spaces, character pairs of kanji,
 katakana, hanzi or hangul for CJK (:func:`~ctxwarden.sentences.cjk_bigrams`), and a term
-that most of the window's messages hold is no subject at all.
+that most of the window's messages hold is no subject at all. Shared words are not enough: the
+subject they make is half the shorter message's (a third in CJK), a cue the earlier message
+holds too is shared phrasing (then a value must be replaced, and another author's first-person
+statement is about someone else), and a message without an author (a bot's feed) changes
+something only by replacing a value.
 
 Pure: :func:`analyse` reads one text, :func:`superseded` picks, among the earlier statements of
 the same place (the caller reads a bounded window of the same session and channel), the one the
@@ -257,12 +261,15 @@ def superseded(
 ) -> Statement | None:
     """The statement of ``earlier`` (oldest first) that ``new`` changes, or None.
 
-    - With a change cue: the subject (terms not in ``common``) shares two terms, or one term
-      when both state values, or the old statement's value comes back in the new one ("now
-      X, not Y"); a retraction ("scratch that") by the same author also takes that author's
+    - With a change cue the old statement does not hold, or one that names an old value
+      again ("now X, not Y"): the subject (terms not in ``common``) shares two terms, or one
+      term when both state values or an old value comes back, covering half the shorter
+      subject (:func:`_covers`), and something new is said; without an author, a value is
+      replaced. A retraction ("scratch that") by the same author also takes that author's
       last statement with a value.
-    - Without a cue: same author, at least two shared terms covering half of the shorter
-      subject, both with values, and an old value the new one no longer states.
+    - With only cues the old statement holds too, or without a cue: at least two shared
+      terms covering half the shorter subject and a value replaced; with a shared cue, by the
+      same author or neither in the first person; without a cue, by the same author.
 
     The best score (shared terms, plus two for an old value restated) wins; among equals the
     newest (the value in force is the last one stated).
