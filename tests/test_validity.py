@@ -239,3 +239,11 @@ def test_long_talk_with_a_cue_in_passing_is_no_change() -> None:
         author="ana",
     )
     assert superseded(new, [old]) is None
+
+
+def test_naming_the_old_number_again_links_a_longer_message() -> None:
+    old = analyse("the retro is at 16:00 every other week this quarter", author="ana")
+    new = analyse(
+        "note: the retro is now at 15:00, not 16:00, because of the holiday rota", author="ana"
+    )
+    assert superseded(new, [old]) is old

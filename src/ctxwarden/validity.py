@@ -304,8 +304,11 @@ def superseded(
                 count == 1 and (restated or (bool(old_values) and bool(values)))
             )
             # Two long messages sharing a few words, one with "now" or "actually" in passing,
-            # are talk, not a change: the shared subject is half the shorter one's at least.
-            linked = linked and _covers(new, old, common, count, subject)
+            # are talk, not a change: the shared subject is half the shorter one's at least,
+            # unless the new one names an old number again ("now 10:30, not 9:45"). A name
+            # named again is no such sign: a conversation names its people all along.
+            if linked and not any(map(_DIGIT.search, old_values & values)):
+                linked = _covers(new, old, common, count, subject)
             if linked and not (values - old_values or terms - old.terms):
                 linked = new.order != old.order  # else nothing new was said
             if linked and author is None and not restated:
