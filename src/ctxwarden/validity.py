@@ -199,9 +199,10 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
             cues.add(f"{first} {second}")
             retracts = retracts or (first, second) in _RETRACT_PAIRS
     # a crude stem: "deployment"/"deploying" share "deploy"
-    terms = {w[:6] for w in (words - _NOT_TERMS - names if names else words - _NOT_TERMS)}
-    if stem:
-        terms = {t for t in terms if not t.startswith(_CUE_STEMS)}
+    kept = words - _NOT_TERMS - names if names else words - _NOT_TERMS
+    if stem:  # a cue word is no subject: tested on the whole word ("postponed"), not its cut
+        kept = {w for w in kept if not w.startswith(_CUE_STEMS)}
+    terms = {w[:6] for w in kept}
     if "not" in lower and _NOT_AFTER_COMMA.search(lower):
         cue = True
         cues.add("not")
@@ -308,7 +309,10 @@ def superseded(
             # unless the new one names an old number again ("now 10:30, not 9:45"). A name
             # named again is no such sign: a conversation names its people all along.
             if linked and not any(map(_DIGIT.search, old_values & values)):
-                linked = _covers(new, old, common, count, subject)
+                # Without an old value named again, the shared words are half of both
+                # subjects: a long reply that takes up a few words of a message ("Now the
+                # hard part...") changes nothing of it.
+                linked = _covers(new, old, common, count, subject, both=not restated)
             if linked and not (values - old_values or terms - old.terms):
                 linked = new.order != old.order  # else nothing new was said
             if linked and author is None and not restated:
@@ -354,15 +358,22 @@ def _value_replaced(new: Statement, old: Statement, common: frozenset[str]) -> b
 
 
 def _covers(
-    new: Statement, old: Statement, common: frozenset[str], count: int, subject: int
+    new: Statement,
+    old: Statement,
+    common: frozenset[str],
+    count: int,
+    subject: int,
+    *,
+    both: bool = False,
 ) -> bool:
     """Whether the ``count`` shared terms are half the shorter subject (of ``subject`` terms
-    in ``new``), or a third in CJK text: there a value without a digit ("七楼大厅") is not
-    told apart from the subject and its k characters add k + 1 pairs to the terms, where in
-    a spaced script a word adds one."""
-    smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
+    in ``new``; of the longer with ``both``), or a third in CJK text: there a value without
+    a digit ("七楼大厅") is not told apart from the subject and its k characters add k + 1
+    pairs to the terms, where in a spaced script a word adds one."""
+    sizes = (subject, len(old.terms - common) if common else len(old.terms))
+    bound = max(1, max(sizes) if both else min(sizes))
     share = 3 if any(_CJK_RUN.match(t) for t in new.terms) else 2
-    return count * share >= smaller
+    return count * share >= bound
 
 
 def asks_history(query: str) -> bool:
