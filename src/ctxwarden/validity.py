@@ -128,9 +128,8 @@ _NOT_TERMS = _FUNCTION_WORDS | _CUE_WORDS
 _FIRST_PERSON = re.compile(
     r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|yo|mí|je|moi|ich|mich|mir"
     r"|mein|meine|meinen|meinem|eu|meu|minha|io|mio|mia)\b"
-    r"|私|僕|俺|わたし|あたし|我(?![们們])|저는|제가|나는|내가",
-    re.IGNORECASE,
 )
+_FIRST_PERSON_CJK = re.compile(r"私|僕|俺|わたし|あたし|我(?![们們])|저는|제가|나는|내가")
 
 # What an ASCII text must hold (as a substring) to carry a cue: the cue words, stems and pairs,
 # and "not" (", not Y"); a string holding another of the set is left out (the shorter one
@@ -156,6 +155,7 @@ class Statement(NamedTuple):
     #: holds as well is shared phrasing ("... before moving here" twice), not a change.
     cues: AbstractSet[str] = frozenset()
     #: Said in the first person singular ("I", "my", 私, 我): its subject is its author.
+    #: Found only in a statement with a cue (the only one it matters for).
     personal: bool = False
     #: The values in the order stated: "X instead of Y" after "Y instead of X" says something
     #: new with the same words.
@@ -222,7 +222,11 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
                 terms.add(pair)
     # Positional, and the sets as made (never changed after): this runs per message.
     question = text.rstrip()[-1:] in _QUESTION_MARKS
-    personal = _FIRST_PERSON.search(latin if not cjk else text) is not None
+    # Read only for a pair that shares a cue (superseded): only a message with a cue needs it.
+    personal = cue and (
+        _FIRST_PERSON.search(lower) is not None
+        or (cjk and _FIRST_PERSON_CJK.search(text) is not None)
+    )
     return Statement(
         ref, author, terms, values, cue, retracts, question, cues, personal, tuple(order)
     )
