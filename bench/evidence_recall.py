@@ -269,13 +269,15 @@ def run(
     timings: list[float] | None = None,
     retrieval: RetrievalWeights | None = None,
     policy: BudgetPolicy | None = None,
+    change_window: float | None = None,
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
     """Recall per method, budget and category (a list of per-question recalls).
 
     Each conversation is its own tenant. The engine has the default configuration but for
     ``default_model`` (``model``), ``embed`` (default: the config's) and ``embedder`` (its name;
     ``"none"`` turns embedding off). ``db``: a file keeps the store (and its vectors) for the
-    next run; records already there are known and not embedded again. ``timings`` receives the
+    next run; records already there are known and not embedded again. ``change_window``
+    (seconds; default: the config's) sets free-text change detection. ``timings`` receives the
     seconds of every ``assemble`` call. The ``"all"`` list leaves out the categories a
     conversation shows apart (LoCoMo's adversarial category 5).
     """
@@ -289,6 +291,7 @@ def run(
         retrieval=retrieval or defaults.retrieval,
         embed=embed,
         embedder=defaults.embedder if embedder == "none" else embedder,
+        change_window=defaults.change_window if change_window is None else change_window,
     )
     clock_now = [0.0]
 
@@ -425,7 +428,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--weights", default="", help="RetrievalWeights fields to change: name=value,..."
     )
+    parser.add_argument(
+        "--change-window",
+        type=float,
+        default=None,
+        help="days change detection looks back (0: off; default: EngineConfig's)",
+    )
     args = parser.parse_args(argv)
+    window = None if args.change_window is None else args.change_window * 86400.0
     budgets = [int(b) for b in args.budgets.split(",")]
     embed = args.embed or EngineConfig().embed
     changes = dict(item.split("=", 1) for item in args.weights.split(",") if item)
@@ -448,10 +458,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             timings=timings,
             retrieval=retrieval,
             policy=_policy(args.recent_share),
+            change_window=window,
         )
         vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
         vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
         vectors += f" ({args.embedder})" if embed != "off" else ""
+        changes_on = window if window is not None else EngineConfig().change_window
+        vectors += f", change window {changes_on / 86400:g} days"
         print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
               + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
         show(results, budgets, apart=frozenset().union(*(c.apart for c in conversations)))

@@ -14,8 +14,10 @@ prints, per language, the share of questions whose context holds the value in fo
 a line with an old value, without the value in force and without "(superseded on" (target 0).
 The recent block is the conversation itself, in order, and is not judged.
 
-Runs twice: with change detection (``change_window`` two weeks, ``CHANGE_WINDOW``) and without
-(``change_window=0``, the default).
+Runs twice: with change detection (``change_window`` two weeks, ``CHANGE_WINDOW``, the default)
+and without (``change_window=0``). ``--embedder off`` is words only: no vectors at all (the
+engine's background embedder is off too), so what is found is found by the full-text index and
+the recent block.
 
 Measured (seed 7, 8 sessions x 4 subjects a language, 96 questions): docs/benchmarks.md.
 """
@@ -207,7 +209,7 @@ def run(
 ) -> dict[str, list[tuple[bool, bool]]]:
     """Ingest the log into a fresh store and ask every subject; per language the verdicts.
     ``embedder``: ``"off"`` (words only) or an embedder's name (vectors made at ingest)."""
-    config = EngineConfig(change_window=CHANGE_WINDOW)
+    config = EngineConfig(change_window=CHANGE_WINDOW, embed="off")
     if embedder != "off":
         config = replace(config, embed="sync", embedder=embedder)
     if not detect:

@@ -175,3 +175,75 @@ def test_may_change_is_false_only_where_analyse_finds_nothing_that_changes(
 )
 def test_may_change_finds_cues(text: str) -> None:
     assert may_change(text.lower())
+
+
+# False links found on a chat log (issue 19): phrasing that many people share is not a change
+# of what one of them said. Written here in other words than any data set's.
+
+
+def test_another_authors_first_person_statement_changes_nothing() -> None:
+    old = analyse("I was born and raised in Oslo, before moving here.", author="ana")
+    new = analyse("I was born and raised in Quito, before moving here.", author="ben")
+    assert superseded(new, [old]) is None
+    # The same author correcting themself is a change.
+    again = analyse("I was born and raised in Quito, before moving here.", author="ana")
+    assert superseded(again, [old]) is old
+
+
+def test_a_cue_both_messages_share_needs_a_new_value_for_the_slot() -> None:
+    old = analyse("the cache layer feels much faster now, ask me for details", author="ana")
+    new = analyse("the search page feels much faster now, ask me for details", author="ben")
+    assert superseded(new, [old]) is None  # no value was replaced: the same phrasing
+    old = analyse("the team offsite moved to Bergen", author="ana")
+    new = analyse("the team offsite moved to Tromsø", author="ben")
+    assert superseded(new, [old]) is old  # a new value for the same subject
+
+
+def test_a_repeat_by_another_author_is_not_a_change() -> None:
+    old = analyse("we really can't manage without Grafana anymore", author="ana")
+    new = analyse("we really can't manage without Grafana anymore", author="ben")
+    assert superseded(new, [old]) is None
+
+
+def test_swapped_values_are_a_change() -> None:
+    old = analyse("change of plan: the queue uses Kafka instead of NATS", author="ana")
+    new = analyse("change of plan: the queue uses NATS instead of Kafka", author="ben")
+    assert superseded(new, [old]) is old
+
+
+def test_a_preposition_is_no_subject() -> None:
+    old = analyse("the nightly export broke twice before Friday", author="ana")
+    new = analyse("actually I lived in Lima before", author="ben")
+    assert superseded(new, [old]) is None
+
+
+def test_a_feed_without_an_author_changes_only_a_value() -> None:
+    # A feed's items repeat its template; a cue word in a title is no change.
+    old = analyse("New article: Scaling the search tier https://news.example.org/scaling")
+    new = analyse("New article: How we switched build systems https://news.example.org/build")
+    assert superseded(new, [old]) is None
+    old = analyse("Maintenance window: Tuesday 22:00 UTC for the storage tier")
+    new = analyse("Maintenance window moved: Thursday 23:00 UTC for the storage tier")
+    assert superseded(new, [old]) is old
+
+
+def test_long_talk_with_a_cue_in_passing_is_no_change() -> None:
+    old = analyse(
+        "Spent the weekend restoring an old sailboat with my brother; sanding the hull took "
+        "forever but the varnish finally looks right and the harbour crew loved it.",
+        author="ana",
+    )
+    new = analyse(
+        "Thanks! The harbour crew were kind. Now I am off to the market to find fresh bread "
+        "and maybe cheese for the picnic with my cousins on Sunday afternoon.",
+        author="ana",
+    )
+    assert superseded(new, [old]) is None
+
+
+def test_naming_the_old_number_again_links_a_longer_message() -> None:
+    old = analyse("the retro is at 16:00 every other week this quarter", author="ana")
+    new = analyse(
+        "note: the retro is now at 15:00, not 16:00, because of the holiday rota", author="ana"
+    )
+    assert superseded(new, [old]) is old

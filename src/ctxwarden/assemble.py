@@ -186,6 +186,10 @@ class Candidate:
     score: float = 0.0
     components: dict[str, float] = field(default_factory=dict)
     text: str = ""
+    #: A superseded memory kept for when its successor is not chosen (issue 19): the rowids
+    #: of what follows it (any one taken leaves it out), the successor's id and the day it
+    #: was superseded. Its text is dated; :func:`fill` decides.
+    superseded: tuple[frozenset[int], str, str] | None = None
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -273,16 +277,39 @@ def keep_in_force(
     history: bool,
 ) -> list[str]:
     """What is in force wins (issue 19): of the pinned and related candidates, those ``links``
-    marks superseded (rowid -> successor's id, valid_until) are left out, each with its reason
-    in the report, or, when the query asks for ``history``, kept with "(superseded on DATE)"
-    after their text (a note says which). A related candidate's successor takes its place in
-    the related order: moved up when it is there lower, put in from ``successors`` (the newest
-    memory of the chain, by the successor id) when it is not in the context at all. Returns
-    the notes for the report. Pure: reads only its arguments, changes ``material``.
+    marks superseded (rowid -> successor's id, valid_until) give way to what follows them.
+
+    A superseded pin is left out when its successor is in the context (its reason in the
+    report), and kept dated (as below) when it is not. A superseded related hit's
+    successor takes its place in the related order: moved up when it is there lower, put in
+    from ``successors`` (the newest memory of the chain, by the successor id) when it is not
+    in the context at all; the hit itself stays right behind it, dated ("(superseded on
+    DATE)") and marked (:attr:`Candidate.superseded`), so :func:`fill` leaves it out when a
+    successor is chosen and shows it, dated, when none is (no budget, another block): what
+    retrieval found is never dropped only for being superseded, and never shown as current.
+    When the query asks for ``history``, superseded hits stay in place, dated. Returns the
+    notes for the report. Pure: reads only its arguments, changes ``material``.
     """
     notes: list[str] = []
     present = {m.id for c in (*material.pinned, *material.related)
                for m in c.memories}  # fmt: skip
+    rowid_of = {m.id: m.rowid for c in (*material.pinned, *material.related)
+                for m in c.memories}  # fmt: skip
+    rowid_of.update({i: c.memories[0].rowid for i, c in successors.items()})
+    by_rowid = {rowid: successor for rowid, (successor, _) in links.items()}
+
+    def following(successor_id: str) -> frozenset[int]:
+        """The rowids of the chain from ``successor_id`` on, as far as the context knows it."""
+        out: set[int] = set()
+        at: str | None = successor_id
+        while at is not None and at in rowid_of and rowid_of[at] not in out:
+            out.add(rowid_of[at])
+            at = by_rowid.get(rowid_of[at])
+        newest = successors.get(successor_id)
+        if newest is not None:
+            out.add(newest.memories[0].rowid)
+        return frozenset(out)
+
     for source, kept in (("pinned", material.pinned), ("retrieval", material.related)):
         still: list[Candidate] = []
         placed: set[str] = set()
@@ -318,22 +345,37 @@ def keep_in_force(
                         f"related: {newest.memories[0].id} (in force) put in place of "
                         f"{memory.id}, superseded on {day}"
                     )
-            if history:
+            if history or source == "retrieval" or successor_id not in present:
                 text = (cand.text or render.line_text(memory)).rstrip("\n")
                 cand.text = f"{text} (superseded on {day})\n"
                 cand.tokens = material.count(cand.text)
                 still.append(cand)
-                notes.append(
-                    f"{memory.id}: shown as history, superseded by {successor_id} on {day} "
-                    "(the query asks what was in force before)"
-                )
+                if history:
+                    notes.append(
+                        f"{memory.id}: shown as history, superseded by {successor_id} on {day} "
+                        "(the query asks what was in force before)"
+                    )
+                else:
+                    cand.superseded = (following(successor_id), successor_id, day)
                 continue
             where = " (in this context)" if successor_id in present else ""
             material.withheld.append(
                 (source, cand, f"superseded by {successor_id}{where} on {day}")
             )
-        kept[:] = still
+        kept[:] = _behind_successors(still)
     return notes
+
+
+def _behind_successors(cands: list[Candidate]) -> list[Candidate]:
+    """``cands`` with each superseded one moved right behind the last of its successors
+    there (a chain's oldest behind its newest), so fill decides on it after them."""
+    out = [c for c in cands if c.superseded is None]
+    for cand in (c for c in cands if c.superseded is not None):
+        assert cand.superseded is not None
+        after = cand.superseded[0]
+        positions = [i for i, c in enumerate(out) if c.memories[0].rowid in after]
+        out.insert(positions[-1] + 1 if positions else len(out), cand)
+    return out
 
 
 def _header_cost(policy: BudgetPolicy, material: Material, name: str) -> int:
@@ -447,6 +489,11 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             ):
                 reports.append(_report(cand, name, False, "already in another block"))
                 continue
+            if cand.superseded is not None and not cand.superseded[0].isdisjoint(taken_rows):
+                _, successor, day = cand.superseded
+                reason = f"superseded by {successor} (in this context) on {day}"
+                reports.append(_report(cand, name, False, reason))
+                continue
             if not is_recent and (
                 memories[0].content_hash in taken_hashes
                 if len(memories) == 1
@@ -475,6 +522,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             taken_rows.update(m.rowid for m in memories)
             taken_hashes.update(m.content_hash for m in memories)
             why = "minimum recent messages" if forced and used[name] > limit else why_fits
+            if cand.superseded is not None:
+                _, successor, day = cand.superseded
+                why += f", dated: superseded by {successor} on {day}, which is not in this context"
             reports.append(_report(cand, name, True, why))
         pending[name] = left
 

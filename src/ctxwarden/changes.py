@@ -15,9 +15,9 @@ with a cue or a value a comparison with the earlier ones that share a subject te
 message that can change nothing (:func:`~ctxwarden.validity.may_change`) is analysed only when
 a message of its place can: where nothing changes, nothing is analysed or read.
 
-At assembly, :func:`in_force` reads those links for the context's pins and related hits: what
-is superseded leaves (or is dated, for a question about history) and its newest successor
-takes its place.
+At assembly, :func:`in_force` reads those links for the context's pins and related hits: the
+newest successor takes a superseded hit's place, and the hit stays dated behind it, shown only
+when no successor is chosen (or the question asks about history); a superseded pin leaves.
 """
 
 from __future__ import annotations
@@ -251,8 +251,9 @@ def in_force(
     material: Material,
     candidates: Callable[[Sequence[Memory]], list[Candidate]],
 ) -> list[str]:
-    """Leave superseded pins and related hits out, or date them for a query about history,
-    and put each related hit's successor in its place (:func:`keep_in_force`); the notes for
+    """Leave superseded pins out, date superseded related hits (shown only when no successor
+    is chosen, or for a query about history), and put each related hit's successor in its
+    place (:func:`keep_in_force`); the notes for
     the report. One store read for the links; a successor not in the context already is read
     with its own links (a chain is followed to its newest). ``candidates`` makes related-block
     candidates of memories."""

@@ -704,17 +704,15 @@ def demo(
     ] = False,
 ) -> None:
     """Ingest a small bundled sample into a temporary store and show an assembled context."""
-    from ctxwarden.engine_config import CHANGE_WINDOW, EngineConfig
+    from ctxwarden.engine_config import EngineConfig
 
     sample = resources.files("ctxwarden").joinpath("data/demo.jsonl").read_text(encoding="utf-8")
     records = [json.loads(line) for line in sample.splitlines() if line.strip()]
     console = Console()
     with (
         tempfile.TemporaryDirectory() as folder,
-        # the demo shows a changed fact: free-text change detection on (off by default)
-        Engine.open(
-            Path(folder) / "demo.db", config=EngineConfig(change_window=CHANGE_WINDOW)
-        ) as engine,
+        # the demo shows a changed fact (free-text change detection is on by default)
+        Engine.open(Path(folder) / "demo.db", config=EngineConfig()) as engine,
     ):
         result = engine.ingest(records)
         context = engine.assemble(

@@ -7,7 +7,11 @@ the same subject a different value (a number, time, date, name: :func:`~ctxwarde
 fact_values`). The subject is what the two share after their values and cues are taken out:
 content words of three letters or more for scripts with spaces, character pairs of kanji,
 katakana, hanzi or hangul for CJK (:func:`~ctxwarden.sentences.cjk_bigrams`), and a term
-that most of the window's messages hold is no subject at all.
+that most of the window's messages hold is no subject at all. Shared words are not enough: the
+subject they make is half the shorter message's (a third in CJK), a cue the earlier message
+holds too is shared phrasing (then a value must be replaced, and another author's first-person
+statement is about someone else), and a message without an author (a bot's feed) changes
+something only by replacing a value.
 
 Pure: :func:`analyse` reads one text, :func:`superseded` picks, among the earlier statements of
 the same place (the caller reads a bounded window of the same session and channel), the one the
@@ -40,7 +44,7 @@ __all__ = ["Statement", "analyse", "asks_history", "common_terms", "may_change",
 # any data set; a cue alone links nothing, the subject must be shared as well. Words of scripts
 # with spaces are looked up (lower-cased) as words, word pairs or stems; CJK cues by pattern.
 _CUE_WORDS = frozenset(
-    """now instead actually anymore moved moving pushed bumped shifted delayed updated update
+    """now instead actually anymore moved moves moving pushed bumped shifted delayed updated update
     correction corrected ahora cambiado cambiada pospuesto pospuesta movido movida maintenant
     plutôt plutot reporté reportée déplacé déplacée changé changée jetzt stattdessen statt
     verschoben geändert geaendert agora adiado adiada invece spostato spostata rinviato""".split()
@@ -112,12 +116,20 @@ _FUNCTION_WORDS = frozenset(
     may might must not but our ours your yours their theirs they them this that these those with
     from into onto about over under than then there here what when where which who whom whose why
     how all any some its it's you she her his him also just very too yes yeah okay let let's lets
-    going goes gonna get got one still really only more most much per via
+    going goes gonna get got one still really only more most much per via before after since
+    until during while
     del las los una uno por para con que como pero les des une est sont pour avec dans sur pas
     der die das und ist sind mit für von auf nicht ein eine""".split()
 )
 
 _NOT_TERMS = _FUNCTION_WORDS | _CUE_WORDS
+# First person singular pronouns of the same languages (grammar): a statement holding one
+# speaks of its author ("I grew up in X"), so another author's "I grew up in Y" changes nothing.
+_FIRST_PERSON = re.compile(
+    r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|yo|mí|je|moi|ich|mich|mir"
+    r"|mein|meine|meinen|meinem|eu|meu|minha|io|mio|mia)\b"
+)
+_FIRST_PERSON_CJK = re.compile(r"私|僕|俺|わたし|あたし|我(?![们們])|저는|제가|나는|내가")
 
 # What an ASCII text must hold (as a substring) to carry a cue: the cue words, stems and pairs,
 # and "not" (", not Y"); a string holding another of the set is left out (the shorter one
@@ -139,6 +151,15 @@ class Statement(NamedTuple):
     cue: bool
     retracts: bool
     question: bool
+    #: The change cues found (words, stems, pairs, CJK patterns): a cue the earlier message
+    #: holds as well is shared phrasing ("... before moving here" twice), not a change.
+    cues: AbstractSet[str] = frozenset()
+    #: Said in the first person singular ("I", "my", 私, 我): its subject is its author.
+    #: Found only in a statement with a cue (the only one it matters for).
+    personal: bool = False
+    #: The values in the order stated: "X instead of Y" after "Y instead of X" says something
+    #: new with the same words.
+    order: tuple[str, ...] = ()
 
 
 def analyse(text: str, *, author: str | None = None, ref: object = None) -> Statement:
@@ -154,33 +175,46 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
     latin = _CJK_RUN.sub(" ", text) if cjk else text
     lower = latin.lower()
     names: set[str] = set()
+    order: list[str] = []  # the values in the order stated (names first, then numbers)
     if lower != latin:  # some capital letter: names are possible
-        names = {n.lower() for p, n in _NAME.findall(latin) if p not in _SENTENCE_END}
+        order = [n.lower() for p, n in _NAME.findall(latin) if p not in _SENTENCE_END]
+        names = set(order)
         names.discard("i")
     values = names
     if _DIGIT.search(lower):
-        values = names.union(filter(_DIGIT.search, _TOKEN.findall(lower)))
+        numbers = list(filter(_DIGIT.search, _TOKEN.findall(lower)))
+        order.extend(numbers)
+        values = names.union(numbers)
     words = set((_ASCII_LETTERS if lower.isascii() else _LETTERS).findall(lower))
     # Substring tests by map: one C loop each (a regex alternation costs ~10x more).
     stem = any(map(lower.__contains__, _CUE_STEMS))
-    cue = stem or not words.isdisjoint(_CUE_WORDS)
+    cues: set[str] = set(words & _CUE_WORDS)
+    if stem:
+        cues.update(s for s in _CUE_STEMS if s in lower)
+    cue = bool(cues)
     retracts = False
     if any(map(lower.__contains__, _PAIR_TEXTS)):
         for first, second in _PAIR.findall(lower):
             cue = True
+            cues.add(f"{first} {second}")
             retracts = retracts or (first, second) in _RETRACT_PAIRS
     # a crude stem: "deployment"/"deploying" share "deploy"
-    terms = {w[:6] for w in (words - _NOT_TERMS - names if names else words - _NOT_TERMS)}
-    if stem:
-        terms = {t for t in terms if not t.startswith(_CUE_STEMS)}
-    if not cue and "not" in lower and _NOT_AFTER_COMMA.search(lower):
+    kept = words - _NOT_TERMS - names if names else words - _NOT_TERMS
+    if stem:  # a cue word is no subject: tested on the whole word ("postponed"), not its cut
+        kept = {w for w in kept if not w.startswith(_CUE_STEMS)}
+    terms = {w[:6] for w in kept}
+    if "not" in lower and _NOT_AFTER_COMMA.search(lower):
         cue = True
+        cues.add("not")
     if cjk:
         found = _CJK_VALUES.findall(text)
         values.update(v.lower() for v in found)
+        order.extend(v.lower() for v in found)
         rest = _CJK_VALUES.sub(" ", text) if found else text
-        if _CJK_CUES.search(rest):
+        marks = _CJK_CUES.findall(rest)
+        if marks:
             cue = True
+            cues.update(marks)
             retracts = retracts or _CJK_RETRACT.search(rest) is not None
             rest = _CJK_CUES.sub(" ", rest)
         for pair in cjk_bigrams(rest):
@@ -188,7 +222,14 @@ def analyse(text: str, *, author: str | None = None, ref: object = None) -> Stat
                 terms.add(pair)
     # Positional, and the sets as made (never changed after): this runs per message.
     question = text.rstrip()[-1:] in _QUESTION_MARKS
-    return Statement(ref, author, terms, values, cue, retracts, question)
+    # Read only for a pair that shares a cue (superseded): only a message with a cue needs it.
+    personal = cue and (
+        _FIRST_PERSON.search(lower) is not None
+        or (cjk and _FIRST_PERSON_CJK.search(text) is not None)
+    )
+    return Statement(
+        ref, author, terms, values, cue, retracts, question, cues, personal, tuple(order)
+    )
 
 
 def may_change(text: str, *, author: str | None = None) -> bool:
@@ -225,12 +266,15 @@ def superseded(
 ) -> Statement | None:
     """The statement of ``earlier`` (oldest first) that ``new`` changes, or None.
 
-    - With a change cue: the subject (terms not in ``common``) shares two terms, or one term
-      when both state values, or the old statement's value comes back in the new one ("now
-      X, not Y"); a retraction ("scratch that") by the same author also takes that author's
+    - With a change cue the old statement does not hold, or one that names an old value
+      again ("now X, not Y"): the subject (terms not in ``common``) shares two terms, or one
+      term when both state values or an old value comes back, covering half the shorter
+      subject (:func:`_covers`), and something new is said; without an author, a value is
+      replaced. A retraction ("scratch that") by the same author also takes that author's
       last statement with a value.
-    - Without a cue: same author, at least two shared terms covering half of the shorter
-      subject, both with values, and an old value the new one no longer states.
+    - With only cues the old statement holds too, or without a cue: at least two shared
+      terms covering half the shorter subject and a value replaced; with a shared cue, by the
+      same author or neither in the first person; without a cue, by the same author.
 
     The best score (shared terms, plus two for an old value restated) wins; among equals the
     newest (the value in force is the last one stated).
@@ -256,18 +300,39 @@ def superseded(
         count = len(shared)
         old_values = old.values
         restated = not old_values.isdisjoint(values)
-        if cue:
+        # A cue the earlier message holds as well is the phrasing both share ("... before
+        # moving here", "... looks much better now"), unless the old value is named again
+        # ("now X, not Y"): then only a new value for the same slot is a change.
+        fresh = cue and (restated or not new.cues <= old.cues)
+        if fresh:
             linked = count >= 2 or (
                 count == 1 and (restated or (bool(old_values) and bool(values)))
             )
-            if linked and not (values or terms - old.terms):
-                linked = False  # nothing new was said
+            # Two long messages sharing a few words, one with "now" or "actually" in passing,
+            # are talk, not a change: the shared subject is half the shorter one's at least,
+            # unless the new one names an old number again ("now 10:30, not 9:45"). A name
+            # named again is no such sign: a conversation names its people all along.
+            if linked and not any(map(_DIGIT.search, old_values & values)):
+                # Without an old value named again, the shared words are half of both
+                # subjects: a long reply that takes up a few words of a message ("Now the
+                # hard part...") changes nothing of it.
+                linked = _covers(new, old, common, count, subject, both=not restated)
+            if linked and not (values - old_values or terms - old.terms):
+                linked = new.order != old.order  # else nothing new was said
+            if linked and author is None and not restated:
+                # No author (a bot's feed, whose template and cue words repeat): only a
+                # value replaced is a change.
+                linked = _value_replaced(new, old, common)
+        elif cue:
+            linked = old.author == author or not (new.personal or old.personal)
+            linked = linked and count >= 2 and _replaced(new, old, common, count, subject)
         else:
             if old.author != author or count < 2 or not old_values:
                 continue
-            smaller = max(1, min(subject, len(old.terms - common) if common else len(old.terms)))
             linked = (
-                count * 2 >= smaller and bool(old_values - values) and bool(values - old_values)
+                _covers(new, old, common, count, subject)
+                and bool(old_values - values)
+                and bool(values - old_values)
             )
         if not linked:
             continue
@@ -277,6 +342,42 @@ def superseded(
     if chosen is None and new.retracts and own_last is not None:
         return own_last
     return chosen
+
+
+def _replaced(
+    new: Statement, old: Statement, common: frozenset[str], count: int, subject: int
+) -> bool:
+    """Whether ``new`` gives the subject it shares with ``old`` (``count`` terms of its
+    ``subject`` ones, :func:`_covers`) another value (:func:`_value_replaced`)."""
+    return _covers(new, old, common, count, subject) and _value_replaced(new, old, common)
+
+
+def _value_replaced(new: Statement, old: Statement, common: frozenset[str]) -> bool:
+    """Whether an old value is gone in ``new`` and a new one stated. For CJK text, where a
+    name or a place has no case or digit to mark it a value, character pairs stand in."""
+    if old.values - new.values and new.values - old.values:
+        return True
+    cjk = any(_CJK_RUN.match(t) for t in new.terms)
+    return cjk and bool(old.terms - new.terms) and bool(new.terms - old.terms - common)
+
+
+def _covers(
+    new: Statement,
+    old: Statement,
+    common: frozenset[str],
+    count: int,
+    subject: int,
+    *,
+    both: bool = False,
+) -> bool:
+    """Whether the ``count`` shared terms are half the shorter subject (of ``subject`` terms
+    in ``new``; of the longer with ``both``), or a third in CJK text: there a value without
+    a digit ("七楼大厅") is not told apart from the subject and its k characters add k + 1
+    pairs to the terms, where in a spaced script a word adds one."""
+    sizes = (subject, len(old.terms - common) if common else len(old.terms))
+    bound = max(1, max(sizes) if both else min(sizes))
+    share = 3 if any(_CJK_RUN.match(t) for t in new.terms) else 2
+    return count * share >= bound
 
 
 def asks_history(query: str) -> bool:
