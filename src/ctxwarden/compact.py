@@ -46,7 +46,13 @@ from ctxwarden.dedupe import exact_key
 from ctxwarden.errors import ConfigError, NotFound, SummarizeError
 from ctxwarden.sentences import split_sentences
 from ctxwarden.store.base import NewMemory, Store, TokenCount
-from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem, TokenCounter
+from ctxwarden.summarize import (
+    ExtractiveSummarizer,
+    Summarizer,
+    SummaryItem,
+    TokenCounter,
+    novel_facts,
+)
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -104,7 +110,7 @@ class CompactionPolicy:
     time_window: float = DAY
     max_cluster_tokens: int = 6000
     min_cluster_size: int = 2
-    summary_ratio: float = 0.25
+    summary_ratio: float = 0.1
     min_summary_tokens: int = 64
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
@@ -346,7 +352,7 @@ def _dropped(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
 
 def _fact_tokens(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> int:
     """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
-    facts = _facts(items)
+    facts = novel_facts(_facts(items))
     if not facts:
         return 0
     authors = {item.id: item.author or "" for item in items}

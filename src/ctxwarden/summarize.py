@@ -123,6 +123,10 @@ class _Sentence:
     score: float = 0.0
     cost: int = 0
     fact: bool = False
+    #: the fact's values (:func:`ctxwarden.sentences.fact_values`), normalised
+    values: frozenset[str] = frozenset()
+    #: holds a term no other message of the batch has (new information, not a stock phrase)
+    rare: bool = True
 
 
 def _terms(text: str) -> list[str]:
@@ -137,8 +141,34 @@ def _spam_key(content: str) -> str:
     return " ".join(_VOLATILE.sub("#", text).split())
 
 
+def _values(text: str) -> frozenset[str]:
+    return frozenset(" ".join(v.split()).casefold() for v in fact_values(text))
+
+
+def novel_facts(
+    facts: Sequence[tuple[str, str, tuple[str, ...]]],
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The facts a summary must hold for every value of ``facts`` to be in it: in order, each
+    fact that brings a value no earlier kept fact has. A sentence whose every value is already
+    kept ("+1", a name said again) adds nothing a question could find.
+
+    >>> novel_facts([("m1", "Demo on Friday.", ("Friday",)), ("m2", "ok Friday", ("Friday",))])
+    [('m1', 'Demo on Friday.', ('Friday',))]
+    """
+    seen: set[str] = set()
+    out = []
+    for fact in facts:
+        values = {" ".join(v.split()).casefold() for v in fact[2]}
+        if values - seen:
+            out.append(fact)
+            seen |= values
+    return out
+
+
 def _is_chatter(text: str) -> bool:
     found = words(text)
+    if len(found) < 2 and len(text.strip()) <= 2:
+        return True  # "+1", "ok", "k": a reaction, whatever it is made of
     return not is_fact(text) and (len(found) < 2 or all(w in _ACKS for w in found))
 
 
@@ -221,6 +251,12 @@ class ExtractiveSummarizer:
         chosen = self._choose(sentences, max_tokens - used - 6, self.min_score)
         while True:
             summary = self._with_sections(summary, items, chosen, heads)
+            # An entity a line already names is said once, in its line.
+            shown = "\n".join(
+                [*summary.main_events, *summary.decisions, *summary.open_loops, *spam]
+            ).casefold()
+            named = tuple(e for e in entities if e.casefold() not in shown)
+            summary = replace(summary, key_entities=named)
             if tokenizer.count(summary.render()) <= max_tokens:
                 return summary
             if chosen:
@@ -272,7 +308,40 @@ class ExtractiveSummarizer:
             if len(text) > 100:
                 text = text[:97] + "..."
             lines.append((-len(members), members[0], f"{who} x{len(members)}, last: {text}"))
+        for author, members in self._templated(items, spam).items():
+            spam.update(members)
+            text = " ".join(items[members[-1]].content.split())
+            if len(text) > 100:
+                text = text[:97] + "..."
+            lines.append((-len(members), members[0], f"{author} x{len(members)}, last: {text}"))
         return spam, [line for _, _, line in sorted(lines)]
+
+    def _templated(self, items: Sequence[SummaryItem], spam: set[int]) -> dict[str, list[int]]:
+        """A bot's messages written from one template with other values filled in ("Deploy
+        #N of X to Y succeeded"), by author: messages of a bot or tool at least half of whose
+        word pairs (numbers masked) recur in ``boilerplate_repeats`` or more of that author's
+        messages, when there are that many such messages."""
+        pairs_of: dict[int, set[tuple[str, str]]] = {}
+        counts: dict[tuple[str, tuple[str, str]], int] = {}
+        for position, item in enumerate(items):
+            if (
+                position in spam
+                or item.kind == "summary"
+                or item.author_kind not in ("bot", "tool")
+            ):
+                continue
+            found = set(itertools.pairwise(_WORD.findall(_VOLATILE.sub("0", item.content.lower()))))
+            pairs_of[position] = found
+            for pair in found:
+                key = (item.author or "?", pair)
+                counts[key] = counts.get(key, 0) + 1
+        out: dict[str, list[int]] = {}
+        for position, found in pairs_of.items():
+            author = items[position].author or "?"
+            common = sum(counts[(author, p)] >= self.boilerplate_repeats for p in found)
+            if found and common * 2 >= len(found):
+                out.setdefault(author, []).append(position)
+        return {a: m for a, m in out.items() if len(m) >= self.boilerplate_repeats}
 
     def _sentences(
         self, items: Sequence[SummaryItem], spam: set[int]
@@ -296,14 +365,25 @@ class ExtractiveSummarizer:
                         if section == "spam_patterns":
                             carried_spam.append(_CITATION.sub("", text))
                         elif text:
-                            fact = is_fact(_CITATION.sub("", text))
-                            out.append(_Sentence(len(out), position, text, section, fact=fact))
+                            values = _values(_CITATION.sub("", text))
+                            sentence = _Sentence(len(out), position, text, section)
+                            sentence.fact, sentence.values = bool(values), values
+                            out.append(sentence)
                 continue
             for text in split_sentences(item.content):
                 if not _is_chatter(text):
                     sentence = _Sentence(len(out), position, text, "main_events")
-                    sentence.fact = is_fact(text)
+                    sentence.values = _values(text)
+                    sentence.fact = bool(sentence.values)
                     out.append(sentence)
+        # A question someone answered is not a fact of its own (its answer is): only the
+        # values it names are.
+        for index in self._answered_questions(items, out, {}):
+            sentence = out[index]
+            if sentence.values == _values(sentence.text) and len(sentence.values) == 1:
+                (only,) = sentence.values
+                if only == " ".join(sentence.text.split()).casefold():
+                    sentence.fact, sentence.values = False, frozenset()
         return out, carried_spam
 
     def _entities(
@@ -374,6 +454,7 @@ class ExtractiveSummarizer:
             infos.append(sum(math.log((1 + documents) / (1 + frequency[t])) + 1 for t in unique))
         top = max(infos, default=1.0) or 1.0
         for sentence, info in zip(sentences, infos, strict=True):
+            sentence.rare = any(frequency[t] == 1 for t in _terms(sentence.text))
             item = items[sentence.item]
             text = sentence.text
             score = info / top
@@ -476,13 +557,17 @@ class ExtractiveSummarizer:
         ranked = sorted(
             sentences, key=lambda s: (not s.fact, -s.score / math.sqrt(s.cost), s.index)
         )
+        covered: set[str] = set()
         for sentence in ranked:
             key = " ".join(_terms(sentence.text)) or sentence.text
-            low = sentence.score < min_score and not sentence.fact
+            # A fact whose every value is already kept is kept only on its merit as text.
+            novel = sentence.fact and bool(sentence.values - covered)
+            low = (sentence.score < min_score or not sentence.rare) and not novel
             if low or key in seen or spent + sentence.cost > budget:
                 continue
             seen.add(key)
             chosen.append(sentence)
+            covered |= sentence.values
             spent += sentence.cost
         return chosen
 
