@@ -20,12 +20,13 @@ input order. Lines of ``main_events``, ``decisions`` and ``open_loops`` may star
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ctxwarden.errors import InputError, SummarizeError
 from ctxwarden.sentences import cjk_bigrams, fact_values, is_fact, split_sentences, words
@@ -46,6 +47,7 @@ from ctxwarden.types import format_time
 
 __all__ = [
     "LIST_FIELDS",
+    "Background",
     "ExtractiveSummarizer",
     "Summarizer",
     "Summary",
@@ -112,6 +114,60 @@ _SUMMARY_HEADERS = {
     "Open questions:": "open_loops",
     "Noise:": "spam_patterns",
 }
+
+
+@dataclass(frozen=True)
+class Background:
+    """How many messages of a corpus (everything one compaction run takes) hold each term:
+    what tells a stock phrase from news beyond one cluster.
+
+    A term is *common* when at least ``limit`` messages hold it: the square root of the
+    corpus's size, at least ``floor``. A name said in one message of a thousand is news; a word
+    in one of every thirty (a template's "PR", a channel's running topic) is not: the square
+    root grows with the corpus as a topic's share of it does not, so the rule holds from
+    hundreds of messages to many thousands without a constant tuned to one size. Below
+    ``min_documents`` rarity says nothing (in a small corpus nearly every word is in few
+    messages): such a background is not used (:attr:`measured` is false) and summaries go by
+    the fact signals of :func:`ctxwarden.sentences.fact_values` alone.
+
+    >>> bg = Background.of(["deploy of api", "deploy of web", "deploy of db", "I grew up in Ghent"])
+    >>> bg.limit, bg.common("deploy"), bg.common("ghent"), bg.measured
+    (3, True, False, False)
+    """
+
+    documents: int
+    frequency: Mapping[str, int] = field(default_factory=dict)
+    floor: int = 3
+    min_documents: int = 200
+
+    @property
+    def measured(self) -> bool:
+        """Whether the corpus is big enough for rarity to mean something."""
+        return self.documents >= self.min_documents
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> Background:
+        """Count, for each term, the texts that hold it."""
+        frequency: dict[str, int] = {}
+        documents = 0
+        for text in texts:
+            documents += 1
+            for term in set(_terms(text)):
+                frequency[term] = frequency.get(term, 0) + 1
+        return cls(documents=documents, frequency=frequency)
+
+    @property
+    def limit(self) -> int:
+        """Messages a term must be in to be common."""
+        return max(self.floor, math.ceil(math.sqrt(self.documents)))
+
+    def common(self, term: str) -> bool:
+        """Whether ``term`` is in ``limit`` or more messages of the corpus."""
+        return self.frequency.get(term, 0) >= self.limit
+
+    def news(self, text: str) -> bool:
+        """Whether ``text`` holds a term that is not common (new information)."""
+        return any(not self.common(t) for t in _terms(text))
 
 
 @dataclass
@@ -205,6 +261,7 @@ class ExtractiveSummarizer:
         spam_share: float = 0.2,
         min_score: float = 0.3,
         boilerplate_repeats: int = 3,
+        background: Background | None = None,
     ) -> None:
         if spam_min_repeats < 2:
             raise InputError("must be 2 or more", field="spam_min_repeats")
@@ -218,6 +275,13 @@ class ExtractiveSummarizer:
         self.spam_share = spam_share
         self.min_score = min_score
         self.boilerplate_repeats = boilerplate_repeats
+        self.background = background if background is not None and background.measured else None
+
+    def with_background(self, background: Background | None) -> ExtractiveSummarizer:
+        """A copy that judges what is news against ``background`` (see :class:`Background`)."""
+        out = copy.copy(self)
+        out.background = background if background is not None and background.measured else None
+        return out
 
     def summarize(
         self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
@@ -284,7 +348,11 @@ class ExtractiveSummarizer:
         out = []
         for sentence in sentences:
             text = _CITATION.sub("", sentence.text)
-            values = fact_values(text) if sentence.fact else ()
+            if self.background is None:
+                values = fact_values(text) if sentence.fact else ()
+            else:
+                folded = " ".join(text.split()).casefold()
+                values = tuple(sorted(sentence.values, key=lambda v: (folded.find(v), v)))
             if values:
                 out.append((items[sentence.item].id, text, values))
         return out
@@ -384,6 +452,17 @@ class ExtractiveSummarizer:
                 (only,) = sentence.values
                 if only == " ".join(sentence.text.split()).casefold():
                     sentence.fact, sentence.values = False, frozenset()
+        if self.background is not None:
+            # Beyond the cluster: a value every other message of the corpus names (a template's
+            # acronym, a running topic) is no news; a question of stock words neither.
+            # And a word the corpus rarely says ("allergic to almonds") is what a question would
+            # ask for, fact-shaped or not: it is a value of its sentence.
+            news, common = self.background.news, self.background.common
+            for sentence in out:
+                if items[sentence.item].kind != "summary":
+                    kept = {v for v in sentence.values if news(v) or not _terms(v)}
+                    kept.update(t for t in _terms(sentence.text) if not common(t))
+                    sentence.values, sentence.fact = frozenset(kept), bool(kept)
         return out, carried_spam
 
     def _entities(
@@ -454,7 +533,10 @@ class ExtractiveSummarizer:
             infos.append(sum(math.log((1 + documents) / (1 + frequency[t])) + 1 for t in unique))
         top = max(infos, default=1.0) or 1.0
         for sentence, info in zip(sentences, infos, strict=True):
-            sentence.rare = any(frequency[t] == 1 for t in _terms(sentence.text))
+            if self.background is not None:
+                sentence.rare = self.background.news(sentence.text)
+            else:
+                sentence.rare = any(frequency[t] == 1 for t in _terms(sentence.text))
             item = items[sentence.item]
             text = sentence.text
             score = info / top
