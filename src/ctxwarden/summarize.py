@@ -54,6 +54,7 @@ __all__ = [
     "SummaryItem",
     "TokenCounter",
     "line_sources",
+    "novel_facts",
     "truncate_summary",
 ]
 
