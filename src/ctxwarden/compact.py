@@ -44,7 +44,6 @@ import xxhash
 from ctxwarden import render
 from ctxwarden.dedupe import exact_key
 from ctxwarden.errors import ConfigError, NotFound, SummarizeError
-from ctxwarden.sentences import split_sentences
 from ctxwarden.store.base import NewMemory, Store, TokenCount
 from ctxwarden.summarize import (
     Background,
@@ -52,7 +51,10 @@ from ctxwarden.summarize import (
     Summarizer,
     SummaryItem,
     TokenCounter,
-    novel_facts,
+    cluster_facts,
+    dropped_sentences,
+    fact_tokens,
+    lost_facts,
 )
 from ctxwarden.types import Memory
 
@@ -309,68 +311,6 @@ class ClusterSummary:
         }
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split()).casefold()
-
-
-def _item_sentences(item: SummaryItem) -> list[str]:
-    if item.kind != "summary":
-        return split_sentences(item.content)
-    lines = (line.strip().removeprefix("- ") for line in item.content.splitlines()[1:])
-    return [line for line in lines if line and not line.endswith(":")]
-
-
-def _facts(
-    items: Sequence[SummaryItem], background: Background | None = None
-) -> list[tuple[str, str, tuple[str, ...]]]:
-    return ExtractiveSummarizer(background=background).facts(items)
-
-
-def lost_facts(
-    items: Sequence[SummaryItem], text: str, background: Background | None = None
-) -> list[tuple[str, str]]:
-    """The fact sentences of ``items`` whose values (numbers, times, names, quoted values; a
-    question or a caseless-script sentence as a whole) are not all in ``text``, as
-    ``(id, sentence)``: what a question about them could no longer find. Repeated messages
-    (a bot's alerts) are noise, not facts (:meth:`ExtractiveSummarizer.facts`); with a
-    ``background``, values the corpus names everywhere are no facts either.
-
-    >>> items = [SummaryItem(id="m1", content="Demo moved to Thursday 10:00.")]
-    >>> lost_facts(items, "[m1] demo moved to Thursday 10:00.")
-    []
-    >>> lost_facts(items, "demo moved")
-    [('m1', 'Demo moved to Thursday 10:00.')]
-    """
-    have = _normal(text)
-    return [
-        (id_, sentence)
-        for id_, sentence, values in _facts(items, background)
-        if not all(_normal(v) in have for v in values)
-    ]
-
-
-def _dropped(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
-    have = _normal(text)
-    return [
-        (item.id, sentence)
-        for item in items
-        for sentence in _item_sentences(item)
-        if _normal(sentence) not in have
-    ]
-
-
-def _fact_tokens(
-    items: Sequence[SummaryItem], tokenizer: TokenCounter, background: Background | None = None
-) -> int:
-    """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
-    facts = novel_facts(_facts(items, background))
-    if not facts:
-        return 0
-    authors = {item.id: item.author or "" for item in items}
-    text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
-    return tokenizer.count(text) + 24
-
-
 def summarise_cluster(
     cluster: Cluster,
     sources: Sequence[Memory],
@@ -393,11 +333,11 @@ def summarise_cluster(
     ``background`` (the plan's) tells facts from stock phrases beyond the cluster.
     """
     items = [SummaryItem.of(m) for m in sources]
-    facts = len(_facts(items, background))
+    facts = len(cluster_facts(items, background))
     if isinstance(summarizer, ExtractiveSummarizer) and summarizer.background is None:
         summarizer = summarizer.with_background(background)
     # The facts come on top of the policy's target, which stays for the best of the rest.
-    target = cluster.target_tokens + _fact_tokens(items, tokenizer, background)
+    target = cluster.target_tokens + fact_tokens(items, tokenizer, background)
     limit = _summary_limit(cluster, max_tokens, max_share)
     if target > limit:
         return ClusterSummary(
@@ -431,13 +371,13 @@ def summarise_cluster(
     if lost:
         return ClusterSummary(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts, lost=tuple(lost),
-            dropped=tuple(_dropped(items, text)),
+            dropped=tuple(dropped_sentences(items, text)),
             reason=f"a summary within {target} tokens would lose {len(lost)} of {facts} facts",
             fallback=fallback,
         )  # fmt: skip
     return ClusterSummary(
         summary_id=cluster.summary_id, text=text, tokens=tokenizer.count(text), facts=facts,
-        dropped=tuple(_dropped(items, text)), fallback=fallback,
+        dropped=tuple(dropped_sentences(items, text)), fallback=fallback,
     )  # fmt: skip
 
 
@@ -551,7 +491,7 @@ def _with_facts(
 ) -> Cluster | None:
     """``cluster`` with what its facts need counted; None when that is more than a summary may
     take (:func:`summarise_cluster` would leave it alone)."""
-    needed = _fact_tokens([SummaryItem.of(m) for m in part], counter, background)
+    needed = fact_tokens([SummaryItem.of(m) for m in part], counter, background)
     limit = _summary_limit(cluster, policy.max_summary_tokens, policy.max_summary_share)
     if cluster.target_tokens + needed > limit:
         return None

@@ -53,7 +53,11 @@ __all__ = [
     "Summary",
     "SummaryItem",
     "TokenCounter",
+    "cluster_facts",
+    "dropped_sentences",
+    "fact_tokens",
     "line_sources",
+    "lost_facts",
     "novel_facts",
     "truncate_summary",
 ]
@@ -679,3 +683,72 @@ class ExtractiveSummarizer:
             decisions=tuple(sections["decisions"]),
             open_loops=tuple(sections["open_loops"]),
         )
+
+
+# ---------------------------------------------------------------------------- fact checks
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _item_sentences(item: SummaryItem) -> list[str]:
+    if item.kind != "summary":
+        return split_sentences(item.content)
+    lines = (line.strip().removeprefix("- ") for line in item.content.splitlines()[1:])
+    return [line for line in lines if line and not line.endswith(":")]
+
+
+def cluster_facts(
+    items: Sequence[SummaryItem], background: Background | None = None
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The facts of ``items`` as ``(id, sentence, values)`` (:meth:`ExtractiveSummarizer.facts`,
+    judged against ``background`` when given)."""
+    return ExtractiveSummarizer(background=background).facts(items)
+
+
+def lost_facts(
+    items: Sequence[SummaryItem], text: str, background: Background | None = None
+) -> list[tuple[str, str]]:
+    """The fact sentences of ``items`` whose values (numbers, times, names, quoted values; a
+    question or a caseless-script sentence as a whole) are not all in ``text``, as
+    ``(id, sentence)``: what a question about them could no longer find. Repeated messages
+    (a bot's alerts) are noise, not facts (:meth:`ExtractiveSummarizer.facts`); with a
+    ``background``, values the corpus names everywhere are no facts either.
+
+    >>> items = [SummaryItem(id="m1", content="Demo moved to Thursday 10:00.")]
+    >>> lost_facts(items, "[m1] demo moved to Thursday 10:00.")
+    []
+    >>> lost_facts(items, "demo moved")
+    [('m1', 'Demo moved to Thursday 10:00.')]
+    """
+    have = _normal(text)
+    return [
+        (id_, sentence)
+        for id_, sentence, values in cluster_facts(items, background)
+        if not all(_normal(v) in have for v in values)
+    ]
+
+
+def dropped_sentences(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
+    """The sentences of ``items`` (or lines of earlier summaries) not in ``text`` verbatim, as
+    ``(id, sentence)``: what ``compact --plan`` says a summary drops."""
+    have = _normal(text)
+    return [
+        (item.id, sentence)
+        for item in items
+        for sentence in _item_sentences(item)
+        if _normal(sentence) not in have
+    ]
+
+
+def fact_tokens(
+    items: Sequence[SummaryItem], tokenizer: TokenCounter, background: Background | None = None
+) -> int:
+    """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
+    facts = novel_facts(cluster_facts(items, background))
+    if not facts:
+        return 0
+    authors = {item.id: item.author or "" for item in items}
+    text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
+    return tokenizer.count(text) + 24
