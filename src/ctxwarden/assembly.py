@@ -50,6 +50,7 @@ from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
 from ctxwarden.store.base import ContextLog, Inclusion, Store, TokenCount
+from ctxwarden.summary import summary_excerpt
 from ctxwarden.textcheck import check_json_text, check_text
 from ctxwarden.types import CandidateReports, Context, Memory, Report, Scope
 
@@ -424,7 +425,7 @@ class Assembly:
             # others are written for the few candidates fill takes (_write_lines).
             counts = self.counter.counts(memories, tok)
             for memory in memories:
-                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok)
+                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok, query)
             return {rowid: line[1] for rowid, line in lines.items()}
 
         hits = retrieve(
@@ -568,10 +569,17 @@ def _costs(plan: Plan) -> dict[int, int]:
     return costs
 
 
-def _line(memory: Memory, cached: int, tok: tokens.Tokenizer) -> tuple[str, int]:
+def _line(memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = "") -> tuple[str, int]:
     """A memory's related-block line and its cost; the line is "" (made later, when the
     candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
-    be counted with it."""
+    be counted with it, or a summary's: only its lines that match the query
+    (:func:`~ctxwarden.summary.summary_excerpt`), so a kept fact costs about what its original
+    did, not the whole summary."""
+    if memory.kind == "summary" and query:
+        excerpt = summary_excerpt(memory.content, query)
+        if excerpt is not None:
+            text = excerpt + "\n"
+            return text, tok.count(text)
     if memory.dup_count > 1:
         text = render.line_text(memory)
         text = (

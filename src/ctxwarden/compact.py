@@ -44,9 +44,18 @@ import xxhash
 from ctxwarden import render
 from ctxwarden.dedupe import exact_key
 from ctxwarden.errors import ConfigError, NotFound, SummarizeError
-from ctxwarden.sentences import split_sentences
 from ctxwarden.store.base import NewMemory, Store, TokenCount
-from ctxwarden.summarize import ExtractiveSummarizer, Summarizer, SummaryItem, TokenCounter
+from ctxwarden.summarize import (
+    Background,
+    ExtractiveSummarizer,
+    Summarizer,
+    SummaryItem,
+    TokenCounter,
+    cluster_facts,
+    dropped_sentences,
+    fact_tokens,
+    lost_facts,
+)
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -104,7 +113,7 @@ class CompactionPolicy:
     time_window: float = DAY
     max_cluster_tokens: int = 6000
     min_cluster_size: int = 2
-    summary_ratio: float = 0.25
+    summary_ratio: float = 0.1
     min_summary_tokens: int = 64
     max_summary_tokens: int = 800
     topic_threshold: float = 0.35
@@ -205,6 +214,9 @@ class CompactionPlan:
     clusters: tuple[Cluster, ...]
     considered: int = 0
     skipped: Mapping[str, int] = field(default_factory=dict)
+    #: term frequencies over every candidate, which tell the extractive summariser what is news
+    #: (:class:`~ctxwarden.summarize.Background`); :func:`apply` and :func:`preview` use this one
+    background: Background | None = field(default=None, repr=False, compare=False)
 
     @property
     def memories(self) -> int:
@@ -299,61 +311,6 @@ class ClusterSummary:
         }
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.split()).casefold()
-
-
-def _item_sentences(item: SummaryItem) -> list[str]:
-    if item.kind != "summary":
-        return split_sentences(item.content)
-    lines = (line.strip().removeprefix("- ") for line in item.content.splitlines()[1:])
-    return [line for line in lines if line and not line.endswith(":")]
-
-
-def _facts(items: Sequence[SummaryItem]) -> list[tuple[str, str, tuple[str, ...]]]:
-    return ExtractiveSummarizer().facts(items)
-
-
-def lost_facts(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
-    """The fact sentences of ``items`` whose values (numbers, times, names, quoted values; a
-    question or a caseless-script sentence as a whole) are not all in ``text``, as
-    ``(id, sentence)``: what a question about them could no longer find. Repeated messages
-    (a bot's alerts) are noise, not facts (:meth:`ExtractiveSummarizer.facts`).
-
-    >>> items = [SummaryItem(id="m1", content="Demo moved to Thursday 10:00.")]
-    >>> lost_facts(items, "[m1] demo moved to Thursday 10:00.")
-    []
-    >>> lost_facts(items, "demo moved")
-    [('m1', 'Demo moved to Thursday 10:00.')]
-    """
-    have = _normal(text)
-    return [
-        (id_, sentence)
-        for id_, sentence, values in _facts(items)
-        if not all(_normal(v) in have for v in values)
-    ]
-
-
-def _dropped(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
-    have = _normal(text)
-    return [
-        (item.id, sentence)
-        for item in items
-        for sentence in _item_sentences(item)
-        if _normal(sentence) not in have
-    ]
-
-
-def _fact_tokens(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> int:
-    """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
-    facts = _facts(items)
-    if not facts:
-        return 0
-    authors = {item.id: item.author or "" for item in items}
-    text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
-    return tokenizer.count(text) + 24
-
-
 def summarise_cluster(
     cluster: Cluster,
     sources: Sequence[Memory],
@@ -361,6 +318,7 @@ def summarise_cluster(
     tokenizer: TokenCounter,
     max_tokens: int | None = None,
     max_share: float = 0.5,
+    background: Background | None = None,
 ) -> ClusterSummary:
     """The summary ``cluster`` gets, or why it is left alone.
 
@@ -372,11 +330,14 @@ def summarise_cluster(
     :class:`~ctxwarden.errors.SummarizeError`: a timeout, a reply rejected after its retries) or
     its summary loses a fact (:func:`lost_facts`), the cluster gets the extractive summary and
     ``fallback`` says why; when that loses a fact too, the cluster is left alone.
+    ``background`` (the plan's) tells facts from stock phrases beyond the cluster.
     """
     items = [SummaryItem.of(m) for m in sources]
-    facts = len(_facts(items))
+    facts = len(cluster_facts(items, background))
+    if isinstance(summarizer, ExtractiveSummarizer) and summarizer.background is None:
+        summarizer = summarizer.with_background(background)
     # The facts come on top of the policy's target, which stays for the best of the rest.
-    target = cluster.target_tokens + _fact_tokens(items, tokenizer)
+    target = cluster.target_tokens + fact_tokens(items, tokenizer, background)
     limit = _summary_limit(cluster, max_tokens, max_share)
     if target > limit:
         return ClusterSummary(
@@ -387,7 +348,7 @@ def summarise_cluster(
     extractive = isinstance(summarizer, ExtractiveSummarizer)
     try:
         text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text)
+        lost = lost_facts(items, text, background)
         if lost and not extractive:
             fallback = f"lost_facts: its summary lost {len(lost)} of {facts} facts"
     except SummarizeError as exc:
@@ -395,9 +356,9 @@ def summarise_cluster(
             raise
         fallback = f"{exc.reason or 'failed'}: {exc}"
     if fallback:
-        summarizer = ExtractiveSummarizer()
+        summarizer = ExtractiveSummarizer(background=background)
         text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text)
+        lost = lost_facts(items, text, background)
     for _ in range(2):
         # The fact estimate leaves out the entities line and section titles: grow the target
         # by what was lost, while the summary still saves tokens.
@@ -406,17 +367,17 @@ def summarise_cluster(
         missing = tokenizer.count("\n".join(f"- [{i}] 00:00 {s}" for i, s in lost))
         target = min(limit, int(target * 1.15) + missing)
         text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text)
+        lost = lost_facts(items, text, background)
     if lost:
         return ClusterSummary(
             summary_id=cluster.summary_id, text=None, tokens=0, facts=facts, lost=tuple(lost),
-            dropped=tuple(_dropped(items, text)),
+            dropped=tuple(dropped_sentences(items, text)),
             reason=f"a summary within {target} tokens would lose {len(lost)} of {facts} facts",
             fallback=fallback,
         )  # fmt: skip
     return ClusterSummary(
         summary_id=cluster.summary_id, text=text, tokens=tokenizer.count(text), facts=facts,
-        dropped=tuple(_dropped(items, text)), fallback=fallback,
+        dropped=tuple(dropped_sentences(items, text)), fallback=fallback,
     )  # fmt: skip
 
 
@@ -482,6 +443,7 @@ def plan(
             skipped["accessed"] += 1
         else:
             chosen.append(memory)
+    background = Background.of(m.content for m in chosen)
     threads: dict[tuple[str, str, str | None, str | None, str | None], list[Memory]] = {}
     for memory in chosen:
         # The end user too: a summary must not mix two users' lines (it is read in their scope).
@@ -499,7 +461,7 @@ def plan(
                         continue
                     counted: Cluster | None = cluster
                     if counter is not None:
-                        counted = _with_facts(cluster, part, counter, policy)
+                        counted = _with_facts(cluster, part, counter, policy, background)
                     if counted is None:
                         skipped["facts"] += cluster.size
                         continue
@@ -511,6 +473,7 @@ def plan(
         clusters=tuple(clusters),
         considered=considered,
         skipped=skipped,
+        background=background,
     )
 
 
@@ -520,11 +483,15 @@ def _summary_limit(cluster: Cluster, max_tokens: int | None, max_share: float) -
 
 
 def _with_facts(
-    cluster: Cluster, part: Sequence[Memory], counter: TokenCounter, policy: CompactionPolicy
+    cluster: Cluster,
+    part: Sequence[Memory],
+    counter: TokenCounter,
+    policy: CompactionPolicy,
+    background: Background | None = None,
 ) -> Cluster | None:
     """``cluster`` with what its facts need counted; None when that is more than a summary may
     take (:func:`summarise_cluster` would leave it alone)."""
-    needed = _fact_tokens([SummaryItem.of(m) for m in part], counter)
+    needed = fact_tokens([SummaryItem.of(m) for m in part], counter, background)
     limit = _summary_limit(cluster, policy.max_summary_tokens, policy.max_summary_share)
     if cluster.target_tokens + needed > limit:
         return None
@@ -732,7 +699,11 @@ def preview(
         sources, outcome = _sources(store, cluster)
         if outcome == "compacted":
             cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
-            out.append(summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share))
+            out.append(
+                summarise_cluster(
+                    cluster, sources, summarizer, tokenizer, cap, share, compaction.background
+                )
+            )
     return tuple(out)
 
 
@@ -770,7 +741,9 @@ def apply(
         summary = None
         if outcome == "compacted":
             cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
-            summary = summarise_cluster(cluster, sources, summarizer, tokenizer, cap, share)
+            summary = summarise_cluster(
+                cluster, sources, summarizer, tokenizer, cap, share, compaction.background
+            )
             if summary.fallback:
                 fallbacks.append((cluster.summary_id, summary.fallback))
             if summary.text is None:

@@ -20,12 +20,13 @@ input order. Lines of ``main_events``, ``decisions`` and ``open_loops`` may star
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ctxwarden.errors import InputError, SummarizeError
 from ctxwarden.sentences import cjk_bigrams, fact_values, is_fact, split_sentences, words
@@ -46,12 +47,18 @@ from ctxwarden.types import format_time
 
 __all__ = [
     "LIST_FIELDS",
+    "Background",
     "ExtractiveSummarizer",
     "Summarizer",
     "Summary",
     "SummaryItem",
     "TokenCounter",
+    "cluster_facts",
+    "dropped_sentences",
+    "fact_tokens",
     "line_sources",
+    "lost_facts",
+    "novel_facts",
     "truncate_summary",
 ]
 
@@ -114,6 +121,60 @@ _SUMMARY_HEADERS = {
 }
 
 
+@dataclass(frozen=True)
+class Background:
+    """How many messages of a corpus (everything one compaction run takes) hold each term:
+    what tells a stock phrase from news beyond one cluster.
+
+    A term is *common* when at least ``limit`` messages hold it: the square root of the
+    corpus's size, at least ``floor``. A name said in one message of a thousand is news; a word
+    in one of every thirty (a template's "PR", a channel's running topic) is not: the square
+    root grows with the corpus as a topic's share of it does not, so the rule holds from
+    hundreds of messages to many thousands without a constant tuned to one size. Below
+    ``min_documents`` rarity says nothing (in a small corpus nearly every word is in few
+    messages): such a background is not used (:attr:`measured` is false) and summaries go by
+    the fact signals of :func:`ctxwarden.sentences.fact_values` alone.
+
+    >>> bg = Background.of(["deploy of api", "deploy of web", "deploy of db", "I grew up in Ghent"])
+    >>> bg.limit, bg.common("deploy"), bg.common("ghent"), bg.measured
+    (3, True, False, False)
+    """
+
+    documents: int
+    frequency: Mapping[str, int] = field(default_factory=dict)
+    floor: int = 3
+    min_documents: int = 200
+
+    @property
+    def measured(self) -> bool:
+        """Whether the corpus is big enough for rarity to mean something."""
+        return self.documents >= self.min_documents
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> Background:
+        """Count, for each term, the texts that hold it."""
+        frequency: dict[str, int] = {}
+        documents = 0
+        for text in texts:
+            documents += 1
+            for term in set(_terms(text)):
+                frequency[term] = frequency.get(term, 0) + 1
+        return cls(documents=documents, frequency=frequency)
+
+    @property
+    def limit(self) -> int:
+        """Messages a term must be in to be common."""
+        return max(self.floor, math.ceil(math.sqrt(self.documents)))
+
+    def common(self, term: str) -> bool:
+        """Whether ``term`` is in ``limit`` or more messages of the corpus."""
+        return self.frequency.get(term, 0) >= self.limit
+
+    def news(self, text: str) -> bool:
+        """Whether ``text`` holds a term that is not common (new information)."""
+        return any(not self.common(t) for t in _terms(text))
+
+
 @dataclass
 class _Sentence:
     index: int  # position in input order, the tie-break everywhere
@@ -123,6 +184,10 @@ class _Sentence:
     score: float = 0.0
     cost: int = 0
     fact: bool = False
+    #: the fact's values (:func:`ctxwarden.sentences.fact_values`), normalised
+    values: frozenset[str] = frozenset()
+    #: holds a term no other message of the batch has (new information, not a stock phrase)
+    rare: bool = True
 
 
 def _terms(text: str) -> list[str]:
@@ -137,8 +202,34 @@ def _spam_key(content: str) -> str:
     return " ".join(_VOLATILE.sub("#", text).split())
 
 
+def _values(text: str) -> frozenset[str]:
+    return frozenset(" ".join(v.split()).casefold() for v in fact_values(text))
+
+
+def novel_facts(
+    facts: Sequence[tuple[str, str, tuple[str, ...]]],
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The facts a summary must hold for every value of ``facts`` to be in it: in order, each
+    fact that brings a value no earlier kept fact has. A sentence whose every value is already
+    kept ("+1", a name said again) adds nothing a question could find.
+
+    >>> novel_facts([("m1", "Demo on Friday.", ("Friday",)), ("m2", "ok Friday", ("Friday",))])
+    [('m1', 'Demo on Friday.', ('Friday',))]
+    """
+    seen: set[str] = set()
+    out = []
+    for fact in facts:
+        values = {" ".join(v.split()).casefold() for v in fact[2]}
+        if values - seen:
+            out.append(fact)
+            seen |= values
+    return out
+
+
 def _is_chatter(text: str) -> bool:
     found = words(text)
+    if len(found) < 2 and len(text.strip()) <= 2:
+        return True  # "+1", "ok", "k": a reaction, whatever it is made of
     return not is_fact(text) and (len(found) < 2 or all(w in _ACKS for w in found))
 
 
@@ -175,6 +266,7 @@ class ExtractiveSummarizer:
         spam_share: float = 0.2,
         min_score: float = 0.3,
         boilerplate_repeats: int = 3,
+        background: Background | None = None,
     ) -> None:
         if spam_min_repeats < 2:
             raise InputError("must be 2 or more", field="spam_min_repeats")
@@ -188,6 +280,13 @@ class ExtractiveSummarizer:
         self.spam_share = spam_share
         self.min_score = min_score
         self.boilerplate_repeats = boilerplate_repeats
+        self.background = background if background is not None and background.measured else None
+
+    def with_background(self, background: Background | None) -> ExtractiveSummarizer:
+        """A copy that judges what is news against ``background`` (see :class:`Background`)."""
+        out = copy.copy(self)
+        out.background = background if background is not None and background.measured else None
+        return out
 
     def summarize(
         self, items: Sequence[SummaryItem], *, max_tokens: int, tokenizer: TokenCounter
@@ -221,6 +320,12 @@ class ExtractiveSummarizer:
         chosen = self._choose(sentences, max_tokens - used - 6, self.min_score)
         while True:
             summary = self._with_sections(summary, items, chosen, heads)
+            # An entity a line already names is said once, in its line.
+            shown = "\n".join(
+                [*summary.main_events, *summary.decisions, *summary.open_loops, *spam]
+            ).casefold()
+            named = tuple(e for e in entities if e.casefold() not in shown)
+            summary = replace(summary, key_entities=named)
             if tokenizer.count(summary.render()) <= max_tokens:
                 return summary
             if chosen:
@@ -248,7 +353,11 @@ class ExtractiveSummarizer:
         out = []
         for sentence in sentences:
             text = _CITATION.sub("", sentence.text)
-            values = fact_values(text) if sentence.fact else ()
+            if self.background is None:
+                values = fact_values(text) if sentence.fact else ()
+            else:
+                folded = " ".join(text.split()).casefold()
+                values = tuple(sorted(sentence.values, key=lambda v: (folded.find(v), v)))
             if values:
                 out.append((items[sentence.item].id, text, values))
         return out
@@ -272,7 +381,40 @@ class ExtractiveSummarizer:
             if len(text) > 100:
                 text = text[:97] + "..."
             lines.append((-len(members), members[0], f"{who} x{len(members)}, last: {text}"))
+        for author, members in self._templated(items, spam).items():
+            spam.update(members)
+            text = " ".join(items[members[-1]].content.split())
+            if len(text) > 100:
+                text = text[:97] + "..."
+            lines.append((-len(members), members[0], f"{author} x{len(members)}, last: {text}"))
         return spam, [line for _, _, line in sorted(lines)]
+
+    def _templated(self, items: Sequence[SummaryItem], spam: set[int]) -> dict[str, list[int]]:
+        """A bot's messages written from one template with other values filled in ("Deploy
+        #N of X to Y succeeded"), by author: messages of a bot or tool at least half of whose
+        word pairs (numbers masked) recur in ``boilerplate_repeats`` or more of that author's
+        messages, when there are that many such messages."""
+        pairs_of: dict[int, set[tuple[str, str]]] = {}
+        counts: dict[tuple[str, tuple[str, str]], int] = {}
+        for position, item in enumerate(items):
+            if (
+                position in spam
+                or item.kind == "summary"
+                or item.author_kind not in ("bot", "tool")
+            ):
+                continue
+            found = set(itertools.pairwise(_WORD.findall(_VOLATILE.sub("0", item.content.lower()))))
+            pairs_of[position] = found
+            for pair in found:
+                key = (item.author or "?", pair)
+                counts[key] = counts.get(key, 0) + 1
+        out: dict[str, list[int]] = {}
+        for position, found in pairs_of.items():
+            author = items[position].author or "?"
+            common = sum(counts[(author, p)] >= self.boilerplate_repeats for p in found)
+            if found and common * 2 >= len(found):
+                out.setdefault(author, []).append(position)
+        return {a: m for a, m in out.items() if len(m) >= self.boilerplate_repeats}
 
     def _sentences(
         self, items: Sequence[SummaryItem], spam: set[int]
@@ -296,14 +438,36 @@ class ExtractiveSummarizer:
                         if section == "spam_patterns":
                             carried_spam.append(_CITATION.sub("", text))
                         elif text:
-                            fact = is_fact(_CITATION.sub("", text))
-                            out.append(_Sentence(len(out), position, text, section, fact=fact))
+                            values = _values(_CITATION.sub("", text))
+                            sentence = _Sentence(len(out), position, text, section)
+                            sentence.fact, sentence.values = bool(values), values
+                            out.append(sentence)
                 continue
             for text in split_sentences(item.content):
                 if not _is_chatter(text):
                     sentence = _Sentence(len(out), position, text, "main_events")
-                    sentence.fact = is_fact(text)
+                    sentence.values = _values(text)
+                    sentence.fact = bool(sentence.values)
                     out.append(sentence)
+        # A question someone answered is not a fact of its own (its answer is): only the
+        # values it names are.
+        for index in self._answered_questions(items, out, {}):
+            sentence = out[index]
+            if sentence.values == _values(sentence.text) and len(sentence.values) == 1:
+                (only,) = sentence.values
+                if only == " ".join(sentence.text.split()).casefold():
+                    sentence.fact, sentence.values = False, frozenset()
+        if self.background is not None:
+            # Beyond the cluster: a value every other message of the corpus names (a template's
+            # acronym, a running topic) is no news; a question of stock words neither.
+            # And a word the corpus rarely says ("allergic to almonds") is what a question would
+            # ask for, fact-shaped or not: it is a value of its sentence.
+            news, common = self.background.news, self.background.common
+            for sentence in out:
+                if items[sentence.item].kind != "summary":
+                    kept = {v for v in sentence.values if news(v) or not _terms(v)}
+                    kept.update(t for t in _terms(sentence.text) if not common(t))
+                    sentence.values, sentence.fact = frozenset(kept), bool(kept)
         return out, carried_spam
 
     def _entities(
@@ -374,6 +538,10 @@ class ExtractiveSummarizer:
             infos.append(sum(math.log((1 + documents) / (1 + frequency[t])) + 1 for t in unique))
         top = max(infos, default=1.0) or 1.0
         for sentence, info in zip(sentences, infos, strict=True):
+            if self.background is not None:
+                sentence.rare = self.background.news(sentence.text)
+            else:
+                sentence.rare = any(frequency[t] == 1 for t in _terms(sentence.text))
             item = items[sentence.item]
             text = sentence.text
             score = info / top
@@ -476,13 +644,17 @@ class ExtractiveSummarizer:
         ranked = sorted(
             sentences, key=lambda s: (not s.fact, -s.score / math.sqrt(s.cost), s.index)
         )
+        covered: set[str] = set()
         for sentence in ranked:
             key = " ".join(_terms(sentence.text)) or sentence.text
-            low = sentence.score < min_score and not sentence.fact
+            # A fact whose every value is already kept is kept only on its merit as text.
+            novel = sentence.fact and bool(sentence.values - covered)
+            low = (sentence.score < min_score or not sentence.rare) and not novel
             if low or key in seen or spent + sentence.cost > budget:
                 continue
             seen.add(key)
             chosen.append(sentence)
+            covered |= sentence.values
             spent += sentence.cost
         return chosen
 
@@ -511,3 +683,72 @@ class ExtractiveSummarizer:
             decisions=tuple(sections["decisions"]),
             open_loops=tuple(sections["open_loops"]),
         )
+
+
+# ---------------------------------------------------------------------------- fact checks
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def _item_sentences(item: SummaryItem) -> list[str]:
+    if item.kind != "summary":
+        return split_sentences(item.content)
+    lines = (line.strip().removeprefix("- ") for line in item.content.splitlines()[1:])
+    return [line for line in lines if line and not line.endswith(":")]
+
+
+def cluster_facts(
+    items: Sequence[SummaryItem], background: Background | None = None
+) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The facts of ``items`` as ``(id, sentence, values)`` (:meth:`ExtractiveSummarizer.facts`,
+    judged against ``background`` when given)."""
+    return ExtractiveSummarizer(background=background).facts(items)
+
+
+def lost_facts(
+    items: Sequence[SummaryItem], text: str, background: Background | None = None
+) -> list[tuple[str, str]]:
+    """The fact sentences of ``items`` whose values (numbers, times, names, quoted values; a
+    question or a caseless-script sentence as a whole) are not all in ``text``, as
+    ``(id, sentence)``: what a question about them could no longer find. Repeated messages
+    (a bot's alerts) are noise, not facts (:meth:`ExtractiveSummarizer.facts`); with a
+    ``background``, values the corpus names everywhere are no facts either.
+
+    >>> items = [SummaryItem(id="m1", content="Demo moved to Thursday 10:00.")]
+    >>> lost_facts(items, "[m1] demo moved to Thursday 10:00.")
+    []
+    >>> lost_facts(items, "demo moved")
+    [('m1', 'Demo moved to Thursday 10:00.')]
+    """
+    have = _normal(text)
+    return [
+        (id_, sentence)
+        for id_, sentence, values in cluster_facts(items, background)
+        if not all(_normal(v) in have for v in values)
+    ]
+
+
+def dropped_sentences(items: Sequence[SummaryItem], text: str) -> list[tuple[str, str]]:
+    """The sentences of ``items`` (or lines of earlier summaries) not in ``text`` verbatim, as
+    ``(id, sentence)``: what ``compact --plan`` says a summary drops."""
+    have = _normal(text)
+    return [
+        (item.id, sentence)
+        for item in items
+        for sentence in _item_sentences(item)
+        if _normal(sentence) not in have
+    ]
+
+
+def fact_tokens(
+    items: Sequence[SummaryItem], tokenizer: TokenCounter, background: Background | None = None
+) -> int:
+    """Tokens the fact lines need: each sentence, its ``[id] HH:MM author:`` and the header."""
+    facts = novel_facts(cluster_facts(items, background))
+    if not facts:
+        return 0
+    authors = {item.id: item.author or "" for item in items}
+    text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
+    return tokenizer.count(text) + 24

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
 from ctxwarden.errors import InputError, SummarizeError
+from ctxwarden.sentences import cjk_bigrams, words
 from ctxwarden.types import format_time, parse_time
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SummaryItem",
     "TokenCounter",
     "line_sources",
+    "summary_excerpt",
     "truncate_summary",
 ]
 
@@ -89,6 +91,52 @@ def line_sources(line: str) -> tuple[str, ...]:
     if match is None:
         return ()
     return tuple(part.strip() for part in match.group(1).split(","))
+
+
+def _line_terms(text: str) -> set[str]:
+    """Words of two or more letters (a CJK run gives its character pairs instead)."""
+    return {w for w in words(text) if len(w) > 1} | set(cjk_bigrams(text))
+
+
+def summary_excerpt(content: str, query: str, *, max_lines: int = 6) -> str | None:
+    r"""The lines of a rendered summary that answer ``query``: its header line, then at most
+    ``max_lines`` of its item lines that share a term with the query, in their order; None when
+    no line does (the caller shows the summary whole).
+
+    A summary is one memory with many lines, found by retrieval because some line matches; the
+    matching lines cost what their originals did, the rest of the summary is noise to this
+    query. A query term counts only when fewer than half of the summary's lines hold it (a word
+    on every line, like a common function word, tells lines apart no better than nothing); a
+    line's score is the sum of its terms' rarity among the lines, the best lines are kept.
+    No word list: the same rule for every language (CJK by character pairs).
+
+    >>> text = "Summary of 3 messages\nEvents:\n- [m1] ana: demo on Friday\n- [m2] bo: lunch"
+    >>> print(summary_excerpt(text, "when is the demo?"))
+    Summary of 3 messages
+    - [m1] ana: demo on Friday
+    """
+    lines = content.splitlines()
+    if not lines:
+        return None
+    items = [(n, line) for n, line in enumerate(lines) if line.startswith("- ")]
+    wanted = _line_terms(query)
+    if not items or not wanted:
+        return None
+    holding: dict[str, list[int]] = {}
+    for n, line in items:
+        for term in _line_terms(_CITATION.sub("", line[2:])) & wanted:
+            holding.setdefault(term, []).append(n)
+    scores: dict[int, float] = {}
+    for found in holding.values():
+        if len(found) * 2 > len(items) and len(items) > 2:
+            continue
+        weight = 1.0 / len(found)
+        for n in found:
+            scores[n] = scores.get(n, 0.0) + weight
+    if not scores:
+        return None
+    best = sorted(scores, key=lambda n: (-scores[n], n))[:max_lines]
+    return "\n".join([lines[0], *(lines[n] for n in sorted(best))])
 
 
 def _field_strings(data: Mapping[str, Any], name: str) -> tuple[str, ...]:
