@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import EmbedError, InputError
+from ctxwarden.errors import EmbedError, InputError, StoreUnavailable
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.semantic import (
     MERGE_STATUS,
@@ -99,6 +99,11 @@ class Embeddings:
         self._query_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
         self._clean = 0
         self._covered = 0
+        # What a catch-up could not finish on the request path, for the worker: vectors the
+        # store was too busy to take, and rowids layer C has not looked at.
+        self._unsaved_lock = threading.Lock()
+        self._unsaved: list[tuple[str, list[int], npt.NDArray[np.float32]]] = []
+        self._unfolded: list[int] = []
 
     def close(self) -> None:
         """Stop the background worker, if one runs, once it finishes its slice, and the
@@ -197,26 +202,49 @@ class Embeddings:
         return np.vstack(parts) if parts else self.embedder.embed([])
 
     def catch_up(self, tenant: str, scope: ReadScope | None) -> tuple[int, tuple[str, ...]]:
-        """Before a query's retrieval: embed what this engine ingested that is still pending,
-        at most ``config.assemble_embed_limit`` texts, so retrieval sees every memory ingested
-        before it. Returns how many memories are still pending (0: none, whatever the
-        scope) and the ids of those visible in ``scope`` (at most :data:`LEXICAL_ONLY_LISTED`),
-        which are searched by words only. A no-op with ``embed="off"`` (vectors are then the
-        caller's business) or when nothing was ingested since the last complete pass."""
+        """Before a query's retrieval: embed the memories still pending that ``tenant`` and
+        ``scope`` can see (those the query searches), so retrieval sees every memory ingested
+        before it; at most ``config.assemble_embed_limit`` texts and
+        ``config.assemble_embed_seconds`` of the request's time. Returns how many memories are
+        still pending (0: none, whatever the scope) and the ids of those visible in ``scope``
+        (at most :data:`LEXICAL_ONLY_LISTED`), which are searched by words only. A no-op with
+        ``embed="off"`` (vectors are then the caller's business) or when nothing was ingested
+        since the last complete pass.
+
+        Bounded by time, not only by count (issue 20): the embedding lock is waited for at most
+        the time bound (the worker holds it one batch at a time, and a batch's write may wait
+        for other processes' writers), texts are embedded in slices of :data:`_SLICE` with a
+        look at the deadline between two, and the vectors are written only if the store's
+        write lock comes within what is left of the bound (at least one try). Vectors the
+        store could not take now are handed to the worker thread, which writes them off the
+        request path; this turn searches those memories by words."""
         if self.config.embed == "off" or self._clean == self._generation:
             return 0, ()
         usable, others = self.vectors_usable()
         if others and not usable:
             return 0, ()  # another model's vectors: assembly notes it, nothing to catch up
         model = self.embedder.name
-        cap = self.config.assemble_embed_limit
-        if cap:
-            _, exhausted = self._embed_from(
-                self._covered, min(cap, self.config.embed_batch), cap, None
-            )
-            if exhausted:
-                return 0, ()
-        left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
+        cap, seconds = self.config.assemble_embed_limit, self.config.assemble_embed_seconds
+        deadline = time.monotonic() + seconds
+        embedded: set[int] = set()
+        if cap and seconds and self._embed_lock.acquire(timeout=seconds):
+            try:
+                generation, after = self._generation, self._covered
+                left = self.store.pending_embeddings(model, after=after, limit=PENDING_COUNTED)
+                if not left:
+                    # Everything this engine ingested before `generation` has a vector now.
+                    self._clean = max(self._clean, generation)
+                    return 0, ()
+                embedded = self._embed_in_scope(model, left, tenant, scope, cap, deadline)
+                if len(embedded) == len(left) < PENDING_COUNTED:
+                    self._covered = max(self._covered, left[-1][0])
+                    self._clean = max(self._clean, generation)
+                    return 0, ()
+            finally:
+                self._embed_lock.release()
+        else:
+            left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
+        left = [(r, t) for r, t in left if r not in embedded]
         if not left:
             return 0, ()
         if self.config.embed == "background":
@@ -227,6 +255,73 @@ class Embeddings:
             if m.tenant == tenant and in_scope(m, scope)
         ]
         return len(left), tuple(visible[:LEXICAL_ONLY_LISTED])
+
+    def _embed_in_scope(
+        self,
+        model: str,
+        pending: list[tuple[int, str]],
+        tenant: str,
+        scope: ReadScope | None,
+        cap: int,
+        deadline: float,
+    ) -> set[int]:
+        """Embed the first ``cap`` of ``pending`` that ``tenant`` and ``scope`` see, slice by
+        slice until ``deadline``, and store their vectors if the write lock comes before it
+        (else the worker stores them); the rowids now searchable by vector. Called holding
+        the embedding lock."""
+        texts = dict(pending[: LEXICAL_ONLY_LISTED * 4])
+        wanted = [
+            m.rowid
+            for m in self.store.memories_at(list(texts))
+            if m.tenant == tenant and in_scope(m, scope)
+        ][:cap]
+        rowids: list[int] = []
+        parts: list[npt.NDArray[np.float32]] = []
+        for start in range(0, len(wanted), _SLICE):
+            if time.monotonic() >= deadline:
+                break
+            chunk = wanted[start : start + _SLICE]
+            parts.append(self.embedder.embed([texts[r][:4000] for r in chunk]))
+            rowids.extend(chunk)
+        if not rowids:
+            return set()
+        vectors = np.vstack(parts)
+        try:
+            self.store.put_vectors(
+                model, rowids, vectors, wait=max(0.0, deadline - time.monotonic())
+            )
+        except StoreUnavailable as exc:  # another writer holds the file: the worker writes them
+            log.info("caught-up vectors left to the worker: %s", exc)
+            with self._unsaved_lock:
+                self._unsaved.append((model, rowids, vectors))
+            if self.config.embed == "background":
+                self._wake_worker()  # with "sync" the next ingest's pass writes them
+            return set()
+        if self._vector_state is None or not self._vector_state[0]:
+            self._vector_state = None  # the first vectors of this model: usable now
+        if self.config.semantic.enabled:
+            with self._unsaved_lock:
+                self._unfolded.extend(rowids)  # folds write too: the worker makes them
+            if self.config.embed == "background":
+                self._wake_worker()
+        return set(rowids)
+
+    def _save_handed_over(self) -> None:
+        """Write the vectors a catch-up could not (the store was busy) and fold what catch-ups
+        embedded (layer C), in the worker or the next pass; called holding the embedding lock."""
+        with self._unsaved_lock:
+            unsaved, self._unsaved = self._unsaved, []
+            unfolded, self._unfolded = self._unfolded, []
+        try:
+            for model, rowids, vectors in unsaved:
+                self.store.put_vectors(model, rowids, vectors)
+                unfolded.extend(rowids)
+        except BaseException:
+            with self._unsaved_lock:  # kept for the next try
+                self._unsaved[:0] = unsaved
+            raise
+        if unfolded and self.config.semantic.enabled:
+            self._fold_semantic(self.store.memories_at(sorted(unfolded)), self.embedder.name)
 
     def _fold_semantic(
         self,
@@ -298,6 +393,7 @@ class Embeddings:
         self._generation += 1
         if edited:
             self._covered = 0
+            self._drop_handed_over()  # a vector made for the text an edit replaced
         if self.config.embed == "sync":
             try:
                 self._embed_new()
@@ -319,6 +415,11 @@ class Embeddings:
         ``max(rowid) + 1``), so the next pass starts from the first rowid again."""
         self._covered = 0
         self._generation += 1
+        self._drop_handed_over()  # vectors of erased rows: their rowids may be reused
+
+    def _drop_handed_over(self) -> None:
+        with self._unsaved_lock:
+            self._unsaved, self._unfolded = [], []
 
     def _embed_new(self) -> None:
         """Embed what was ingested since the last complete pass (past the watermark)."""
@@ -328,6 +429,9 @@ class Embeddings:
                 f"the store holds vectors of {', '.join(map(repr, others))} but this engine "
                 f"embeds with {self.embedder.name!r}: run `ctxwarden embed --reembed`"
             )
+        if self._unsaved or self._unfolded:
+            with self._embed_lock:
+                self._save_handed_over()
         self._embed_from(self._covered, self.config.embed_batch, None, None)
 
     def _embed_loop(self) -> None:

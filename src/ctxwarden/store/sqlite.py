@@ -104,6 +104,12 @@ BUSY_SLICE_MS = 10
 _ACCESS_BUMP = access_bump("max")
 
 
+def _setting(limit: float, timeout: float) -> str:
+    """Names the setting in an error when the wait that ran out (``limit``) was the store's
+    ``timeout``; a shorter one was the caller's (a cache write on a request's path)."""
+    return " (the store_timeout setting)" if limit == timeout else ""
+
+
 def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
     """Turn on FTS5's ``secure-delete`` (SQLite >= 3.44: a deleted row's terms leave the index
     pages at delete time); False where this SQLite lacks it (scrub then merges the index)."""
@@ -167,8 +173,12 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
     # -- writes -----------------------------------------------------------------------------
 
     @contextmanager
-    def write(self) -> Iterator[_SQLiteWriter]:
+    def write(self, *, wait: float | None = None) -> Iterator[_SQLiteWriter]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
+
+        ``wait``: how long to wait for the write lock at most, in seconds (None: the store's
+        :attr:`timeout`; never longer than it). 0 tries once: a cache write on a request's path
+        takes the lock only if it is free soon, and is skipped otherwise.
 
         A cause outside ctxwarden (disk full, a read-only file, the lock held past
         :attr:`timeout` or lost, an I/O error) raises
@@ -176,7 +186,8 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         as it was. SQLite itself rolls back on some of these (a full disk, an I/O error), so
         the ROLLBACK runs only while a transaction is open, and its own failure never hides
         the cause."""
-        self._begin(time.monotonic() + self.timeout)  # the store's lock is held from here
+        limit = self.timeout if wait is None else max(0.0, min(wait, self.timeout))
+        self._begin(time.monotonic() + limit, limit)  # the store's lock is held from here
         try:
             writer = _SQLiteWriter(self._conn)
             try:
@@ -197,7 +208,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         finally:
             self._lock.release()
 
-    def _begin(self, deadline: float) -> None:
+    def _begin(self, deadline: float, limit: float) -> None:
         """Take the store's lock and BEGIN IMMEDIATE, retried until ``deadline`` while another
         connection writes; returns holding the lock, with the transaction open.
 
@@ -213,7 +224,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
                 raise StoreUnavailable(
                     "locked",
                     f"writing: other requests of this process held {self.path} for over "
-                    f"{self.timeout:g}s (the store_timeout setting); nothing was changed: retry",
+                    f"{limit:g}s{_setting(limit, self.timeout)}; nothing was changed: retry",
                 )
             try:
                 self._check_open()
@@ -224,7 +235,10 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
                 except sqlite3.DatabaseError as exc:
                     busy = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (5, 6)
                     if not busy or time.monotonic() >= deadline:
-                        raise self._translate(exc, "starting a write transaction") from exc
+                        cause = unavailable(exc, self.path, "starting a write transaction", limit)
+                        if cause is not None:
+                            raise cause from exc
+                        raise StoreError(f"starting a write transaction failed: {exc}") from exc
                 finally:
                     conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             except BaseException:
@@ -263,11 +277,12 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         finally:
             self._lock.release()
 
-    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
-        """Cache token counts computed after ingest."""
+    def put_token_counts(self, counts: Sequence[TokenCount], *, wait: float | None = None) -> None:
+        """Cache token counts computed after ingest (waiting at most ``wait`` seconds for the
+        write lock, see :meth:`write`)."""
         if not counts:
             return
-        with self.write() as writer:
+        with self.write(wait=wait) as writer:
             writer.put_token_counts(counts)
 
     def log_context(self, entry: ContextLog) -> None:
