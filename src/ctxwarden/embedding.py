@@ -10,7 +10,10 @@ for the embedder and :meth:`Embeddings.vectors_usable`. The fold decisions are
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -54,8 +57,14 @@ QUERY_CACHE_SIZE = 256
 COALESCE_SECONDS = 0.05
 
 
-#: Texts embedded between two looks at the stop flag.
+#: Texts embedded between two looks at the stop flag (or at a catch-up's deadline).
 _SLICE = 8
+#: How much nicer than its process the background worker runs (Linux, where a thread's nice
+#: value is its own): under CPU pressure request threads, and the query's embedding, run
+#: first; the worker takes what is left (it only makes retrieval by meaning arrive sooner).
+#: Beside two library writers on a loaded 2-core machine a request waited for the CPU behind
+#: three processes' embedding workers (bench/reliability.py, contention).
+WORKER_NICENESS = 10
 
 
 class _ClosingError(Exception):
@@ -211,7 +220,8 @@ class Embeddings:
         ``embed="off"`` (vectors are then the caller's business) or when nothing was ingested
         since the last complete pass.
 
-        Bounded by time, not only by count (issue 20): the embedding lock is waited for at most
+        Bounded by time, not only by count (issue 20): the embedding lock is waited for (only
+        when a memory the query can see is pending) at most
         the time bound (the worker holds it one batch at a time, and a batch's write may wait
         for other processes' writers), texts are embedded in slices of :data:`_SLICE` with a
         look at the deadline between two, and the vectors are written only if the store's
@@ -226,63 +236,61 @@ class Embeddings:
         model = self.embedder.name
         cap, seconds = self.config.assemble_embed_limit, self.config.assemble_embed_seconds
         deadline = time.monotonic() + seconds
-        embedded: set[int] = set()
-        if cap and seconds and self._embed_lock.acquire(timeout=seconds):
+        left, visible = self._pending(model, tenant, scope)
+        # Waited for only when a memory this query can see is pending: a backlog of other
+        # sessions' (or processes') memories is the worker's business.
+        if left and visible and cap and seconds and self._embed_lock.acquire(timeout=seconds):
             try:
-                generation, after = self._generation, self._covered
-                left = self.store.pending_embeddings(model, after=after, limit=PENDING_COUNTED)
-                if not left:
-                    # Everything this engine ingested before `generation` has a vector now.
-                    self._clean = max(self._clean, generation)
-                    return 0, ()
-                embedded = self._embed_in_scope(model, left, tenant, scope, cap, deadline)
-                if len(embedded) == len(left) < PENDING_COUNTED:
+                generation = self._generation
+                left, visible = self._pending(model, tenant, scope)  # what the worker left
+                texts = dict(left)
+                done = self._embed_rows(
+                    model, [(m.rowid, texts[m.rowid]) for m in visible][:cap], deadline
+                )
+                if done and len(done) == len(left) < PENDING_COUNTED:
                     self._covered = max(self._covered, left[-1][0])
                     self._clean = max(self._clean, generation)
-                    return 0, ()
+                left = [(r, t) for r, t in left if r not in done]
+                visible = [m for m in visible if m.rowid not in done]
             finally:
                 self._embed_lock.release()
-        else:
-            left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
-        left = [(r, t) for r, t in left if r not in embedded]
         if not left:
             return 0, ()
         if self.config.embed == "background":
             self._wake_worker()  # a backlog (a bulk ingest, a previous process's): embed it
+        return len(left), tuple(m.id for m in visible[:LEXICAL_ONLY_LISTED])
+
+    def _pending(
+        self, model: str, tenant: str, scope: ReadScope | None
+    ) -> tuple[list[tuple[int, str]], list[Memory]]:
+        """The memories still pending past the watermark (rowid, text; at most
+        :data:`PENDING_COUNTED`) and those of them ``tenant`` and ``scope`` see (among the
+        first ``4 * LEXICAL_ONLY_LISTED``). None pending: this engine's ingests so far are all
+        embedded (the next catch-up is a no-op until the next ingest)."""
+        generation = self._generation
+        left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
+        if not left:
+            self._clean = max(self._clean, generation)
+            return [], []
         visible = [
-            m.id
+            m
             for m in self.store.memories_at([r for r, _ in left[: LEXICAL_ONLY_LISTED * 4]])
             if m.tenant == tenant and in_scope(m, scope)
         ]
-        return len(left), tuple(visible[:LEXICAL_ONLY_LISTED])
+        return left, visible
 
-    def _embed_in_scope(
-        self,
-        model: str,
-        pending: list[tuple[int, str]],
-        tenant: str,
-        scope: ReadScope | None,
-        cap: int,
-        deadline: float,
-    ) -> set[int]:
-        """Embed the first ``cap`` of ``pending`` that ``tenant`` and ``scope`` see, slice by
-        slice until ``deadline``, and store their vectors if the write lock comes before it
-        (else the worker stores them); the rowids now searchable by vector. Called holding
-        the embedding lock."""
-        texts = dict(pending[: LEXICAL_ONLY_LISTED * 4])
-        wanted = [
-            m.rowid
-            for m in self.store.memories_at(list(texts))
-            if m.tenant == tenant and in_scope(m, scope)
-        ][:cap]
+    def _embed_rows(self, model: str, rows: list[tuple[int, str]], deadline: float) -> set[int]:
+        """Embed ``rows`` (rowid, text) slice by slice until ``deadline`` and store their
+        vectors if the write lock comes before it (else the worker stores them); the rowids
+        now searchable by vector. Called holding the embedding lock."""
         rowids: list[int] = []
         parts: list[npt.NDArray[np.float32]] = []
-        for start in range(0, len(wanted), _SLICE):
+        for start in range(0, len(rows), _SLICE):
             if time.monotonic() >= deadline:
                 break
-            chunk = wanted[start : start + _SLICE]
-            parts.append(self.embedder.embed([texts[r][:4000] for r in chunk]))
-            rowids.extend(chunk)
+            chunk = rows[start : start + _SLICE]
+            parts.append(self.embedder.embed([text[:4000] for _, text in chunk]))
+            rowids.extend(r for r, _ in chunk)
         if not rowids:
             return set()
         vectors = np.vstack(parts)
@@ -435,6 +443,7 @@ class Embeddings:
         self._embed_from(self._covered, self.config.embed_batch, None, None)
 
     def _embed_loop(self) -> None:
+        _lower_priority(WORKER_NICENESS)
         while not self._embed_stop.is_set():
             self._embed_wake.wait()
             # Coalesce: the ingests of a burst are embedded together, in full batches.
@@ -490,3 +499,13 @@ class Embeddings:
                 others = tuple(sorted(m for m in models if m != name))
                 self._vector_state = (name in models, others)
         return self._vector_state
+
+
+def _lower_priority(by: int) -> None:
+    """Make the calling thread ``by`` nicer (Linux: ``setpriority`` on a thread id applies to
+    that thread only; elsewhere it would renice the process, so nothing is done)."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):  # not permitted, or no such call: run as is
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
