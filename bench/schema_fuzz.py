@@ -214,7 +214,6 @@ def main(argv: list[str] | None = None) -> list[Result]:
         tempfile.TemporaryDirectory(prefix="schemafuzz-") as folder,
         serve(Path(folder), args.embed) as base,
     ):
-        seed_store(base)
         loaded = schemathesis.openapi.from_url(f"{base}/openapi.json")
         loaded.config.update(base_url=base)
         loaded.config.generation.codec = None  # all of Unicode (UTF-8 leaves surrogates out)
@@ -229,6 +228,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             parser.error(f"--operations: no operation matches {args.operations!r}")
         for number, (method, path) in enumerate(operations):
             name = f"{method} {path}"
+            seed_store(base)  # again: an erasure fuzzed before may have emptied the store
             results.append(fuzz(loaded[path][method], name, args.examples, args.seed + number))
             print(f"done: {name}", flush=True)
     print()

@@ -120,26 +120,6 @@ def test_assemble_embeds_the_pending_few_while_the_worker_is_busy(clock: Clock) 
         assert context.report.lexical_only == ()
 
 
-def test_assemble_waits_for_a_busy_worker_at_most_its_time_bound(clock: Clock) -> None:
-    embedder = _Gated()  # the worker's batch never finishes while the assemble runs
-    config = EngineConfig(assemble_embed_seconds=0.2)
-    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
-        engine.ingest(_records(clock.now - DAY))
-        try:
-            for _ in range(2000):  # the worker holds the embedding lock, inside embed
-                if embedder.calls:
-                    break
-                threading.Event().wait(0.01)
-            assert embedder.calls == 1
-            context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
-            # An unbounded wait would have lasted until the gate's own timeout, then found
-            # everything embedded (lexical_only empty).
-            assert set(context.report.lexical_only) == {f"m{i}" for i in range(len(_MEMORIES))}
-            assert any("assemble_embed_seconds 0.2" in n for n in context.report.notes)
-        finally:
-            embedder.gate.set()
-
-
 class _Flaky(StaticEmbedder):
     """The static model, failing while ``fail`` is set; every text it embedded is kept."""
 
@@ -153,6 +133,39 @@ class _Flaky(StaticEmbedder):
             raise EmbedError("the embedder is down (a test)")
         self.texts.extend(texts)
         return super().embed(texts)
+
+
+class _Slow(_Flaky):
+    """:class:`_Flaky` whose every call, once up, takes ``pause`` seconds."""
+
+    pause = 0.0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        vectors = super().embed(texts)
+        threading.Event().wait(self.pause)
+        return vectors
+
+
+@pytest.mark.parametrize(("seconds", "embedded"), [(0.2, 8), (60.0, 32)])
+def test_the_catch_up_stops_at_its_time_bound_or_its_count(
+    clock: Clock, seconds: float, embedded: int
+) -> None:
+    """40 memories of the query's session pending, an embedder that takes 0.3 s a call (a
+    slice of 8): with a 0.2 s bound the catch-up stops after its first slice, with a generous
+    one at assemble_embed_limit (32). No worker runs ("sync", the embedder down at ingest)."""
+    embedder = _Slow()
+    config = EngineConfig(embed="sync", assemble_embed_seconds=seconds)
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest([
+            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
+             "created_at": clock.now - DAY + i}
+            for i in range(40)
+        ])  # fmt: skip
+        embedder.fail, embedder.pause = False, 0.3
+        context = engine.assemble(session="s", query="what grows there?", budget=2000)
+        assert len(context.report.lexical_only) == 40 - embedded
+        assert len(engine.store.pending_embeddings(engine.embedder.name)) == 40 - embedded
+        assert any(f"assemble_embed_seconds {seconds:g}" in n for n in context.report.notes)
 
 
 def test_caught_up_vectors_the_busy_store_cannot_take_are_written_later(

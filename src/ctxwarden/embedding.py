@@ -59,11 +59,13 @@ COALESCE_SECONDS = 0.05
 
 #: Texts embedded between two looks at the stop flag (or at a catch-up's deadline).
 _SLICE = 8
-#: How much nicer than its process the background worker runs (Linux, where a thread's nice
-#: value is its own): under CPU pressure request threads, and the query's embedding, run
-#: first; the worker takes what is left (it only makes retrieval by meaning arrive sooner).
-#: Beside two library writers on a loaded 2-core machine a request waited for the CPU behind
-#: three processes' embedding workers (bench/reliability.py, contention).
+#: How much nicer than its process the background worker's model runs (Linux, where a
+#: thread's nice value is its own): under CPU pressure request threads, and the query's
+#: embedding, run first; the worker takes what is left (it only makes retrieval by meaning
+#: arrive sooner). Beside two library writers on a loaded 2-core machine a request waited for
+#: the CPU behind three processes' embedding workers (bench/reliability.py, contention). Only
+#: the model runs there (a thread of its own): the worker's store writes hold the store's lock,
+#: which requests wait for, so they keep the process's priority (no priority inversion).
 WORKER_NICENESS = 10
 
 
@@ -105,6 +107,7 @@ class Embeddings:
         self._generation = 1
         self._query_lock = threading.Lock()
         self._query_pool: ThreadPoolExecutor | None = None
+        self._model_pool: ThreadPoolExecutor | None = None  # the worker's model, niced
         self._query_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
         self._clean = 0
         self._covered = 0
@@ -126,6 +129,9 @@ class Embeddings:
             self._embed_wake.set()
             thread.join()
             self._embed_thread = None
+        if self._model_pool is not None:
+            self._model_pool.shutdown(wait=True)
+            self._model_pool = None
 
     @property
     def embedder(self) -> Embedder:
@@ -203,11 +209,25 @@ class Embeddings:
     def _embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         # In slices, so close() waits for one slice (~80 ms of MiniLM), not a whole batch: a
         # stopped batch is abandoned before anything of it is stored.
+        embed: Callable[[list[str]], npt.NDArray[np.float32]] = self.embedder.embed
+        if threading.current_thread() is self._embed_thread:
+            if self._model_pool is None:
+                self._model_pool = ThreadPoolExecutor(
+                    1,
+                    thread_name_prefix="ctxwarden-embed-model",
+                    initializer=_lower_priority,
+                    initargs=(WORKER_NICENESS,),
+                )
+            pool = self._model_pool
+
+            def embed(batch: list[str]) -> npt.NDArray[np.float32]:
+                return pool.submit(self.embedder.embed, batch).result()
+
         parts = []
         for start in range(0, len(texts), _SLICE):
             if self._embed_stop.is_set():
                 raise _ClosingError
-            parts.append(self.embedder.embed([t[:4000] for t in texts[start : start + _SLICE]]))
+            parts.append(embed([t[:4000] for t in texts[start : start + _SLICE]]))
         return np.vstack(parts) if parts else self.embedder.embed([])
 
     def catch_up(self, tenant: str, scope: ReadScope | None) -> tuple[int, tuple[str, ...]]:
@@ -220,14 +240,16 @@ class Embeddings:
         ``embed="off"`` (vectors are then the caller's business) or when nothing was ingested
         since the last complete pass.
 
-        Bounded by time, not only by count (issue 20): the embedding lock is waited for (only
-        when a memory the query can see is pending) at most
-        the time bound (the worker holds it one batch at a time, and a batch's write may wait
-        for other processes' writers), texts are embedded in slices of :data:`_SLICE` with a
-        look at the deadline between two, and the vectors are written only if the store's
-        write lock comes within what is left of the bound (at least one try). Vectors the
-        store could not take now are handed to the worker thread, which writes them off the
-        request path; this turn searches those memories by words."""
+        Bounded by time, not only by count (issue 20): texts are embedded in slices of
+        :data:`_SLICE` with a look at the deadline between two, and the vectors are written
+        only if the store's write lock comes within what is left of the bound (at least one
+        try). Vectors the store could not take now are handed to the worker thread, which
+        writes them off the request path; this turn searches those memories by words. The
+        worker's embedding lock is not waited for: the worker holds it for whole batches (and
+        their writes, which wait for other processes' writers), in rowid order from its
+        watermark, while a catch-up takes only the query's own pending memories, usually the
+        newest. One embedded by both at once costs one more embedding; the second vector
+        replaces an identical first."""
         if self.config.embed == "off" or self._clean == self._generation:
             return 0, ()
         usable, others = self.vectors_usable()
@@ -237,23 +259,13 @@ class Embeddings:
         cap, seconds = self.config.assemble_embed_limit, self.config.assemble_embed_seconds
         deadline = time.monotonic() + seconds
         left, visible = self._pending(model, tenant, scope)
-        # Waited for only when a memory this query can see is pending: a backlog of other
-        # sessions' (or processes') memories is the worker's business.
-        if left and visible and cap and seconds and self._embed_lock.acquire(timeout=seconds):
-            try:
-                generation = self._generation
-                left, visible = self._pending(model, tenant, scope)  # what the worker left
-                texts = dict(left)
-                done = self._embed_rows(
-                    model, [(m.rowid, texts[m.rowid]) for m in visible][:cap], deadline
-                )
-                if done and len(done) == len(left) < PENDING_COUNTED:
-                    self._covered = max(self._covered, left[-1][0])
-                    self._clean = max(self._clean, generation)
-                left = [(r, t) for r, t in left if r not in done]
-                visible = [m for m in visible if m.rowid not in done]
-            finally:
-                self._embed_lock.release()
+        if visible and cap and seconds:
+            texts = dict(left)
+            done = self._embed_rows(
+                model, [(m.rowid, texts[m.rowid]) for m in visible][:cap], deadline
+            )
+            left = [(r, t) for r, t in left if r not in done]
+            visible = [m for m in visible if m.rowid not in done]
         if not left:
             return 0, ()
         if self.config.embed == "background":
@@ -282,7 +294,7 @@ class Embeddings:
     def _embed_rows(self, model: str, rows: list[tuple[int, str]], deadline: float) -> set[int]:
         """Embed ``rows`` (rowid, text) slice by slice until ``deadline`` and store their
         vectors if the write lock comes before it (else the worker stores them); the rowids
-        now searchable by vector. Called holding the embedding lock."""
+        now searchable by vector."""
         rowids: list[int] = []
         parts: list[npt.NDArray[np.float32]] = []
         for start in range(0, len(rows), _SLICE):
@@ -443,7 +455,6 @@ class Embeddings:
         self._embed_from(self._covered, self.config.embed_batch, None, None)
 
     def _embed_loop(self) -> None:
-        _lower_priority(WORKER_NICENESS)
         while not self._embed_stop.is_set():
             self._embed_wake.wait()
             # Coalesce: the ingests of a burst are embedded together, in full batches.

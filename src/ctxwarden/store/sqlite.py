@@ -96,9 +96,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: How long one try to start a write transaction waits on SQLite's busy handler (ms) before
-#: :meth:`SQLiteStore.write` tries again, until the store's timeout (see ``_begin``).
-BUSY_SLICE_MS = 10
+#: How long a write waiting for another connection's write lock pauses between two tries to
+#: start its transaction (seconds), holding nothing (see ``_begin``).
+BUSY_PAUSE_SECONDS = 0.002
 
 #: The inclusion log's access-stats bump in SQLite's dialect.
 _ACCESS_BUMP = access_bump("max")
@@ -215,9 +215,11 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         SQLite's own busy handler sleeps ever longer between tries (up to 100 ms), so a
         waiter beside writers that commit back to back kept missing the moments the lock was
         free: server requests waited up to 23.6 s beside two library writers (issue 20). Here
-        each try waits at most :data:`BUSY_SLICE_MS` (SQLite's first sleeps: 1, 2, 5 ms), so
-        a waiter asks again every few milliseconds until its deadline; between tries the
-        store's lock is let go, so this process's reads go on meanwhile."""
+        each try takes the lock only if it is free (a busy timeout of 0) and a waiter asks again
+        every :data:`BUSY_PAUSE_SECONDS` until its deadline. The store's lock is held only for
+        the try itself: a try that waited in SQLite's busy handler (10 ms slices, before) held
+        it meanwhile, and every read of this process (a retrieval runs ~20 statements) queued
+        behind each slice, beside other processes' writers."""
         conn = self._conn
         while True:
             if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -228,7 +230,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
                 )
             try:
                 self._check_open()
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_SLICE_MS}")
+                conn.execute("PRAGMA busy_timeout = 0")
                 try:
                     conn.execute("BEGIN IMMEDIATE")
                     return
@@ -245,7 +247,7 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
                 self._lock.release()
                 raise
             self._lock.release()
-            time.sleep(0)  # let a thread waiting for the store's lock have it
+            time.sleep(BUSY_PAUSE_SECONDS)  # reads of this process go on meanwhile
 
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (a failed ROLLBACK is
