@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -54,6 +55,7 @@ class Row:
     server_errors: int | None = None
     canary_bytes: int | None = None
     slowest: float | None = None
+    p99: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def clean(self) -> bool:
@@ -81,6 +83,7 @@ COLUMNS = (
     ("errors", "errors"),
     ("5xx", "server_errors"),
     ("canary bytes", "canary_bytes"),
+    ("p99 (s)", "p99"),
     ("slowest (s)", "slowest"),
 )
 
@@ -358,8 +361,34 @@ class Load:
     failed: Counter[str] = field(default_factory=Counter)  # 5xx by status
     gone: str | None = None  # why a client stopped before it was told to
     slowest: float = 0.0
+    #: Every answered request's time by path (``/v1/ingest``, ``/v1/assemble``), in seconds.
+    took: dict[str, list[float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     answered: threading.Event = field(default_factory=threading.Event)  # a first 200 came
+
+    def p99(self) -> float | None:
+        """The 99th percentile of every answered request's time (None: none answered)."""
+        return percentile([t for times in self.took.values() for t in times], 99)
+
+    def summary(self) -> str:
+        """Per path: requests, p50, p99 and the slowest, for a row's notes."""
+        parts = []
+        for path, times in sorted(self.took.items()):
+            p50, p99 = percentile(times, 50), percentile(times, 99)
+            parts.append(
+                f"{path}: {len(times):,} requests, p50 {p50:.3f} s, p99 {p99:.3f} s, "
+                f"slowest {max(times):.3f} s"
+            )
+        return "; ".join(parts)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile of ``values`` (nearest rank), None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
 
 
 def http_client(
@@ -398,6 +427,7 @@ def http_client(
             took = time.perf_counter() - began
             with load.lock:
                 load.slowest = max(load.slowest, took)
+                load.took.setdefault(path, []).append(took)
                 if response.status_code >= 500:
                     load.server_errors += 1
                     load.failed[str(response.status_code)] += 1

@@ -69,6 +69,7 @@ import numpy as np
 
 from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
+from ctxwarden.config import SERVER_STORE_TIMEOUT
 from ctxwarden.engine import EngineConfig
 from ctxwarden.errors import CtxwardenError, NotFound
 
@@ -84,6 +85,7 @@ from crashkit import (
     http_client,
     kill,
     library_writer,
+    percentile,
     read_acks,
     run_cli,
     start_server,
@@ -146,6 +148,7 @@ def serve_crash(
     row = Row("kill -9: ctxwarden serve, HTTP ingest", kills=0, acknowledged=0, lost=0, wrong=0)
     row.integrity_failures, row.server_errors, row.errors, row.slowest = 0, 0, 0, 0.0
     everything: dict[str, str] = {}
+    took: dict[str, list[float]] = {}
     for k in range(kills):
         server, url = start_server(db)
         load, stop = Load(), threading.Event()
@@ -172,12 +175,15 @@ def serve_crash(
         if load.failed:
             row.notes.append(f"5xx answers: {dict(load.failed)}")
         row.slowest = max(row.slowest, load.slowest)
+        for path, times in load.took.items():
+            took.setdefault(path, []).extend(times)
         tally(row, verify(db, load.acked, expected), load.acked)
         everything.update(load.acked)
     if kills:
         final = verify(db, everything, expected)
         row.lost = max(row.lost or 0, final.lost)
         row.wrong = max(row.wrong or 0, final.wrong)
+    row.p99 = percentile([t for times in took.values() for t in times], 99)
     return row
 
 
@@ -227,8 +233,13 @@ def contention(
         row.notes.append(f"other answers: {dict(load.other)}")
     if load.failed:
         row.notes.append(f"5xx answers: {dict(load.failed)}")
-    row.slowest = load.slowest
+    row.slowest, row.p99 = load.slowest, load.p99()
     row.notes.append(f"{len(load.acked):,} records acknowledged over HTTP, the rest by writers")
+    row.notes.append(load.summary())
+    over = sum(t > SERVER_STORE_TIMEOUT for times in load.took.values() for t in times)
+    row.notes.append(
+        f"{over} requests over the server's store wait limit ({SERVER_STORE_TIMEOUT:g} s)"
+    )
     if load.gone:  # nobody killed this server: a client that lost it is a failure
         row.errors += 1
         row.notes.append(f"a client lost the server: {load.gone}")
@@ -374,7 +385,7 @@ def _concurrent_worker(db: str, p: int, per: int, now: float, barrier: Any, out:
     barrier.wait()
     acked: list[tuple[str, str]] = []
     errors: Counter[str] = Counter()
-    slowest = 0.0
+    times: list[float] = []
     for i in range(per):
         shared = i % 4 == 0  # the same text from every process: one stored, the rest fold
         item = {
@@ -391,9 +402,9 @@ def _concurrent_worker(db: str, p: int, per: int, now: float, barrier: Any, out:
             acked.append((outcome.id, outcome.status))
         except (CtxwardenError, sqlite3.Error) as exc:
             errors["database is locked" if "locked" in str(exc) else type(exc).__name__] += 1
-        slowest = max(slowest, time.perf_counter() - began)
+        times.append(time.perf_counter() - began)
     engine.close()
-    out.put({"acked": acked, "errors": dict(errors), "slowest": slowest})
+    out.put({"acked": acked, "errors": dict(errors), "times": times})
 
 
 def concurrency(folder: Path, processes: int, per_process: int) -> Row:
@@ -424,7 +435,8 @@ def concurrency(folder: Path, processes: int, per_process: int) -> Row:
     row = Row(f"{processes} processes x {per_process:,} single ingests, one file", kills=None)
     row.acknowledged, row.lost, row.wrong, row.integrity_failures = len(acked), 0, 0, 0
     row.errors = sum(errors.values())
-    row.slowest = max(r["slowest"] for r in reports)
+    times = [t for r in reports for t in r["times"]]
+    row.slowest, row.p99 = max(times, default=0.0), percentile(times, 99)
     if errors:
         row.notes.append(f"errors: {dict(errors)}")
     faults = check_store(db)

@@ -21,7 +21,7 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header[:4] == ["scenario", "kills", "acknowledged", "lost"]
-    assert {"integrity failures", "5xx", "canary bytes", "slowest (s)"} <= set(header)
+    assert {"integrity failures", "5xx", "canary bytes", "p99 (s)", "slowest (s)"} <= set(header)
     body = {line.split("|")[1].strip(): line for line in lines[1:]}
     # three crash scenarios, concurrency, contention, nine kinds of erasure
     assert len(body) == len(rows) == 3 + 1 + 1 + 9
@@ -32,6 +32,10 @@ def test_bench_reliability_prints_its_table(capsys: pytest.CaptureFixture[str]) 
     assert rows[3].acknowledged == 40
     assert rows[4].acknowledged
     assert rows[4].slowest > 0
+    assert rows[3].p99 is not None
+    assert rows[4].p99 is not None
+    assert 0 < rows[4].p99 <= rows[4].slowest
+    assert any("requests over the server's store wait limit" in n for n in rows[4].notes)
     assert all(row.canary_bytes is not None for row in rows[5:])
     # compacted with keep_originals="archive", then erased: the archived record is gone too
     archived = [row for row in rows if row.scenario.startswith("erase: archived")]

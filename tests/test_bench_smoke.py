@@ -175,6 +175,24 @@ def test_serve_over_loopback(
     assert sum(int(count) for _, count, _ in rows) == 24
 
 
+def test_schema_fuzz_against_a_served_store(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("schemathesis")
+    _children_import_this_source(monkeypatch)  # the server is `python -m ctxwarden.cli`
+    out = _run(capsys, "schema_fuzz", "--examples 4 --seed 3", "--operations=GET /v1/stats*")
+    rows = _rows(out)
+    assert rows[0] == [
+        "operation", "cases", "5xx", "conformance failures", "unanswered", "slowest (s)"
+    ]  # fmt: skip
+    assert [row[0] for row in rows[2:]] == [
+        "GET /v1/stats", "GET /v1/stats/history", "**all 2 operations**"
+    ]  # fmt: skip
+    for row in rows[2:]:
+        assert 1 <= int(row[1]) <= (8 if row[0].startswith("**") else 4)
+        assert row[2:5] == ["0", "0", "0"], out  # no 5xx, nothing off the schema, all answered
+
+
 def test_serve_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
     out = _run(capsys, "serve", "--breakdown 2 --seed 40 --sessions 3")
     assert out.startswith("assemble, CPU ms per call over 2 calls (40 messages stored")

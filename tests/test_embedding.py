@@ -4,8 +4,10 @@ several engines share a PostgreSQL database. Real store, real MiniLM (loaded onc
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 from conftest import Clock
 from ctxwarden.embed import MiniLMEmbedder, StaticEmbedder
 from ctxwarden.engine import Engine, EngineConfig
-from ctxwarden.errors import ConfigError
+from ctxwarden.errors import ConfigError, EmbedError
 
 DAY = 86400.0
 
@@ -65,7 +67,10 @@ def test_the_default_is_background_embedding() -> None:
 
 
 def test_a_paraphrase_ingested_just_before_is_found_by_meaning(clock: Clock) -> None:
-    with Engine.open(":memory:", clock=clock) as engine:  # the defaults a new user gets
+    # The defaults a new user gets, but for the time bound: loading MiniLM alone may take
+    # longer than assemble_embed_seconds on a loaded machine (the bound is tested below).
+    config = EngineConfig(assemble_embed_seconds=60.0)
+    with Engine.open(":memory:", clock=clock, config=config) as engine:
         engine.ingest(_records(clock.now - DAY))
         context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
         pet = _related(context).get("m0")
@@ -105,13 +110,100 @@ def test_with_the_cap_at_zero_pending_memories_are_reported_lexical_only(clock: 
 
 def test_assemble_embeds_the_pending_few_while_the_worker_is_busy(clock: Clock) -> None:
     embedder = _Gated()
-    with Engine.open(":memory:", clock=clock, embedder=embedder) as engine:
+    config = EngineConfig(assemble_embed_seconds=60.0)  # generous: the gate opens at 0.05 s
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
         engine.ingest(_records(clock.now - DAY))
         # The worker holds its batch; assemble waits for that batch, not for a backlog.
         threading.Timer(0.05, embedder.gate.set).start()
         context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
         assert "m0" in _related(context)
         assert context.report.lexical_only == ()
+
+
+class _Flaky(StaticEmbedder):
+    """The static model, failing while ``fail`` is set; every text it embedded is kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if self.fail:
+            raise EmbedError("the embedder is down (a test)")
+        self.texts.extend(texts)
+        return super().embed(texts)
+
+
+class _Slow(_Flaky):
+    """:class:`_Flaky` whose every call, once up, takes ``pause`` seconds."""
+
+    pause = 0.0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        vectors = super().embed(texts)
+        threading.Event().wait(self.pause)
+        return vectors
+
+
+@pytest.mark.parametrize(("seconds", "embedded"), [(0.2, 8), (60.0, 32)])
+def test_the_catch_up_stops_at_its_time_bound_or_its_count(
+    clock: Clock, seconds: float, embedded: int
+) -> None:
+    """40 memories of the query's session pending, an embedder that takes 0.3 s a call (a
+    slice of 8): with a 0.2 s bound the catch-up stops after its first slice, with a generous
+    one at assemble_embed_limit (32). No worker runs ("sync", the embedder down at ingest)."""
+    embedder = _Slow()
+    config = EngineConfig(embed="sync", assemble_embed_seconds=seconds)
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest([
+            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
+             "created_at": clock.now - DAY + i}
+            for i in range(40)
+        ])  # fmt: skip
+        embedder.fail, embedder.pause = False, 0.3
+        context = engine.assemble(session="s", query="what grows there?", budget=2000)
+        assert len(context.report.lexical_only) == 40 - embedded
+        assert len(engine.store.pending_embeddings(engine.embedder.name)) == 40 - embedded
+        assert any(f"assemble_embed_seconds {seconds:g}" in n for n in context.report.notes)
+
+
+def test_caught_up_vectors_the_busy_store_cannot_take_are_written_later(
+    clock: Clock, tmp_path: Path
+) -> None:
+    """Another process holds the file's write lock: the catch-up's write gives up within the
+    time bound (the memories are searched by words this turn) and the vectors are written by
+    the next pass, not embedded again."""
+    db = tmp_path / "busy.db"
+    embedder = _Flaky()
+    config = EngineConfig(embed="sync", assemble_embed_seconds=0.5, inclusion_log="deferred")
+    with Engine.open(db, clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest(_records(clock.now - DAY))  # not embedded: the embedder is down
+        model = engine.embedder.name
+        assert len(engine.store.pending_embeddings(model)) == len(_MEMORIES)
+        embedder.fail = False
+        other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer, in the middle of a batch
+        # Had the write waited for the lock (the store timeout is 30 s), this would let it in.
+        release = threading.Timer(10.0, other.rollback)
+        release.start()
+        try:
+            context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        finally:
+            release.cancel()
+            if other.in_transaction:
+                other.rollback()
+            other.close()
+        assert set(context.report.lexical_only) == {f"m{i}" for i in range(len(_MEMORIES))}
+        memories = [t for t in embedder.texts if t != _QUESTION]  # the query's own aside
+        assert sorted(memories) == sorted(_MEMORIES)  # embedded, not stored
+        engine.ingest([{"id": "late", "session": "s", "content": "a parrot joined us"}])
+        assert engine.store.pending_embeddings(model) == []
+        memories = [t for t in embedder.texts if t != _QUESTION]
+        assert sorted(memories) == sorted([*_MEMORIES, "a parrot joined us"])  # once each
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        assert context.report.lexical_only == ()
+        assert "m0" in _related(context)
 
 
 def test_edits_and_later_ingests_are_caught_up_too(clock: Clock) -> None:

@@ -22,12 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import StoreUnavailable
 from ctxwarden.server.http import create_app
+from ctxwarden.store.base import TokenCount
 
 NOW = 1_800_000_000.0
 DAY = 86400.0
@@ -318,3 +320,40 @@ def test_the_proxys_apis_answer_503_with_retry_after() -> None:
         assert answer.status_code == 503
         assert answer.headers["Retry-After"] == "30"
         assert b"is full" in answer.body
+
+
+def test_writes_on_a_requests_path_wait_at_most_their_own_bound(tmp_path: Path) -> None:
+    """Token counts made by an assemble and vectors of its catch-up are cache writes: with
+    another process holding the write lock they give up after their own short wait (the store
+    keeps nothing of them) instead of the store's timeout, and the assemble goes on."""
+    path = _copy(seeded(tmp_path), tmp_path / "bounded.db")
+    engine = Engine.open(path, config=EngineConfig(store_timeout=60.0, embed="off"))
+    store = engine.store
+    rowid = store.get("default", "new1").rowid
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's long write
+    release = threading.Timer(20.0, holder.rollback)  # a 60 s wait would get in after this
+    release.start()
+    try:
+        count = TokenCount(rowid=rowid, tokenizer="probe", message=1, line=1)
+        with pytest.raises(StoreUnavailable) as caught:
+            store.put_token_counts([count], wait=0.05)
+        assert caught.value.cause == "locked"
+        with pytest.raises(StoreUnavailable):
+            store.put_vectors("probe", [rowid], np.ones((1, 4), dtype=np.float32), wait=0.0)
+        # cl100k counts were not made at ingest (o200k were): counted now, not stored
+        context = engine.assemble(
+            session="s1", query="deploy", model="gpt-4", budget=1000, log_inclusions=False
+        )
+        assert any("store not written (locked)" in n for n in context.report.notes)
+        assert release.is_alive()  # nothing above waited for the lock to come free
+    finally:
+        release.cancel()
+        if holder.in_transaction:
+            holder.rollback()
+        holder.close()
+    assert store.token_counts([rowid], "probe") == {}
+    assert store.vector_models() == {}
+    store.put_token_counts([count], wait=0.05)  # the lock is free: stored at once
+    assert store.token_counts([rowid], "probe") == {rowid: count}
+    engine.close()

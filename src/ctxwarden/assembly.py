@@ -38,7 +38,7 @@ from ctxwarden.assemble import (
 )
 from ctxwarden.budget import BudgetPolicy
 from ctxwarden.changes import in_force
-from ctxwarden.counting import MemoryCounts
+from ctxwarden.counting import COUNT_WRITE_WAIT, MemoryCounts
 from ctxwarden.embed import Embedder
 from ctxwarden.embedding import PENDING_COUNTED, Embeddings
 from ctxwarden.engine_config import EngineConfig
@@ -374,7 +374,8 @@ class Assembly:
             more = "+" if pending >= PENDING_COUNTED else ""
             notes.append(
                 f"{pending}{more} memories not embedded yet (assemble_embed_limit "
-                f"{self.config.assemble_embed_limit}): searched by words only, "
+                f"{self.config.assemble_embed_limit}, assemble_embed_seconds "
+                f"{self.config.assemble_embed_seconds:g}): searched by words only, "
                 f"{len(ids)} of them in scope listed in lexical_only"
             )
         return ids
@@ -748,7 +749,7 @@ class _RecentWalk:
         if not fresh:
             return None
         try:
-            self.store.put_token_counts([count for _, count in fresh])
+            self.store.put_token_counts([c for _, c in fresh], wait=COUNT_WRITE_WAIT)
         except StoreUnavailable as exc:
             log.warning("token counts not cached: %s", exc)
             return exc

@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     embed: str = "background"
     #: Memories still pending that ``assemble`` embeds before retrieving (0: never waits).
     assemble_embed_limit: int = 32
+    #: The longest ``assemble`` spends on that, in seconds (0: never waits); see
+    #: :attr:`EngineConfig.assemble_embed_seconds`.
+    assemble_embed_seconds: float = Field(default=0.25, ge=0, allow_inf_nan=False)
     #: The embedder: ``minilm``, ``minilm-static`` or ``openai:<model>``.
     embedder: str = "minilm"
     #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
@@ -258,6 +261,7 @@ class Settings(BaseSettings):
             embed=self.embed,
             embedder=self.embedder,
             assemble_embed_limit=self.assemble_embed_limit,
+            assemble_embed_seconds=self.assemble_embed_seconds,
             semantic=SemanticConfig(
                 enabled=self.semantic_dedupe,
                 threshold=self.semantic_threshold,

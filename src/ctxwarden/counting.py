@@ -18,9 +18,15 @@ from ctxwarden.errors import StoreUnavailable
 from ctxwarden.store.base import Store, TokenCount
 from ctxwarden.types import Memory
 
-__all__ = ["MemoryCounts"]
+__all__ = ["COUNT_WRITE_WAIT", "MemoryCounts"]
 
 log = logging.getLogger(__name__)
+
+#: The longest a count made on a request's path waits for the store's write lock (seconds).
+#: Storing it is a cache write: when other processes' writers hold the file longer, it is
+#: skipped and the memory counted again next time (~10 us a message), instead of the request
+#: waiting up to the store's timeout (seconds, beside library writers: issue 20).
+COUNT_WRITE_WAIT = 0.05
 
 
 class MemoryCounts:
@@ -53,7 +59,7 @@ class MemoryCounts:
             ]
             counts.update((c.rowid, c) for c in fresh)
             try:
-                self.store.put_token_counts(fresh)
+                self.store.put_token_counts(fresh, wait=COUNT_WRITE_WAIT)
             except StoreUnavailable as exc:  # read-only, full or locked: counted again next time
                 log.warning("token counts not cached: %s", exc)
             else:  # cached only once the store holds them too

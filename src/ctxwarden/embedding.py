@@ -10,7 +10,10 @@ for the embedder and :meth:`Embeddings.vectors_usable`. The fold decisions are
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +25,7 @@ import numpy.typing as npt
 
 from ctxwarden.embed import Embedder, get_embedder
 from ctxwarden.engine_config import EngineConfig
-from ctxwarden.errors import EmbedError, InputError
+from ctxwarden.errors import EmbedError, InputError, StoreUnavailable
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.semantic import (
     MERGE_STATUS,
@@ -54,8 +57,16 @@ QUERY_CACHE_SIZE = 256
 COALESCE_SECONDS = 0.05
 
 
-#: Texts embedded between two looks at the stop flag.
+#: Texts embedded between two looks at the stop flag (or at a catch-up's deadline).
 _SLICE = 8
+#: How much nicer than its process the background worker's model runs (Linux, where a
+#: thread's nice value is its own): under CPU pressure request threads, and the query's
+#: embedding, run first; the worker takes what is left (it only makes retrieval by meaning
+#: arrive sooner). Beside two library writers on a loaded 2-core machine a request waited for
+#: the CPU behind three processes' embedding workers (bench/reliability.py, contention). Only
+#: the model runs there (a thread of its own): the worker's store writes hold the store's lock,
+#: which requests wait for, so they keep the process's priority (no priority inversion).
+WORKER_NICENESS = 10
 
 
 class _ClosingError(Exception):
@@ -96,9 +107,15 @@ class Embeddings:
         self._generation = 1
         self._query_lock = threading.Lock()
         self._query_pool: ThreadPoolExecutor | None = None
+        self._model_pool: ThreadPoolExecutor | None = None  # the worker's model, niced
         self._query_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
         self._clean = 0
         self._covered = 0
+        # What a catch-up could not finish on the request path, for the worker: vectors the
+        # store was too busy to take, and rowids layer C has not looked at.
+        self._unsaved_lock = threading.Lock()
+        self._unsaved: list[tuple[str, list[int], npt.NDArray[np.float32]]] = []
+        self._unfolded: list[int] = []
 
     def close(self) -> None:
         """Stop the background worker, if one runs, once it finishes its slice, and the
@@ -112,6 +129,9 @@ class Embeddings:
             self._embed_wake.set()
             thread.join()
             self._embed_thread = None
+        if self._model_pool is not None:
+            self._model_pool.shutdown(wait=True)
+            self._model_pool = None
 
     @property
     def embedder(self) -> Embedder:
@@ -189,44 +209,139 @@ class Embeddings:
     def _embed_texts(self, texts: list[str]) -> npt.NDArray[np.float32]:
         # In slices, so close() waits for one slice (~80 ms of MiniLM), not a whole batch: a
         # stopped batch is abandoned before anything of it is stored.
+        embed: Callable[[list[str]], npt.NDArray[np.float32]] = self.embedder.embed
+        if threading.current_thread() is self._embed_thread:
+            if self._model_pool is None:
+                self._model_pool = ThreadPoolExecutor(
+                    1,
+                    thread_name_prefix="ctxwarden-embed-model",
+                    initializer=_lower_priority,
+                    initargs=(WORKER_NICENESS,),
+                )
+            pool = self._model_pool
+
+            def embed(batch: list[str]) -> npt.NDArray[np.float32]:
+                return pool.submit(self.embedder.embed, batch).result()
+
         parts = []
         for start in range(0, len(texts), _SLICE):
             if self._embed_stop.is_set():
                 raise _ClosingError
-            parts.append(self.embedder.embed([t[:4000] for t in texts[start : start + _SLICE]]))
+            parts.append(embed([t[:4000] for t in texts[start : start + _SLICE]]))
         return np.vstack(parts) if parts else self.embedder.embed([])
 
     def catch_up(self, tenant: str, scope: ReadScope | None) -> tuple[int, tuple[str, ...]]:
-        """Before a query's retrieval: embed what this engine ingested that is still pending,
-        at most ``config.assemble_embed_limit`` texts, so retrieval sees every memory ingested
-        before it. Returns how many memories are still pending (0: none, whatever the
-        scope) and the ids of those visible in ``scope`` (at most :data:`LEXICAL_ONLY_LISTED`),
-        which are searched by words only. A no-op with ``embed="off"`` (vectors are then the
-        caller's business) or when nothing was ingested since the last complete pass."""
+        """Before a query's retrieval: embed the memories still pending that ``tenant`` and
+        ``scope`` can see (those the query searches), so retrieval sees every memory ingested
+        before it; at most ``config.assemble_embed_limit`` texts and
+        ``config.assemble_embed_seconds`` of the request's time. Returns how many memories are
+        still pending (0: none, whatever the scope) and the ids of those visible in ``scope``
+        (at most :data:`LEXICAL_ONLY_LISTED`), which are searched by words only. A no-op with
+        ``embed="off"`` (vectors are then the caller's business) or when nothing was ingested
+        since the last complete pass.
+
+        Bounded by time, not only by count (issue 20): texts are embedded in slices of
+        :data:`_SLICE` with a look at the deadline between two, and the vectors are written
+        only if the store's write lock comes within what is left of the bound (at least one
+        try). Vectors the store could not take now are handed to the worker thread, which
+        writes them off the request path; this turn searches those memories by words. The
+        worker's embedding lock is not waited for: the worker holds it for whole batches (and
+        their writes, which wait for other processes' writers), in rowid order from its
+        watermark, while a catch-up takes only the query's own pending memories, usually the
+        newest. One embedded by both at once costs one more embedding; the second vector
+        replaces an identical first."""
         if self.config.embed == "off" or self._clean == self._generation:
             return 0, ()
         usable, others = self.vectors_usable()
         if others and not usable:
             return 0, ()  # another model's vectors: assembly notes it, nothing to catch up
         model = self.embedder.name
-        cap = self.config.assemble_embed_limit
-        if cap:
-            _, exhausted = self._embed_from(
-                self._covered, min(cap, self.config.embed_batch), cap, None
+        cap, seconds = self.config.assemble_embed_limit, self.config.assemble_embed_seconds
+        deadline = time.monotonic() + seconds
+        left, visible = self._pending(model, tenant, scope)
+        if visible and cap and seconds:
+            texts = dict(left)
+            done = self._embed_rows(
+                model, [(m.rowid, texts[m.rowid]) for m in visible][:cap], deadline
             )
-            if exhausted:
-                return 0, ()
-        left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
+            left = [(r, t) for r, t in left if r not in done]
+            visible = [m for m in visible if m.rowid not in done]
         if not left:
             return 0, ()
         if self.config.embed == "background":
             self._wake_worker()  # a backlog (a bulk ingest, a previous process's): embed it
+        return len(left), tuple(m.id for m in visible[:LEXICAL_ONLY_LISTED])
+
+    def _pending(
+        self, model: str, tenant: str, scope: ReadScope | None
+    ) -> tuple[list[tuple[int, str]], list[Memory]]:
+        """The memories still pending past the watermark (rowid, text; at most
+        :data:`PENDING_COUNTED`) and those of them ``tenant`` and ``scope`` see (among the
+        first ``4 * LEXICAL_ONLY_LISTED``). None pending: this engine's ingests so far are all
+        embedded (the next catch-up is a no-op until the next ingest)."""
+        generation = self._generation
+        left = self.store.pending_embeddings(model, after=self._covered, limit=PENDING_COUNTED)
+        if not left:
+            self._clean = max(self._clean, generation)
+            return [], []
         visible = [
-            m.id
+            m
             for m in self.store.memories_at([r for r, _ in left[: LEXICAL_ONLY_LISTED * 4]])
             if m.tenant == tenant and in_scope(m, scope)
         ]
-        return len(left), tuple(visible[:LEXICAL_ONLY_LISTED])
+        return left, visible
+
+    def _embed_rows(self, model: str, rows: list[tuple[int, str]], deadline: float) -> set[int]:
+        """Embed ``rows`` (rowid, text) slice by slice until ``deadline`` and store their
+        vectors if the write lock comes before it (else the worker stores them); the rowids
+        now searchable by vector."""
+        rowids: list[int] = []
+        parts: list[npt.NDArray[np.float32]] = []
+        for start in range(0, len(rows), _SLICE):
+            if time.monotonic() >= deadline:
+                break
+            chunk = rows[start : start + _SLICE]
+            parts.append(self.embedder.embed([text[:4000] for _, text in chunk]))
+            rowids.extend(r for r, _ in chunk)
+        if not rowids:
+            return set()
+        vectors = np.vstack(parts)
+        try:
+            self.store.put_vectors(
+                model, rowids, vectors, wait=max(0.0, deadline - time.monotonic())
+            )
+        except StoreUnavailable as exc:  # another writer holds the file: the worker writes them
+            log.info("caught-up vectors left to the worker: %s", exc)
+            with self._unsaved_lock:
+                self._unsaved.append((model, rowids, vectors))
+            if self.config.embed == "background":
+                self._wake_worker()  # with "sync" the next ingest's pass writes them
+            return set()
+        if self._vector_state is None or not self._vector_state[0]:
+            self._vector_state = None  # the first vectors of this model: usable now
+        if self.config.semantic.enabled:
+            with self._unsaved_lock:
+                self._unfolded.extend(rowids)  # folds write too: the worker makes them
+            if self.config.embed == "background":
+                self._wake_worker()
+        return set(rowids)
+
+    def _save_handed_over(self) -> None:
+        """Write the vectors a catch-up could not (the store was busy) and fold what catch-ups
+        embedded (layer C), in the worker or the next pass; called holding the embedding lock."""
+        with self._unsaved_lock:
+            unsaved, self._unsaved = self._unsaved, []
+            unfolded, self._unfolded = self._unfolded, []
+        try:
+            for model, rowids, vectors in unsaved:
+                self.store.put_vectors(model, rowids, vectors)
+                unfolded.extend(rowids)
+        except BaseException:
+            with self._unsaved_lock:  # kept for the next try
+                self._unsaved[:0] = unsaved
+            raise
+        if unfolded and self.config.semantic.enabled:
+            self._fold_semantic(self.store.memories_at(sorted(unfolded)), self.embedder.name)
 
     def _fold_semantic(
         self,
@@ -298,6 +413,7 @@ class Embeddings:
         self._generation += 1
         if edited:
             self._covered = 0
+            self._drop_handed_over()  # a vector made for the text an edit replaced
         if self.config.embed == "sync":
             try:
                 self._embed_new()
@@ -319,6 +435,11 @@ class Embeddings:
         ``max(rowid) + 1``), so the next pass starts from the first rowid again."""
         self._covered = 0
         self._generation += 1
+        self._drop_handed_over()  # vectors of erased rows: their rowids may be reused
+
+    def _drop_handed_over(self) -> None:
+        with self._unsaved_lock:
+            self._unsaved, self._unfolded = [], []
 
     def _embed_new(self) -> None:
         """Embed what was ingested since the last complete pass (past the watermark)."""
@@ -328,6 +449,9 @@ class Embeddings:
                 f"the store holds vectors of {', '.join(map(repr, others))} but this engine "
                 f"embeds with {self.embedder.name!r}: run `ctxwarden embed --reembed`"
             )
+        if self._unsaved or self._unfolded:
+            with self._embed_lock:
+                self._save_handed_over()
         self._embed_from(self._covered, self.config.embed_batch, None, None)
 
     def _embed_loop(self) -> None:
@@ -386,3 +510,13 @@ class Embeddings:
                 others = tuple(sorted(m for m in models if m != name))
                 self._vector_state = (name in models, others)
         return self._vector_state
+
+
+def _lower_priority(by: int) -> None:
+    """Make the calling thread ``by`` nicer (Linux: ``setpriority`` on a thread id applies to
+    that thread only; elsewhere it would renice the process, so nothing is done)."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):  # not permitted, or no such call: run as is
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))

@@ -72,11 +72,17 @@ class EngineConfig:
     #: The embedder's name for :func:`ctxwarden.embed.get_embedder` (``"minilm"``, offline).
     embedder: str = "minilm"
     #: With ``embed`` on: before retrieving for a query, :meth:`Engine.assemble` embeds up to
-    #: this many memories this engine ingested that the worker has not embedded yet, so the
-    #: turn searches them by meaning too (~10 ms a message with MiniLM on one core); those
-    #: left over are searched by words only and listed in ``Report.lexical_only``. 0 never
-    #: waits for the embedder.
+    #: this many memories still pending that the query's scope sees, so the turn searches
+    #: them by meaning too (~10 ms a message with MiniLM on one core); those left over are
+    #: searched by words only and listed in ``Report.lexical_only``. 0 never waits for the
+    #: embedder.
     assemble_embed_limit: int = 32
+    #: ... and spends at most this many seconds of the request on it: waiting for the
+    #: embedding lock (the worker's batch), embedding (in slices of 8, the deadline looked at
+    #: between two) and writing the vectors (tried once past the deadline; if other writers
+    #: hold the store, the worker writes them later). 0 never waits. 0.25 s: about the
+    #: count limit's worth of MiniLM on an idle core, a quarter of a 1 s request.
+    assemble_embed_seconds: float = 0.25
     embed_batch: int = 32
     retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
     #: Layer C of de-dup (:mod:`ctxwarden.semantic`): with ``semantic.enabled`` each embedding
@@ -142,6 +148,11 @@ class EngineConfig:
         if self.assemble_embed_limit < 0:
             raise ConfigError(
                 f"assemble_embed_limit: {self.assemble_embed_limit} is negative; 0 never waits"
+            )
+        if not 0 <= self.assemble_embed_seconds < float("inf"):  # NaN fails too
+            raise ConfigError(
+                f"assemble_embed_seconds: {self.assemble_embed_seconds!r} must be 0 or more "
+                "seconds (0 never waits)"
             )
         if self.embed_batch < 1:
             raise ConfigError(f"embed_batch: {self.embed_batch} must be at least 1")

@@ -4,6 +4,7 @@ connection past it becomes :class:`StoreUnavailable` (``locked``), over HTTP a 5
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -13,7 +14,7 @@ import pytest
 from ctxwarden import Engine, EngineConfig
 from ctxwarden.errors import StoreUnavailable
 from ctxwarden.server.http import create_app
-from ctxwarden.store.base import NewMemory
+from ctxwarden.store.base import NewMemory, TokenCount
 from ctxwarden.store.postgres import PostgresStore
 from serving import serve
 
@@ -82,3 +83,31 @@ def test_over_http_a_held_lock_is_503_with_retry_after(
             locker.rollback()
             assert client.post("/v1/ingest", json=body).status_code == 200
             assert client.get("/v1/memories/m2").status_code == 200
+
+
+def test_a_cache_write_gives_up_after_its_own_short_wait(
+    pg_schema_dsn: str, locker: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """``wait=`` bounds a write below the store's timeout (assembly's token counts and catch-up
+    vectors), as on SQLite: a held lock is StoreUnavailable within it, and nothing is stored."""
+    store = PostgresStore(pg_schema_dsn, timeout=30.0)
+    try:
+        with store.write() as w:
+            rowid = w.insert(_memory("m1"))
+        count = TokenCount(rowid=rowid, tokenizer="probe", message=1, line=1)
+        locker.execute("LOCK TABLE token_counts IN EXCLUSIVE MODE")
+        release = threading.Timer(15.0, locker.rollback)  # a 30 s wait would get in after this
+        release.start()
+        try:
+            with pytest.raises(StoreUnavailable) as caught:
+                store.put_token_counts([count], wait=0.2)
+            assert caught.value.cause == "locked"
+            assert release.is_alive()
+        finally:
+            release.cancel()
+            locker.rollback()
+        assert store.token_counts([rowid], "probe") == {}
+        store.put_token_counts([count], wait=0.2)
+        assert store.token_counts([rowid], "probe") == {rowid: count}
+    finally:
+        store.close()

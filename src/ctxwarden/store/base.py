@@ -594,8 +594,13 @@ class Store(Protocol):
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached token counts for these memories under ``tokenizer`` (missing ones left out)."""
 
-    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
-        """Cache token counts computed outside ingest (a model's first use of a tokenizer)."""
+    def put_token_counts(self, counts: Sequence[TokenCount], *, wait: float | None = None) -> None:
+        """Cache token counts computed outside ingest (a model's first use of a tokenizer).
+
+        ``wait``: the longest wait for the write lock, in seconds (None: the store's timeout;
+        never longer); past it :class:`~ctxwarden.errors.StoreUnavailable` (``locked``) and
+        nothing is stored. Assembly passes a short one: a cache write is not worth a request
+        waiting behind another process's writers."""
 
     def log_context(self, entry: ContextLog) -> None:
         """Write the inclusion log row and bump access stats of every included memory."""
@@ -646,12 +651,18 @@ class Store(Protocol):
     # -- vectors (added on branch ``retrieve``) ----------------------------------------------
 
     def put_vectors(
-        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+        self,
+        model: str,
+        rowids: Sequence[int],
+        vectors: npt.NDArray[np.float32],
+        *,
+        wait: float | None = None,
     ) -> int:
         """Store one embedding per memory under the embedding ``model``'s name (replacing any).
 
         Memories deleted meanwhile are skipped; returns how many were stored. A model's vectors
-        all have one length (:class:`~ctxwarden.errors.InputError` otherwise).
+        all have one length (:class:`~ctxwarden.errors.InputError` otherwise). ``wait`` bounds
+        the wait for the write lock as in :meth:`put_token_counts`.
         """
 
     def pending_embeddings(

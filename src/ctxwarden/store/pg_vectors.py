@@ -33,7 +33,7 @@ class PostgresVectors:
     _pool: ConnectionPool[Conn]
     timeout: float
 
-    def write(self) -> AbstractContextManager[_PostgresWriter]:
+    def write(self, *, wait: float | None = None) -> AbstractContextManager[_PostgresWriter]:
         raise NotImplementedError
 
     def _query(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -43,9 +43,15 @@ class PostgresVectors:
         raise NotImplementedError
 
     def put_vectors(
-        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+        self,
+        model: str,
+        rowids: Sequence[int],
+        vectors: npt.NDArray[np.float32],
+        *,
+        wait: float | None = None,
     ) -> int:
-        """Store one vector per rowid under ``model`` in ``memory_vectors`` (pgvector)."""
+        """Store one vector per rowid under ``model`` in ``memory_vectors`` (pgvector);
+        ``wait``: the longest wait for a connection and each lock (None: the store's)."""
         matrix = np.asarray(vectors, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[0] != len(rowids):
             raise InputError(
@@ -61,7 +67,7 @@ class PostgresVectors:
                 field="vectors",
             )
         rows = [(int(r), model, _literal(v)) for r, v in zip(rowids, matrix, strict=True)]
-        with self.write() as writer:
+        with self.write(wait=wait) as writer:
             stored = 0
             for row in rows:
                 cursor = writer._conn.execute(

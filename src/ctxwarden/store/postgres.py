@@ -137,12 +137,17 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
     # -- writes -----------------------------------------------------------------------------
 
     @contextmanager
-    def write(self) -> Iterator[_PostgresWriter]:
-        """One write transaction: commits at the end, rolls back if the block raises."""
+    def write(self, *, wait: float | None = None) -> Iterator[_PostgresWriter]:
+        """One write transaction: commits at the end, rolls back if the block raises.
+        ``wait``: the longest wait for a pooled connection and for each lock, in seconds (None:
+        the store's :attr:`timeout`; never longer than it)."""
         self._check_open()
+        limit = self.timeout if wait is None else max(0.001, min(wait, self.timeout))
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._pool.connection(timeout=limit) as conn, conn.transaction():
                 conn.execute("SET LOCAL statement_timeout = 0")  # waits stay bounded: locks
+                if wait is not None:
+                    conn.execute(f"SET LOCAL lock_timeout = {max(1, round(limit * 1000))}")
                 writer = _PostgresWriter(conn)
                 yield writer
         except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
@@ -152,7 +157,7 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
             psycopg.errors.QueryCanceled,
             PoolTimeout,
         ) as exc:
-            raise store_failure(exc, "writing", self.timeout) from exc
+            raise store_failure(exc, "writing", limit) from exc
         self._inserted += writer.inserted
         if self._inserted >= max(_ANALYZE_ROWS, _ANALYZE_SHARE * self._analysed_rows):
             self._analyse()
@@ -177,11 +182,11 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
             return
         self._analysed_rows = float(row[0]) if row else 0.0
 
-    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
-        """Cache token counts computed after ingest."""
+    def put_token_counts(self, counts: Sequence[TokenCount], *, wait: float | None = None) -> None:
+        """Cache token counts computed after ingest (``wait``: see :meth:`write`)."""
         if not counts:
             return
-        with self.write() as writer:
+        with self.write(wait=wait) as writer:
             writer.put_token_counts(counts)
 
     def log_context(self, entry: ContextLog) -> None:

@@ -96,12 +96,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: How long one try to start a write transaction waits on SQLite's busy handler (ms) before
-#: :meth:`SQLiteStore.write` tries again, until the store's timeout (see ``_begin``).
-BUSY_SLICE_MS = 10
+#: How long a write waiting for another connection's write lock pauses between two tries to
+#: start its transaction (seconds), holding nothing (see ``_begin``).
+BUSY_PAUSE_SECONDS = 0.002
 
 #: The inclusion log's access-stats bump in SQLite's dialect.
 _ACCESS_BUMP = access_bump("max")
+
+
+def _setting(limit: float, timeout: float) -> str:
+    """Names the setting in an error when the wait that ran out (``limit``) was the store's
+    ``timeout``; a shorter one was the caller's (a cache write on a request's path)."""
+    return " (the store_timeout setting)" if limit == timeout else ""
 
 
 def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
@@ -167,8 +173,12 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
     # -- writes -----------------------------------------------------------------------------
 
     @contextmanager
-    def write(self) -> Iterator[_SQLiteWriter]:
+    def write(self, *, wait: float | None = None) -> Iterator[_SQLiteWriter]:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error).
+
+        ``wait``: how long to wait for the write lock at most, in seconds (None: the store's
+        :attr:`timeout`; never longer than it). 0 tries once: a cache write on a request's path
+        takes the lock only if it is free soon, and is skipped otherwise.
 
         A cause outside ctxwarden (disk full, a read-only file, the lock held past
         :attr:`timeout` or lost, an I/O error) raises
@@ -176,7 +186,8 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         as it was. SQLite itself rolls back on some of these (a full disk, an I/O error), so
         the ROLLBACK runs only while a transaction is open, and its own failure never hides
         the cause."""
-        self._begin(time.monotonic() + self.timeout)  # the store's lock is held from here
+        limit = self.timeout if wait is None else max(0.0, min(wait, self.timeout))
+        self._begin(time.monotonic() + limit, limit)  # the store's lock is held from here
         try:
             writer = _SQLiteWriter(self._conn)
             try:
@@ -197,41 +208,46 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         finally:
             self._lock.release()
 
-    def _begin(self, deadline: float) -> None:
+    def _begin(self, deadline: float, limit: float) -> None:
         """Take the store's lock and BEGIN IMMEDIATE, retried until ``deadline`` while another
         connection writes; returns holding the lock, with the transaction open.
 
         SQLite's own busy handler sleeps ever longer between tries (up to 100 ms), so a
         waiter beside writers that commit back to back kept missing the moments the lock was
         free: server requests waited up to 23.6 s beside two library writers (issue 20). Here
-        each try waits at most :data:`BUSY_SLICE_MS` (SQLite's first sleeps: 1, 2, 5 ms), so
-        a waiter asks again every few milliseconds until its deadline; between tries the
-        store's lock is let go, so this process's reads go on meanwhile."""
+        each try takes the lock only if it is free (a busy timeout of 0) and a waiter asks again
+        every :data:`BUSY_PAUSE_SECONDS` until its deadline. The store's lock is held only for
+        the try itself: a try that waited in SQLite's busy handler (10 ms slices, before) held
+        it meanwhile, and every read of this process (a retrieval runs ~20 statements) queued
+        behind each slice, beside other processes' writers."""
         conn = self._conn
         while True:
             if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 raise StoreUnavailable(
                     "locked",
                     f"writing: other requests of this process held {self.path} for over "
-                    f"{self.timeout:g}s (the store_timeout setting); nothing was changed: retry",
+                    f"{limit:g}s{_setting(limit, self.timeout)}; nothing was changed: retry",
                 )
             try:
                 self._check_open()
-                conn.execute(f"PRAGMA busy_timeout = {BUSY_SLICE_MS}")
+                conn.execute("PRAGMA busy_timeout = 0")
                 try:
                     conn.execute("BEGIN IMMEDIATE")
                     return
                 except sqlite3.DatabaseError as exc:
                     busy = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (5, 6)
                     if not busy or time.monotonic() >= deadline:
-                        raise self._translate(exc, "starting a write transaction") from exc
+                        cause = unavailable(exc, self.path, "starting a write transaction", limit)
+                        if cause is not None:
+                            raise cause from exc
+                        raise StoreError(f"starting a write transaction failed: {exc}") from exc
                 finally:
                     conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             except BaseException:
                 self._lock.release()
                 raise
             self._lock.release()
-            time.sleep(0)  # let a thread waiting for the store's lock have it
+            time.sleep(BUSY_PAUSE_SECONDS)  # reads of this process go on meanwhile
 
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (a failed ROLLBACK is
@@ -263,11 +279,12 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
         finally:
             self._lock.release()
 
-    def put_token_counts(self, counts: Sequence[TokenCount]) -> None:
-        """Cache token counts computed after ingest."""
+    def put_token_counts(self, counts: Sequence[TokenCount], *, wait: float | None = None) -> None:
+        """Cache token counts computed after ingest (waiting at most ``wait`` seconds for the
+        write lock, see :meth:`write`)."""
         if not counts:
             return
-        with self.write() as writer:
+        with self.write(wait=wait) as writer:
             writer.put_token_counts(counts)
 
     def log_context(self, entry: ContextLog) -> None:

@@ -249,7 +249,7 @@ class SQLiteVectors:
     _scope_cache: dict[tuple[str, str], npt.NDArray[np.int64]]
     _scope_stamp: dict[tuple[str, str], tuple[int, int]]
 
-    def write(self) -> AbstractContextManager[Any]:
+    def write(self, *, wait: float | None = None) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
@@ -259,12 +259,19 @@ class SQLiteVectors:
         raise NotImplementedError
 
     def put_vectors(
-        self, model: str, rowids: Sequence[int], vectors: npt.NDArray[np.float32]
+        self,
+        model: str,
+        rowids: Sequence[int],
+        vectors: npt.NDArray[np.float32],
+        *,
+        wait: float | None = None,
     ) -> int:
         """Store one vector per rowid under ``model`` (replacing any); returns how many were kept.
 
-        Rows deleted meanwhile are skipped. :class:`InputError` if the shape is wrong or the
-        length differs from the vectors already stored for ``model``.
+        Rows deleted meanwhile are skipped. ``wait``: the longest wait for the write lock
+        (seconds; None: the store's timeout), past it ``StoreUnavailable`` and nothing stored.
+        :class:`InputError` if the shape is wrong or the length differs from the vectors
+        already stored for ``model``.
         """
         matrix = np.asarray(vectors, dtype=np.float32)
         if matrix.ndim != 2 or matrix.shape[0] != len(rowids):
@@ -282,7 +289,7 @@ class SQLiteVectors:
                 "one model name must always give vectors of one length",
                 field="vectors",
             )
-        with self.write():
+        with self.write(wait=wait):
             live: set[int] = set()
             ids = [int(r) for r in rowids]
             for start in range(0, len(ids), 500):
