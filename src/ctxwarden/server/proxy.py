@@ -63,7 +63,7 @@ from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.access import client_message, retry_after
-from ctxwarden.server.agents import install_agent_apis, json_body
+from ctxwarden.server.agents import install_agent_apis
 from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
 from ctxwarden.server.guard import can_read, require_metrics_access
 from ctxwarden.server.http import (
@@ -75,6 +75,7 @@ from ctxwarden.server.http import (
     status_for,
 )
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+from ctxwarden.server.proxybody import Bodies
 from ctxwarden.server.proxymemory import (
     SESSION_HEADER,
     USER_HEADER,
@@ -199,6 +200,7 @@ class _Proxy:
     cache: TokenCache
     conversations: Conversations
     metrics: ProxyMetrics
+    bodies: Bodies
 
 
 def _openai_error(
@@ -259,6 +261,7 @@ def create_proxy_app(
         cache=TokenCache(),
         conversations=Conversations(),
         metrics=ProxyMetrics(metrics),
+        bodies=Bodies(),
     )
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
     app.state.slots = proxy.slots
@@ -317,7 +320,9 @@ def create_proxy_app(
         # the reply is stored after the answer is sent (see _after)
         background = BackgroundTask(after) if after is not None else None
         if not isinstance(payload, dict):  # the upstream's own stream, relayed
-            return StreamingResponse(payload, media_type="text/event-stream", headers=header)
+            return StreamingResponse(
+                payload, media_type="text/event-stream", headers=header, background=background
+            )
         if stream is not None:
             return StreamingResponse(
                 completion_events(payload, include_usage=stream),
@@ -337,8 +342,7 @@ def create_proxy_app(
     return app
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
-    body = json_body(raw)
+def _parse(body: dict[str, Any]) -> dict[str, Any]:
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
@@ -543,7 +547,11 @@ def _turn(
     do once the answer is sent (store the reply)."""
     started = time.perf_counter()
     with collections_paused():
-        body = _parse(raw)
+        # read where it is new when it continues a body this caller sent (proxybody)
+        read, learn = proxy.bodies.read(
+            raw, (caller.tenant, headers.get(SESSION_HEADER), headers.get(USER_HEADER))
+        )
+        body = _parse(read)
         offloaded = offload_request(
             body,
             who_of(caller.tenant, headers, body, reads=can_read(caller)),
@@ -578,7 +586,7 @@ def _turn(
                 report = _report(plan, who, len(body["messages"]), started)
                 # the relay releases the ticket when the stream ends
                 handed = True
-                return _relay(proxy, who, events, ticket), report, None, None
+                return _relay(proxy, who, events, ticket), report, None, learn
             payload = events.body  # the upstream did not stream: sent on as events
             proxy.metrics.observe_usage(payload.get("usage"))
             report = _report(plan, who, len(body["messages"]), started)
@@ -599,7 +607,18 @@ def _turn(
     stream: bool | None = None
     if wants_stream:
         stream = bool((body.get("stream_options") or {}).get("include_usage"))
-    return payload, report, stream, after
+    return payload, report, stream, _then(after, learn)
+
+
+def _then(first: Callable[[], None] | None, second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            second()
+
+    return both
 
 
 def _send(
