@@ -139,6 +139,11 @@ class Bodies:
 
         return body, learn
 
+    def __len__(self) -> int:
+        """How many bodies are known."""
+        with self._lock:
+            return sum(len(known) for known in self._known.values())
+
     def _keep(self, key: Hashable, known: _Known, *, replaces: _Known | None) -> None:
         with self._lock:
             held = [k for k in self._known.pop(key, ()) if k is not replaces]
