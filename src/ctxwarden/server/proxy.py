@@ -5,7 +5,9 @@ request the proxy:
 
 1. checks the conversation against the chat schema (:mod:`ctxwarden.server.chatfit`): an
    unknown role, a malformed message, a ``tool`` message without its call or a call without its
-   result gets 400 naming ``messages[i]...``, and nothing is stored;
+   result gets 400 naming ``messages[i]...``, and nothing is stored (a body that continues
+   one the caller sent is parsed, checked and counted only where it is new:
+   :mod:`ctxwarden.server.proxybody`);
 2. picks the tokenizer and window (:mod:`ctxwarden.server.windows`): the registry's, or the
    ``X-Ctxwarden-Tokenizer`` / ``X-Ctxwarden-Window`` headers, lowered to the window the upstream
    actually serves; an unknown model is counted with an over-estimating o200k, never refused;
@@ -15,7 +17,8 @@ request the proxy:
    following requests only append (providers' prompt caches keep hitting); a tool call and its
    results are kept or dropped together;
 4. remembers, only for a request that names an end user (``user`` or ``X-Ctxwarden-User``) or a
-   session (``X-Ctxwarden-Session``): stores the new messages verbatim and, when memory is on,
+   session (``X-Ctxwarden-Session``): stores the new messages verbatim (those sent upstream
+   while the upstream answers) and, when memory is on,
    inserts one retrieved-memory block after the system messages
    (:mod:`ctxwarden.server.proxymemory`). A request naming neither is only fitted: nothing is
    stored, nothing retrieved;

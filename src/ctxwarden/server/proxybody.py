@@ -28,7 +28,7 @@ body (no NUL escape, nesting that orjson can forward), else the whole body is re
 
 Bodies are remembered per caller (tenant and the session and user headers), so one caller's
 bodies never speed up, and hence never time, another's. Bounded: :data:`RUNS` bodies and
-:data:`HELD_BYTES` bytes in all.
+:data:`HELD_BYTES` bytes and :data:`HELD_MESSAGES` messages in all.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import orjson
 
 from ctxwarden.server.agents import NUL_ESCAPE, json_body
 
-__all__ = ["HELD_BYTES", "RUNS", "Bodies"]
+__all__ = ["HELD_BYTES", "HELD_MESSAGES", "RUNS", "Bodies"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 RUNS = 16
 #: Bytes of bodies remembered in all: six 10 MB conversations (the issue's largest size).
 HELD_BYTES = 64 << 20
+#: Messages of bodies remembered in all (their objects: the bound of ``Conversations``).
+HELD_MESSAGES = 200_000
 #: A body is looked up by its first bytes (and its caller): as many as hold the opening of a
 #: conversation (the model name, the system prompt's start), so two conversations of one caller
 #: rarely share a key. A smaller body is read whole (it costs well under a millisecond).
@@ -102,9 +104,12 @@ class Bodies:
     True
     """
 
-    def __init__(self, *, runs: int = RUNS, held_bytes: int = HELD_BYTES) -> None:
+    def __init__(
+        self, *, runs: int = RUNS, held_bytes: int = HELD_BYTES, held_messages: int = HELD_MESSAGES
+    ) -> None:
         self.runs = runs
         self.held_bytes = held_bytes
+        self.held_messages = held_messages
         self._known: OrderedDict[Hashable, list[_Known]] = OrderedDict()
         self._lock = threading.Lock()
         #: bodies read by continuing a known one (for tests and the bench)
@@ -148,12 +153,16 @@ class Bodies:
         with self._lock:
             held = [k for k in self._known.pop(key, ()) if k is not replaces]
             self._known[key] = [known, *held][:PER_KEY]
-            total = sum(k.size for ks in self._known.values() for k in ks)
-            count = sum(len(ks) for ks in self._known.values())
-            while self._known and (count > self.runs or total > self.held_bytes):
+            known = [k for ks in self._known.values() for k in ks]
+            count, total = len(known), sum(k.size for k in known)
+            messages = sum(len(k.messages) for k in known)
+            while self._known and (
+                count > self.runs or total > self.held_bytes or messages > self.held_messages
+            ):
                 _, dropped = self._known.popitem(last=False)
-                total -= sum(k.size for k in dropped)
                 count -= len(dropped)
+                total -= sum(k.size for k in dropped)
+                messages -= sum(len(k.messages) for k in dropped)
 
 
 def _nothing() -> None:
