@@ -153,9 +153,9 @@ class Bodies:
         with self._lock:
             held = [k for k in self._known.pop(key, ()) if k is not replaces]
             self._known[key] = [known, *held][:PER_KEY]
-            known = [k for ks in self._known.values() for k in ks]
-            count, total = len(known), sum(k.size for k in known)
-            messages = sum(len(k.messages) for k in known)
+            every = [k for ks in self._known.values() for k in ks]
+            count, total = len(every), sum(k.size for k in every)
+            messages = sum(len(k.messages) for k in every)
             while self._known and (
                 count > self.runs or total > self.held_bytes or messages > self.held_messages
             ):
