@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwarden.errors import BudgetError, InputError
+from ctxwarden.fit import Unit
 from ctxwarden.server.chatfit import (
     IMAGE_TOKENS,
     LOW_DETAIL_IMAGE_TOKENS,
@@ -19,6 +20,7 @@ from ctxwarden.server.chatfit import (
     TokenCache,
     count_units,
     fit_chat,
+    kept_messages,
     validate_messages,
 )
 from ctxwarden.tokens import count_messages, get_chat_format, get_tokenizer
@@ -208,3 +210,21 @@ def test_a_grown_conversation_is_counted_as_if_counted_whole(
         assert checked.base is None
         units, _, _ = count_units(edited, checked, FMT, cache, conversations)
         assert units == count_units(edited, validate_messages(edited), FMT, TokenCache())[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=30),
+    chosen=st.data(),
+)
+def test_kept_messages_are_the_kept_units_messages_in_order(
+    sizes: list[int], chosen: st.DataObject
+) -> None:
+    units, start = [], 0
+    for size in sizes:
+        units.append(Unit(start=start, stop=start + size, tokens=1, kind="turn"))
+        start += size
+    messages = list(range(start))
+    keep = sorted(chosen.draw(st.sets(st.integers(0, len(units) - 1))))
+    expected = [m for i in keep for m in messages[units[i].start : units[i].stop]]
+    assert kept_messages(messages, units, keep) == expected

@@ -43,7 +43,7 @@ from ctxwarden.sessions import TurnSlots
 from ctxwarden.textcheck import check_json_text
 from ctxwarden.wirefit import CostCache, Pricer
 
-__all__ = ["Budget", "Shared", "Turn", "install_agent_apis", "json_body"]
+__all__ = ["NUL_ESCAPE", "Budget", "Shared", "Turn", "install_agent_apis", "json_body"]
 
 REPORT_HEADER = "x-ctxwarden-report"
 
@@ -55,7 +55,7 @@ FORWARD_DEPTH = 252
 
 #: A NUL can reach a parsed body only as this escape (orjson refuses raw control characters
 #: and lone surrogates); one regex scan of the bytes is ~2x faster than ``bytes.__contains__``.
-_NUL_ESCAPE = re.compile(rb"\\u0000")
+NUL_ESCAPE = re.compile(rb"\\u0000")
 
 
 def json_body(raw: bytes) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def json_body(raw: bytes) -> dict[str, Any]:
     # there is nothing to refuse, and the walk that names the field (a Python visit of every
     # string and container) is skipped: a 20,000-message conversation costs one regex scan
     # and one serialisation in C (~4 ms) instead of a walk over its containers (~5-18 ms).
-    if _NUL_ESCAPE.search(raw) is not None or not _forwardable(body):
+    if NUL_ESCAPE.search(raw) is not None or not _forwardable(body):
         for name, value in body.items():
             check_json_text(value, name, max_depth=FORWARD_DEPTH)
     return body

@@ -20,6 +20,7 @@ format) in a bounded two-generation cache, so a growing conversation only counts
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "Conversations",
     "TokenCache",
     "fit_chat",
+    "kept_messages",
     "message_text",
     "validate_messages",
 ]
@@ -389,6 +391,20 @@ def count_units(
     return units, counted, keys
 
 
+def kept_messages(messages: Sequence[Any], units: Sequence[Unit], keep: Sequence[int]) -> list[Any]:
+    """The messages of the ``keep`` units, in order: one slice per run of adjacent units (a
+    trimmed conversation is its system messages and one tail), found by bisection."""
+    kept: list[Any] = []
+    index, count = 0, len(keep)
+    while index < count:
+        # keep rises by at least 1 a step, so keep[j] - j never falls: a run is where it stays
+        offset = keep[index] - index
+        stop = bisect_right(range(count), offset, lo=index, key=lambda j: keep[j] - j)
+        kept += messages[units[keep[index]].start : units[keep[stop - 1]].stop]
+        index = stop
+    return kept
+
+
 def fit_chat(
     messages: list[Any],
     *,
@@ -415,10 +431,7 @@ def fit_chat(
     while lead < len(units) and units[lead].kind == "system":
         lead += 1
     memory_at = units[lead - 1].stop if lead else 0
-    if fitted.unchanged:
-        kept = messages
-    else:
-        kept = [m for i in fitted.keep for m in messages[units[i].start : units[i].stop]]
+    kept = messages if fitted.unchanged else kept_messages(messages, units, fitted.keep)
     return ChatFit(
         messages=kept, fitted=fitted, units=tuple(units), memory_at=memory_at, counted=counted
     )

@@ -5,7 +5,9 @@ request the proxy:
 
 1. checks the conversation against the chat schema (:mod:`ctxwarden.server.chatfit`): an
    unknown role, a malformed message, a ``tool`` message without its call or a call without its
-   result gets 400 naming ``messages[i]...``, and nothing is stored;
+   result gets 400 naming ``messages[i]...``, and nothing is stored (a body that continues
+   one the caller sent is parsed, checked and counted only where it is new:
+   :mod:`ctxwarden.server.proxybody`);
 2. picks the tokenizer and window (:mod:`ctxwarden.server.windows`): the registry's, or the
    ``X-Ctxwarden-Tokenizer`` / ``X-Ctxwarden-Window`` headers, lowered to the window the upstream
    actually serves; an unknown model is counted with an over-estimating o200k, never refused;
@@ -15,7 +17,8 @@ request the proxy:
    following requests only append (providers' prompt caches keep hitting); a tool call and its
    results are kept or dropped together;
 4. remembers, only for a request that names an end user (``user`` or ``X-Ctxwarden-User``) or a
-   session (``X-Ctxwarden-Session``): stores the new messages verbatim and, when memory is on,
+   session (``X-Ctxwarden-Session``): stores the new messages verbatim (those sent upstream
+   while the upstream answers) and, when memory is on,
    inserts one retrieved-memory block after the system messages
    (:mod:`ctxwarden.server.proxymemory`). A request naming neither is only fitted: nothing is
    stored, nothing retrieved;
@@ -46,6 +49,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,8 +67,15 @@ from ctxwarden.ingestion import collections_paused
 from ctxwarden.llm import ChunkStream, LLMClient, UpstreamStatusError
 from ctxwarden.llm_anthropic import AnthropicClient
 from ctxwarden.server.access import client_message, retry_after
-from ctxwarden.server.agents import install_agent_apis, json_body
-from ctxwarden.server.chatfit import Checked, Conversations, TokenCache, count_units, message_text
+from ctxwarden.server.agents import install_agent_apis
+from ctxwarden.server.chatfit import (
+    Checked,
+    Conversations,
+    TokenCache,
+    count_units,
+    kept_messages,
+    message_text,
+)
 from ctxwarden.server.guard import can_read, require_metrics_access
 from ctxwarden.server.http import (
     Caller,
@@ -75,6 +86,7 @@ from ctxwarden.server.http import (
     status_for,
 )
 from ctxwarden.server.metrics import CONTENT_TYPE, Metrics
+from ctxwarden.server.proxybody import Bodies
 from ctxwarden.server.proxymemory import (
     SESSION_HEADER,
     USER_HEADER,
@@ -199,6 +211,8 @@ class _Proxy:
     cache: TokenCache
     conversations: Conversations
     metrics: ProxyMetrics
+    bodies: Bodies
+    writer: ThreadPoolExecutor  # stores the messages sent upstream while it answers
 
 
 def _openai_error(
@@ -259,6 +273,10 @@ def create_proxy_app(
         cache=TokenCache(),
         conversations=Conversations(),
         metrics=ProxyMetrics(metrics),
+        bodies=Bodies(),
+        writer=ThreadPoolExecutor(
+            max_workers=max(1, config.turn_slots), thread_name_prefix="ctxwarden-proxy-store"
+        ),
     )
     app = FastAPI(title="ctxwarden proxy", version="0.1.0")
     app.state.slots = proxy.slots
@@ -317,7 +335,9 @@ def create_proxy_app(
         # the reply is stored after the answer is sent (see _after)
         background = BackgroundTask(after) if after is not None else None
         if not isinstance(payload, dict):  # the upstream's own stream, relayed
-            return StreamingResponse(payload, media_type="text/event-stream", headers=header)
+            return StreamingResponse(
+                payload, media_type="text/event-stream", headers=header, background=background
+            )
         if stream is not None:
             return StreamingResponse(
                 completion_events(payload, include_usage=stream),
@@ -337,8 +357,7 @@ def create_proxy_app(
     return app
 
 
-def _parse(raw: bytes) -> dict[str, Any]:
-    body = json_body(raw)
+def _parse(body: dict[str, Any]) -> dict[str, Any]:
     for name in body:
         if name.lower() in FORBIDDEN_FIELDS:
             raise InputError(
@@ -389,6 +408,7 @@ class _Plan:
     stored: dict[str, int]
     conversation_tokens: int  # what sending the whole conversation would cost
     offloaded: list[str] = dataclasses.field(default_factory=list)
+    later: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # stored in _turn
 
 
 def _fit(
@@ -422,23 +442,11 @@ def _fit(
     fixed += fmt.tools_tokens(choice.tokenizer, tools) if tools else 0
     units, counted, keys = count_units(messages, checked, fmt, proxy.cache, proxy.conversations)
     keep_fraction = proxy.config.keep_fraction
-    fitted = fit(units, cap=cap, fixed=fixed, keep_fraction=keep_fraction)
-    block: Block | None = None
-    kept_block = False
-    stored: dict[str, int] = {}
-    if remember:
-        # only now: a request that cannot be fitted stores nothing
-        stored, _ = proxy.memory.remember(who, messages, keys)
-        if offloaded:
-            for status, count in proxy.memory.store(who, list(offloaded)).items():
-                stored[status] = stored.get(status, 0) + count
-    lead = 0
-    while lead < len(units) and units[lead].kind == "system":
-        lead += 1
-    memory_at = units[lead - 1].stop if lead else 0
+    whole = fixed + sum([u.tokens for u in units])  # what sending the whole conversation costs
     memory = remember and proxy.config.memory and proxy.config.memory_tokens > 0
     reserved = 0
-    if memory and not fitted.unchanged:
+    fitted: Fitted | None = None
+    if memory and whole > cap:
         # A conversation that must be trimmed anyway is trimmed with room for the memory
         # block kept (a constant, so the cut points stay a function of the prefix): the block
         # never has to leave between two cuts for want of room.
@@ -450,9 +458,27 @@ def _fit(
             reserved = proxy.config.memory_tokens
         except BudgetError:
             pass  # the newest turn leaves no such room: the block gets what is left
+    if fitted is None:
+        fitted = fit(units, cap=cap, fixed=fixed, keep_fraction=keep_fraction)
+    block: Block | None = None
+    kept_block = False
+    lead = 0
+    while lead < len(units) and units[lead].kind == "system":
+        lead += 1
+    memory_at = units[lead - 1].stop if lead else 0
+    # the conversation's own messages as sent: the system messages and the kept tail
+    tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
+    stored: dict[str, int] = {}
+    later: list[dict[str, Any]] = []
+    if remember:
+        # only now: a request that cannot be fitted stores nothing. The messages that go
+        # upstream are stored while the upstream answers (_turn): no memory block holds them
+        # (they are in the prompt), so the block is the same whether they are stored yet or not.
+        stored, _ = proxy.memory.remember(who, messages, keys, later=later, later_from=tail_from)
+        if offloaded:
+            for status, count in proxy.memory.store(who, list(offloaded)).items():
+                stored[status] = stored.get(status, 0) + count
     if memory:
-        # the conversation's own messages as sent: the system messages and the kept tail
-        tail_from = units[fitted.dropped[-1]].stop if fitted.dropped else memory_at
         exclude = proxy.memory.kept(who, memory_at, tail_from)
         question = next(
             (message_text(m.get("content")) for m in reversed(messages) if m["role"] == "user"),
@@ -471,7 +497,7 @@ def _fit(
     if fitted.unchanged and block is None:
         sent_messages = messages
     else:
-        kept = [m for i in fitted.keep for m in messages[units[i].start : units[i].stop]]
+        kept = kept_messages(messages, units, fitted.keep)
         sent_messages = (
             kept if block is None else [*kept[:memory_at], block.message(), *kept[memory_at:]]
         )
@@ -487,8 +513,9 @@ def _fit(
         sent=len(sent_messages),
         counted=counted,
         stored=stored,
-        conversation_tokens=fixed + sum([u.tokens for u in units]),
+        conversation_tokens=whole,
         offloaded=[str(r["id"]) for r in offloaded],
+        later=later,
     )
 
 
@@ -543,7 +570,11 @@ def _turn(
     do once the answer is sent (store the reply)."""
     started = time.perf_counter()
     with collections_paused():
-        body = _parse(raw)
+        # read where it is new when it continues a body this caller sent (proxybody)
+        read, learn = proxy.bodies.read(
+            raw, (caller.tenant, headers.get(SESSION_HEADER), headers.get(USER_HEADER))
+        )
+        body = _parse(read)
         offloaded = offload_request(
             body,
             who_of(caller.tenant, headers, body, reads=can_read(caller)),
@@ -564,9 +595,11 @@ def _turn(
     )
     ticket.wait(proxy.slots.timeout)
     handed = False  # to the relay of a stream, which releases it when the stream ends
+    settle = _nothing
     try:
         with collections_paused():  # a big conversation is ~100k new objects: no GC passes
             plan = _fit(proxy, who, body, headers, checked, who.named, offloaded)
+        settle = _store_later(proxy, who, plan)
         proxy.metrics.fits.labels(outcome="unchanged" if plan.fitted.unchanged else "trimmed").inc()
         proxy.metrics.sent_tokens.inc(plan.fitted.tokens)
         if plan.block is not None:
@@ -574,16 +607,18 @@ def _turn(
         if wants_stream and not tools:
             events = _send(proxy, who, body, headers, checked, plan, stream=True)
             assert isinstance(events, ChunkStream)
+            settle()
             if events.body is None:
                 report = _report(plan, who, len(body["messages"]), started)
                 # the relay releases the ticket when the stream ends
                 handed = True
-                return _relay(proxy, who, events, ticket), report, None, None
+                return _relay(proxy, who, events, ticket), report, None, learn
             payload = events.body  # the upstream did not stream: sent on as events
             proxy.metrics.observe_usage(payload.get("usage"))
             report = _report(plan, who, len(body["messages"]), started)
         else:
             payload, plan, upstream_ms = _ask(proxy, who, body, headers, checked, plan)
+            settle()
             report = _report(
                 plan, who, len(body["messages"]), started, upstream_ms=upstream_ms,
                 cached_tokens=cached_tokens(payload.get("usage")),
@@ -594,12 +629,55 @@ def _turn(
                 report["tool_calls"] = tool_report
         after = _after(proxy, who, payload)
     finally:
-        if not handed:
-            ticket.release()
+        try:
+            settle()  # the upstream failed: still stored before the next turn is fitted
+        finally:
+            if not handed:
+                ticket.release()
     stream: bool | None = None
     if wants_stream:
         stream = bool((body.get("stream_options") or {}).get("include_usage"))
-    return payload, report, stream, after
+    return payload, report, stream, _then(after, learn)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _store_later(proxy: _Proxy, who: Who, plan: _Plan) -> Callable[[], None]:
+    """Store ``plan.later`` (the messages sent upstream, not stored yet) in another thread,
+    while the upstream answers; the function returned waits for it (once) and adds its counts
+    to ``plan.stored``. If storing fails, the conversation's stored state is forgotten, so the
+    next request stores it again, and the error is raised."""
+    if not plan.later:
+        return _nothing
+    future: Future[dict[str, int]] | None = proxy.writer.submit(proxy.memory.store, who, plan.later)
+
+    def settle() -> None:
+        nonlocal future
+        if future is None:
+            return
+        pending, future = future, None
+        try:
+            counts = pending.result()
+        except Exception:
+            proxy.memory.reset(who)
+            raise
+        for status, count in counts.items():
+            plan.stored[status] = plan.stored.get(status, 0) + count
+
+    return settle
+
+
+def _then(first: Callable[[], None] | None, second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            second()
+
+    return both
 
 
 def _send(

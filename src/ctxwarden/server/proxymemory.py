@@ -252,13 +252,22 @@ class ProxyMemory:
         return f"px-{xxhash.xxh3_128_hexdigest(raw)}"
 
     def remember(
-        self, who: Who, messages: Sequence[Mapping[str, Any]], keys: Sequence[int]
+        self,
+        who: Who,
+        messages: Sequence[Mapping[str, Any]],
+        keys: Sequence[int],
+        *,
+        later: list[dict[str, Any]] | None = None,
+        later_from: int = 0,
     ) -> tuple[dict[str, int], list[str]]:
         """Store the messages not stored yet (``keys``: their cache keys, one per message).
 
         Returns the ingest counts and every message's id (for leaving them out of retrieval).
         A conversation that grew is looked at from where the last request ended; one whose
         history the client changed (trimmed, edited) is looked up message by message.
+        ``later``: the records of messages from ``later_from`` on go there instead, for the
+        caller to :meth:`store` (and :meth:`reset` if that fails): the proxy stores the
+        messages it sends anyway while the upstream answers.
         """
         state = self._conversation(who)
         if len(state.known) > _KNOWN_LIMIT:
@@ -286,7 +295,10 @@ class ProxyMemory:
                 state.known[composite] = id
                 record = _record(messages[index], id)
                 if record is not None:
-                    records.append(record)
+                    if later is not None and index >= later_from:
+                        later.append(record)
+                    else:
+                        records.append(record)
             ids.append(id)
             position.setdefault(id, index)
         counts = self._ingest(who, records)
@@ -295,6 +307,12 @@ class ProxyMemory:
         state.occurrences = occurrences
         state.position = position
         return counts, ids
+
+    def reset(self, who: Who) -> None:
+        """Forget what was stored of ``who``'s conversation (after a store failed): the next
+        request stores it again from its start, under the same ids."""
+        with self._lock:
+            self._state.pop((who.tenant, who.user, who.session), None)
 
     def kept(self, who: Who, head: int, tail_from: int) -> Kept:
         """The memories that are messages of the conversation as sent: its first ``head``
