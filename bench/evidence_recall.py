@@ -4,7 +4,7 @@ Usage::
 
     uv run python bench/evidence_recall.py [DATA ...] [--budgets 1000,2000,4000,8000]
         [--model gpt-4-turbo] [--embed off|sync|background] [--embedder minilm]
-        [--limit N] [--filler N]
+        [--limit N] [--filler N] [--where]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
 or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
@@ -29,6 +29,12 @@ row per budget and method: **recall** (the share of a question's evidence found,
 LoCoMo, categories 1-4 by the usual convention; category 5, adversarial, is shown apart). Below
 it, p50/p95 of ``Engine.assemble`` (a wall-clock time per call, the query's embedding included
 when vectors are on) over every question and budget of that data set.
+
+``--where`` adds a table of where each evidence memory went, per budget and category:
+included (related block as a hit or as a hit's neighbour, recent block), left out at a rank
+of the related candidates (top 20 / 50 / 100 / deeper: retrieved, but more than fit), or
+not retrieved at all (in no candidate list): a miss of ranking or packing against a miss of
+retrieval.
 
 ``--filler N`` adds N distractor messages to each conversation before it is ingested, to see
 recall at a store size where the search's row bound and its very-common-word cut-off apply:
@@ -270,6 +276,7 @@ def run(
     retrieval: RetrievalWeights | None = None,
     policy: BudgetPolicy | None = None,
     change_window: float | None = None,
+    where: dict[tuple[int, str], dict[str, int]] | None = None,
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
     """Recall per method, budget and category (a list of per-question recalls).
 
@@ -279,7 +286,8 @@ def run(
     next run; records already there are known and not embedded again. ``change_window``
     (seconds; default: the config's) sets free-text change detection. ``timings`` receives the
     seconds of every ``assemble`` call. The ``"all"`` list leaves out the categories a
-    conversation shows apart (LoCoMo's adversarial category 5).
+    conversation shows apart (LoCoMo's adversarial category 5). ``where`` receives, per
+    (budget, category), how many evidence memories went where (:func:`evidence_place`).
     """
     results: dict[str, dict[int, dict[str, list[float]]]] = {
         m: {b: defaultdict(list) for b in budgets} for m in ("ctxwarden", "recency", "bm25")
@@ -344,6 +352,10 @@ def run(
                     )
                     if timings is not None:
                         timings.append(time.perf_counter() - started)
+                    if where is not None:
+                        places = where.setdefault((budget, question.category), defaultdict(int))
+                        for place in evidence_place(context, wanted):
+                            places[place] += 1
                     got = {
                         # Over its budget, a context scores nothing.
                         "ctxwarden": set(context.included) if context.tokens <= budget else set(),
@@ -358,6 +370,59 @@ def run(
                         if question.category not in conversation.apart:
                             results[method][budget]["all"].append(recall)
     return results
+
+
+#: Where an evidence memory can be, best first (the columns of :func:`show_where`).
+PLACES = ("related", "neighbour", "recent", "top 20", "top 50", "top 100", "deeper",
+          "not retrieved")  # fmt: skip
+
+
+def evidence_place(context: Any, wanted: set[str]) -> list[str]:
+    """Where each of ``wanted`` went in ``context``: included in the related block as a hit
+    (``related``) or as a hit's neighbour (``neighbour``), in the ``recent`` block (or another
+    block, by its name), left out at a rank of the related candidates (``top 20`` ... ``deeper``:
+    retrieved, but more than fit), or ``not retrieved`` (in no candidate list at all)."""
+    rows = {c.id: (rank, c) for rank, c in enumerate(
+        c for c in context.report.candidates if c.block == "related")}  # fmt: skip
+    blocks = {c.id: c for c in context.report.candidates if c.included}
+    out = []
+    for memory_id in sorted(wanted):
+        if memory_id in context.included:
+            chosen = blocks.get(memory_id)
+            block = chosen.block if chosen is not None else "recent"
+            if block == "related" and any(k.startswith("neighbour") for k in chosen.components):
+                block = "neighbour"
+            out.append(block)
+        elif memory_id in rows:
+            rank = rows[memory_id][0]
+            out.append("top 20" if rank < 20 else "top 50" if rank < 50
+                       else "top 100" if rank < 100 else "deeper")  # fmt: skip
+        else:
+            out.append("not retrieved")
+    return out
+
+
+def show_where(where: dict[tuple[int, str], dict[str, int]], *, apart: frozenset[str]) -> None:
+    """One markdown table: the share (%) of evidence memories in each place, per budget and
+    category (and all categories but those shown ``apart``)."""
+    print("\nwhere the evidence went (% of evidence memories; ranks among related candidates)")
+    print("| budget | category | n | " + " | ".join(PLACES) + " | other |")
+    print("|---|---|---:|" + "---:|" * (len(PLACES) + 1))
+    for budget in sorted({b for b, _ in where}):
+        categories = sorted(c for b, c in where if b == budget)
+        overall: dict[str, int] = defaultdict(int)
+        for category in categories:
+            if category not in apart:
+                for place, count in where[(budget, category)].items():
+                    overall[place] += count
+        for category, places in [*((c, where[(budget, c)]) for c in categories),
+                                 ("all" if not apart else "all but " + ",".join(sorted(apart)),
+                                  overall)]:  # fmt: skip
+            total = sum(places.values()) or 1
+            other = sum(v for k, v in places.items() if k not in PLACES)
+            cells = [f"{100 * places.get(p, 0) / total:.1f}" for p in PLACES]
+            print(f"| {budget} | {category} | {sum(places.values())} | " + " | ".join(cells)
+                  + f" | {100 * other / total:.1f} |")  # fmt: skip
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -434,6 +499,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="days change detection looks back (0: off; default: EngineConfig's)",
     )
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help="also print where the evidence went: included (block), left out at a rank of the "
+        "related candidates, or not retrieved",
+    )
     args = parser.parse_args(argv)
     window = None if args.change_window is None else args.change_window * 86400.0
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -447,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for conversation in conversations:
             add_filler(conversation, args.filler)
         timings: list[float] = []
+        where: dict[tuple[int, str], dict[str, int]] | None = {} if args.where else None
         results = run(
             conversations,
             budgets=budgets,
@@ -459,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             retrieval=retrieval,
             policy=_policy(args.recent_share),
             change_window=window,
+            where=where,
         )
         vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
         vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
@@ -467,7 +540,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         vectors += f", change window {changes_on / 86400:g} days"
         print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
               + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
-        show(results, budgets, apart=frozenset().union(*(c.apart for c in conversations)))
+        apart = frozenset().union(*(c.apart for c in conversations))
+        show(results, budgets, apart=apart)
+        if where is not None:
+            show_where(where, apart=apart)
         if timings:
             print(
                 f"assemble: p50 {1000 * percentile(timings, 0.5):.1f} ms, p95 "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchload import load_bench
+from ctxwarden.engine import Engine, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,3 +73,30 @@ def test_filler_interleaves_distractors_in_time_order() -> None:
         assert set(record["content"].split()) <= words  # the conversation's own words
     # The conversation's own records are kept as they were, in their order.
     assert [r for r in records if r["id"] in original] == list(original.values())
+
+
+def test_where_the_evidence_went_on_the_fixture(capsys: Any) -> None:
+    bench = _bench()
+    conversations = bench.read(ROOT / "tests" / "data" / "locomo_mini.json")
+    where: dict[tuple[int, str], dict[str, int]] = {}
+    bench.run(conversations, budgets=[1000], model="gpt-4", embedder="none", limit=None,
+              where=where)  # fmt: skip
+    # Every evidence memory (1 + 1 + 2) is counted once, in a block: all of it fits in 1k.
+    assert sum(sum(p.values()) for p in where.values()) == 4
+    assert set(where) == {(1000, "1"), (1000, "2"), (1000, "3")}
+    assert {place for p in where.values() for place in p} <= {"related", "neighbour", "recent"}
+    bench.show_where(where, apart=frozenset())
+    table = capsys.readouterr().out
+    assert "| 1000 | all | 4 | " in table
+
+
+def test_evidence_place_names_each_miss() -> None:
+    bench = _bench()
+    [conversation] = bench.read(ROOT / "tests" / "data" / "locomo_mini.json")
+    with Engine.open(":memory:", config=EngineConfig(embed="off")) as engine:
+        engine.ingest(conversation.records[:3], session="mini-1")
+        context = engine.assemble(session="mini-1", query="grey cat", budget=1000)
+        places = bench.evidence_place(context, {"D1:3", "nowhere"})
+    # sorted ids: the cat's turn is related or recent; an unknown id was never retrieved
+    assert places[0] in {"related", "neighbour", "recent"}
+    assert places[1] == "not retrieved"
