@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -136,3 +137,10 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         backend = PostgresStore(request.getfixturevalue("pg_schema_dsn"))
     yield backend
     backend.close()
+
+
+def morning(days_ago: int) -> float:
+    """08:00 UTC ``days_ago`` days back: a start for test messages that spread over hours,
+    so that they never cross a UTC day boundary (compaction's default time window) at one
+    time of day and not at another."""
+    return (time.time() // 86400.0 - days_ago) * 86400.0 + 8 * 3600.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Clock
+from conftest import Clock, morning
 from ctxwarden import ConfigError, Engine, InputError, NotFound
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.offload import OFFLOAD_PREFIX
@@ -243,12 +243,11 @@ def test_cli_compacts_into_the_archive_and_expands(tmp_path: Any) -> None:
     """``ctxwarden compact --apply --keep-originals archive`` then ``ctxwarden expand``, as a
     user runs them (a real subprocess on a database file)."""
     import json
-    import time
 
     from test_cli import ctxwarden
 
     db = str(tmp_path / "cli.db")
-    start = time.time() - 20 * DAY
+    start = morning(20)
     # small talk around the facts, so the summary is worth writing at the default share
     words = "apples pears plums kiwis limes figs dates grapes melons cherries lemons berries"
     talk = [f"{CHAT[1]}, and {CHAT[5]}, like the {w} chat" for w in words.split()]

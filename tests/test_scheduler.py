@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Clock
+from conftest import Clock, morning
 from ctxwarden import ConfigError, Engine
 from ctxwarden.config import load_settings
 from ctxwarden.engine import EngineConfig
@@ -346,9 +346,8 @@ def test_metrics_show_what_the_compactor_did(tmp_path: Path, clock: Clock) -> No
 
 def test_cli_compact_every_runs_at_once_and_stops_on_sigterm(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
-    now = time.time()
     with Engine.open(db) as engine:
-        engine.ingest(_messages(now - 20 * DAY, days=2, per_day=6))
+        engine.ingest(_messages(morning(20), days=2, per_day=6))
     with subprocess.Popen(
         [sys.executable, "-m", "ctxwarden", "--db", str(db), "compact", "--every", "6h"],
         stdout=subprocess.PIPE,
@@ -376,7 +375,7 @@ def test_serve_compacts_on_its_schedule_and_stops_cleanly(tmp_path: Path) -> Non
 
     db = tmp_path / "s.db"
     with Engine.open(db) as engine:
-        engine.ingest(_messages(time.time() - 20 * DAY, days=2, per_day=6))
+        engine.ingest(_messages(morning(20), days=2, per_day=6))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
@@ -464,7 +463,7 @@ def test_cli_compact_apply_refuses_while_another_compactor_runs(tmp_path: Path) 
     db = tmp_path / "s.db"
     now = time.time()
     with Engine.open(db) as engine:
-        engine.ingest(_messages(now - 20 * DAY, days=1, per_day=6))
+        engine.ingest(_messages(morning(20), days=1, per_day=6))
         store = engine.store
         assert isinstance(store, Maintenance)
         store.acquire_lease(LEASE, "elsewhere", now=now, ttl=600)

@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Clock
+from conftest import Clock, morning
 from ctxwarden import Engine
 from ctxwarden.errors import ConfigError, SummarizeError
 from ctxwarden.llm import LLMClient
@@ -312,7 +311,7 @@ def test_cli_compact_sends_the_key_from_the_environment_and_never_prints_it(
 ) -> None:
     db = tmp_path / "store.db"
     log = tmp_path / "log.jsonl"
-    log.write_text("\n".join(json.dumps(r) for r in _two_days(time.time() - 20 * DAY)) + "\n")
+    log.write_text("\n".join(json.dumps(r) for r in _two_days(morning(20))) + "\n")
     assert _cli(db, "ingest", str(log), env={}).returncode == 0
     key = "sk-summariser-secret-4711"
     with ScriptedServer(_facts_only) as server:
@@ -335,7 +334,7 @@ def test_cli_compact_sends_the_key_from_the_environment_and_never_prints_it(
 def test_cli_compact_timeout_is_a_setting_and_the_cluster_falls_back(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     log = tmp_path / "log.jsonl"
-    log.write_text("\n".join(json.dumps(r) for r in _two_days(time.time() - 20 * DAY)) + "\n")
+    log.write_text("\n".join(json.dumps(r) for r in _two_days(morning(20))) + "\n")
     assert _cli(db, "ingest", str(log), env={}).returncode == 0
     # every answer takes longer than the timeout set below
     with ScriptedServer(lambda request: Reply(delay=3.0, body=_facts_only(request))) as server:

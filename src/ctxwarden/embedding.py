@@ -73,6 +73,87 @@ class _ClosingError(Exception):
     """The engine is closing: the batch being embedded is abandoned."""
 
 
+def fold_in_store(
+    store: Store,
+    memories: Iterable[Memory],
+    model: str,
+    config: SemanticConfig,
+    *,
+    clock: Callable[[], float],
+    flush_log: Callable[[], None],
+    dry_run: bool,
+    progress: Callable[[int], None] | None,
+) -> SemanticReport:
+    """Layer C over ``memories`` with the store's vectors of ``model``: each memory against the
+    earlier ones of its channel and author in the window; a fold merges (unless ``dry_run``)."""
+
+    def window(memory: Memory, since: float) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
+        return store.vector_window(
+            memory.tenant,
+            model,
+            channel=memory.channel,
+            author=memory.author,
+            seen_since=since,
+            created_until=memory.created_at,
+        )
+
+    def merge(fold: SemanticFold) -> bool:
+        flush_log()  # the merge adds up both memories' access stats
+        with store.write() as writer:
+            return writer.merge(
+                fold.tenant,
+                fold.id,
+                into=fold.into,
+                merged_at=clock(),
+                status=MERGE_STATUS,
+                latest_content=fold.latest_content,
+            )
+
+    return fold_semantic(
+        memories, window, config, merge=None if dry_run else merge, progress=progress
+    )
+
+
+class QueryVectors:
+    """The query thread and the vectors of the last :data:`QUERY_CACHE_SIZE` queries: an
+    agent's tool-call rounds send the same last message."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
+
+    def close(self) -> None:
+        """Stop the query thread (a later :meth:`soon` starts another)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def soon(self, embedder: Embedder, query: str) -> Callable[[], npt.NDArray[np.float32]]:
+        """Start embedding ``query`` in the query thread; returns a function that waits for its
+        vector (and raises what the embedder raised)."""
+        key = (embedder.name, query)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return lambda: cached
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="ctxwarden-query")
+            future = self._pool.submit(embedder.embed, [query])
+
+        def wait() -> npt.NDArray[np.float32]:
+            vector: npt.NDArray[np.float32] = future.result()[0]
+            with self._lock:
+                self._cache[key] = vector
+                while len(self._cache) > QUERY_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            return vector
+
+        return wait
+
+
 class Embeddings:
     """Embeds a store's memories with one embedder, folds near-identical ones (layer C)."""
 
@@ -105,10 +186,8 @@ class Embeddings:
         # complete pass started at).
         # Dirty at open: memories a previous process left pending are looked for once.
         self._generation = 1
-        self._query_lock = threading.Lock()
-        self._query_pool: ThreadPoolExecutor | None = None
+        self._queries = QueryVectors()
         self._model_pool: ThreadPoolExecutor | None = None  # the worker's model, niced
-        self._query_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
         self._clean = 0
         self._covered = 0
         # What a catch-up could not finish on the request path, for the worker: vectors the
@@ -120,9 +199,7 @@ class Embeddings:
     def close(self) -> None:
         """Stop the background worker, if one runs, once it finishes its slice, and the
         query thread."""
-        if self._query_pool is not None:
-            self._query_pool.shutdown(wait=True)
-            self._query_pool = None
+        self._queries.close()
         thread = self._embed_thread
         if thread is not None:
             self._embed_stop.set()
@@ -352,32 +429,15 @@ class Embeddings:
         dry_run: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> SemanticReport:
-        config = config or self.config.semantic
-
-        def window(memory: Memory, since: float) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
-            return self.store.vector_window(
-                memory.tenant,
-                model,
-                channel=memory.channel,
-                author=memory.author,
-                seen_since=since,
-                created_until=memory.created_at,
-            )
-
-        def merge(fold: SemanticFold) -> bool:
-            self.flush_log()  # the merge adds up both memories' access stats
-            with self.store.write() as writer:
-                return writer.merge(
-                    fold.tenant,
-                    fold.id,
-                    into=fold.into,
-                    merged_at=self.clock(),
-                    status=MERGE_STATUS,
-                    latest_content=fold.latest_content,
-                )
-
-        report = fold_semantic(
-            memories, window, config, merge=None if dry_run else merge, progress=progress
+        report = fold_in_store(
+            self.store,
+            memories,
+            model,
+            config or self.config.semantic,
+            clock=self.clock,
+            flush_log=self.flush_log,
+            dry_run=dry_run,
+            progress=progress,
         )
         if report.folds and not dry_run:
             self._vector_state = None
@@ -475,28 +535,8 @@ class Embeddings:
         return self.config.embed != "off" or self.vectors_usable()[0]
 
     def embed_query_soon(self, query: str) -> Callable[[], npt.NDArray[np.float32]]:
-        """Start embedding ``query`` in the query thread; returns a function that waits for its
-        vector (and raises what the embedder raised). The last :data:`QUERY_CACHE_SIZE`
-        queries' vectors are kept: an agent's tool-call rounds send the same last message."""
-        key = (self.embedder.name, query)
-        with self._query_lock:
-            cached = self._query_cache.get(key)
-            if cached is not None:
-                self._query_cache.move_to_end(key)
-                return lambda: cached
-            if self._query_pool is None:
-                self._query_pool = ThreadPoolExecutor(1, thread_name_prefix="ctxwarden-query")
-            future = self._query_pool.submit(self.embedder.embed, [query])
-
-        def wait() -> npt.NDArray[np.float32]:
-            vector: npt.NDArray[np.float32] = future.result()[0]
-            with self._query_lock:
-                self._query_cache[key] = vector
-                while len(self._query_cache) > QUERY_CACHE_SIZE:
-                    self._query_cache.popitem(last=False)
-            return vector
-
-        return wait
+        """Start embedding ``query`` in the query thread (:class:`QueryVectors`)."""
+        return self._queries.soon(self.embedder, query)
 
     def vectors_usable(self) -> tuple[bool, tuple[str, ...]]:
         """(the store has vectors of this engine's embedder, the other models it has)."""

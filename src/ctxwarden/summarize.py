@@ -304,22 +304,22 @@ class ExtractiveSummarizer:
         sentences, carried_spam = self._sentences(items, spam_items)
         spam_lines = carried_spam + spam_lines
         budget = max_tokens - header_cost
-        entities = self._fit(
+        entities = _fit(
             self._entities(items, spam_items, sentences),
             budget * self.entity_share,
             tokenizer,
             ", ",
         )
-        spam = self._fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
+        spam = _fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
         times = [item.created_at for item in items if item.created_at is not None]
         one_day = bool(times) and format_time(min(times))[:10] == format_time(max(times))[:10]
         heads = [self._head(item, one_day) for item in items]
         self._score(items, sentences, tokenizer, heads)
         summary = replace(base, key_entities=tuple(entities), spam_patterns=tuple(spam))
         used = tokenizer.count(summary.render())
-        chosen = self._choose(sentences, max_tokens - used - 6, self.min_score)
+        chosen = _choose(sentences, max_tokens - used - 6, self.min_score)
         while True:
-            summary = self._with_sections(summary, items, chosen, heads)
+            summary = _with_sections(summary, items, chosen, heads)
             # An entity a line already names is said once, in its line.
             shown = "\n".join(
                 [*summary.main_events, *summary.decisions, *summary.open_loops, *spam]
@@ -451,7 +451,7 @@ class ExtractiveSummarizer:
                     out.append(sentence)
         # A question someone answered is not a fact of its own (its answer is): only the
         # values it names are.
-        for index in self._answered_questions(items, out, {}):
+        for index in _answered_questions(items, out, {}):
             sentence = out[index]
             if sentence.values == _values(sentence.text) and len(sentence.values) == 1:
                 (only,) = sentence.values
@@ -500,15 +500,6 @@ class ExtractiveSummarizer:
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         return [name for name, _ in ranked[: self.max_entities]]
 
-    @staticmethod
-    def _fit(values: list[str], budget: float, tokenizer: TokenCounter, joiner: str) -> list[str]:
-        kept: list[str] = []
-        for value in values:
-            if tokenizer.count(joiner.join([*kept, value])) > budget:
-                break
-            kept.append(value)
-        return kept
-
     def _score(
         self,
         items: Sequence[SummaryItem],
@@ -531,7 +522,7 @@ class ExtractiveSummarizer:
             words = _WORD.findall(sentence.text.lower())
             for pair in itertools.pairwise(words):
                 pair_items.setdefault(pair, set()).add(sentence.item)
-        answered = self._answered_questions(items, sentences, per_item)
+        answered = _answered_questions(items, sentences, per_item)
         infos = []
         for sentence in sentences:
             unique = dict.fromkeys(_terms(sentence.text))
@@ -575,51 +566,9 @@ class ExtractiveSummarizer:
                 score -= 0.8 if unique_terms else 1.5
             # A fact is kept whole unless it is very long (a pasted log).
             limit = self.max_sentence_tokens * (4 if sentence.fact else 1)
-            sentence.text = self._shorten(text, tokenizer, limit)
+            sentence.text = _shorten(text, tokenizer, limit)
             sentence.score = max(score, 0.01)
             sentence.cost = tokenizer.count(heads[sentence.item] + sentence.text) + 2
-
-    @staticmethod
-    def _answered_questions(
-        items: Sequence[SummaryItem], sentences: list[_Sentence], terms: dict[int, set[str]]
-    ) -> set[int]:
-        """Questions a later message by someone else in the same channel (or thread) answers:
-        one of the next eight there that shares a term with the question."""
-        answered: set[int] = set()
-        for sentence in sentences:
-            if not sentence.text.rstrip().endswith(("?", "？", "؟")):
-                continue
-            asked = items[sentence.item]
-            words = set(_terms(sentence.text))
-            seen = 0
-            for later in range(sentence.item + 1, len(items)):
-                other = items[later]
-                same_place = (
-                    other.thread_id == asked.thread_id
-                    if asked.thread_id is not None
-                    else other.channel == asked.channel
-                )
-                if not same_place or other.author == asked.author:
-                    continue
-                seen += 1
-                reply_terms = terms.get(later, set(_terms(other.content)))
-                if words & reply_terms or (asked.author and asked.author in other.content):
-                    answered.add(sentence.index)
-                    break
-                if seen >= 8:
-                    break
-        return answered
-
-    @staticmethod
-    def _shorten(text: str, tokenizer: TokenCounter, limit: int) -> str:
-        cost = tokenizer.count(text)
-        if cost <= limit:
-            return text
-        words = text.split()
-        keep = max(1, int(len(words) * limit / cost))
-        while keep > 1 and tokenizer.count(" ".join(words[:keep]) + " ...") > limit:
-            keep -= max(1, keep // 8)
-        return " ".join(words[:keep]) + " ..."
 
     def _head(self, item: SummaryItem, one_day: bool) -> str:
         """``[id] time author: `` before a message's sentence (the time without its date when
@@ -634,55 +583,6 @@ class ExtractiveSummarizer:
             when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
         who = f"{item.author}: " if item.author else ""
         return f"{cite}{when}{who}"
-
-    @staticmethod
-    def _choose(sentences: list[_Sentence], budget: int, min_score: float) -> list[_Sentence]:
-        """Every fact that fits first (best per token first), then the rest by score."""
-        chosen: list[_Sentence] = []
-        seen: set[str] = set()
-        spent = 0
-        ranked = sorted(
-            sentences, key=lambda s: (not s.fact, -s.score / math.sqrt(s.cost), s.index)
-        )
-        covered: set[str] = set()
-        for sentence in ranked:
-            key = " ".join(_terms(sentence.text)) or sentence.text
-            # A fact whose every value is already kept is kept only on its merit as text.
-            novel = sentence.fact and bool(sentence.values - covered)
-            low = (sentence.score < min_score or not sentence.rare) and not novel
-            if low or key in seen or spent + sentence.cost > budget:
-                continue
-            seen.add(key)
-            chosen.append(sentence)
-            covered |= sentence.values
-            spent += sentence.cost
-        return chosen
-
-    def _with_sections(
-        self,
-        summary: Summary,
-        items: Sequence[SummaryItem],
-        chosen: list[_Sentence],
-        heads: Sequence[str],
-    ) -> Summary:
-        """Lines per section in input order; consecutive sentences of one item share a line."""
-        sections: dict[str, list[str]] = {"main_events": [], "decisions": [], "open_loops": []}
-        previous: tuple[str, int] | None = None
-        for sentence in sorted(chosen, key=lambda s: s.index):
-            lines = sections[sentence.section]
-            merge = items[sentence.item].kind != "summary"
-            if merge and previous == (sentence.section, sentence.item):
-                glue = "" if lines[-1].endswith(("。", "！", "？")) else " "
-                lines[-1] = f"{lines[-1]}{glue}{sentence.text}"
-            else:
-                lines.append(heads[sentence.item] + sentence.text)
-            previous = (sentence.section, sentence.item)
-        return replace(
-            summary,
-            main_events=tuple(sections["main_events"]),
-            decisions=tuple(sections["decisions"]),
-            open_loops=tuple(sections["open_loops"]),
-        )
 
 
 # ---------------------------------------------------------------------------- fact checks
@@ -752,3 +652,101 @@ def fact_tokens(
     authors = {item.id: item.author or "" for item in items}
     text = "\n".join(f"- [{i}] 00:00 {authors[i]}: {s}" for i, s, _ in facts)
     return tokenizer.count(text) + 24
+
+
+def _fit(values: list[str], budget: float, tokenizer: TokenCounter, joiner: str) -> list[str]:
+    kept: list[str] = []
+    for value in values:
+        if tokenizer.count(joiner.join([*kept, value])) > budget:
+            break
+        kept.append(value)
+    return kept
+
+
+def _answered_questions(
+    items: Sequence[SummaryItem], sentences: list[_Sentence], terms: dict[int, set[str]]
+) -> set[int]:
+    """Questions a later message by someone else in the same channel (or thread) answers:
+    one of the next eight there that shares a term with the question."""
+    answered: set[int] = set()
+    for sentence in sentences:
+        if not sentence.text.rstrip().endswith(("?", "？", "؟")):
+            continue
+        asked = items[sentence.item]
+        words = set(_terms(sentence.text))
+        seen = 0
+        for later in range(sentence.item + 1, len(items)):
+            other = items[later]
+            same_place = (
+                other.thread_id == asked.thread_id
+                if asked.thread_id is not None
+                else other.channel == asked.channel
+            )
+            if not same_place or other.author == asked.author:
+                continue
+            seen += 1
+            reply_terms = terms.get(later, set(_terms(other.content)))
+            if words & reply_terms or (asked.author and asked.author in other.content):
+                answered.add(sentence.index)
+                break
+            if seen >= 8:
+                break
+    return answered
+
+
+def _shorten(text: str, tokenizer: TokenCounter, limit: int) -> str:
+    cost = tokenizer.count(text)
+    if cost <= limit:
+        return text
+    words = text.split()
+    keep = max(1, int(len(words) * limit / cost))
+    while keep > 1 and tokenizer.count(" ".join(words[:keep]) + " ...") > limit:
+        keep -= max(1, keep // 8)
+    return " ".join(words[:keep]) + " ..."
+
+
+def _choose(sentences: list[_Sentence], budget: int, min_score: float) -> list[_Sentence]:
+    """Every fact that fits first (best per token first), then the rest by score."""
+    chosen: list[_Sentence] = []
+    seen: set[str] = set()
+    spent = 0
+    ranked = sorted(sentences, key=lambda s: (not s.fact, -s.score / math.sqrt(s.cost), s.index))
+    covered: set[str] = set()
+    for sentence in ranked:
+        key = " ".join(_terms(sentence.text)) or sentence.text
+        # A fact whose every value is already kept is kept only on its merit as text.
+        novel = sentence.fact and bool(sentence.values - covered)
+        low = (sentence.score < min_score or not sentence.rare) and not novel
+        if low or key in seen or spent + sentence.cost > budget:
+            continue
+        seen.add(key)
+        chosen.append(sentence)
+        covered |= sentence.values
+        spent += sentence.cost
+    return chosen
+
+
+def _with_sections(
+    summary: Summary,
+    items: Sequence[SummaryItem],
+    chosen: list[_Sentence],
+    heads: Sequence[str],
+) -> Summary:
+    """Lines per section in input order; consecutive sentences of one item share a line."""
+    sections: dict[str, list[str]] = {"main_events": [], "decisions": [], "open_loops": []}
+    previous: tuple[str, int] | None = None
+    for sentence in sorted(chosen, key=lambda s: s.index):
+        lines = sections[sentence.section]
+        merge = items[sentence.item].kind != "summary"
+        if merge and previous == (sentence.section, sentence.item):
+            glue = "" if lines[-1].endswith(("。", "！", "？")) else " "
+            lines[-1] = f"{lines[-1]}{glue}{sentence.text}"
+        else:
+            lines.append(heads[sentence.item] + sentence.text)
+        previous = (sentence.section, sentence.item)
+    return replace(
+        summary,
+        main_events=tuple(sections["main_events"]),
+        decisions=tuple(sections["decisions"]),
+        open_loops=tuple(sections["open_loops"]),
+    )

@@ -79,7 +79,61 @@ def without_sources(content: str, erased: Collection[str], remaining: int) -> st
     return "\n".join(out)
 
 
-class ErasureWrites(ArchiveWrites):
+class _SessionUnfold(ArchiveWrites):
+    """Erasing a session from the aggregates of other sessions its records were folded into."""
+
+    def _unfold_session(
+        self,
+        tenant: str,
+        session: str,
+        receipt: ErasureReceipt,
+        *,
+        deleted_at: float,
+        reason: str,
+    ) -> ErasureReceipt:
+        """Take the records of ``session`` out of the aggregates of other sessions they were
+        folded into: their aliases go (tombstoned), the aggregate's count drops, and its latest
+        variant (which may be this session's text) is cleared, with the token counts cached
+        for renderings of it."""
+        folded = self._rows(
+            "SELECT a.id, a.memory_rowid, m.id FROM aliases a JOIN memories m "
+            "ON m.rowid = a.memory_rowid WHERE a.tenant = ? AND a.session = ? "
+            "ORDER BY a.memory_rowid, a.id",
+            (tenant, session),
+        )
+        if not folded:
+            return receipt
+        per_row: dict[int, int] = {}
+        for _, rowid, _ in folded:
+            per_row[int(rowid)] = per_row.get(int(rowid), 0) + 1
+        self._run_many(
+            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
+            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, "
+            "created_at, created_at, ? FROM memories WHERE rowid = ? "
+            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
+            "summary_id = NULL, content_hash = excluded.content_hash, "
+            "time_start = excluded.time_start, time_end = excluded.time_end, "
+            "reason = excluded.reason",
+            [(alias, deleted_at, reason, rowid) for alias, rowid, _ in folded],
+        )
+        self._run_many(
+            "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a, _, _ in folded]
+        )
+        self._run_many(
+            "UPDATE memories SET dup_count = CASE WHEN dup_count > ? THEN dup_count - ? "
+            "ELSE 1 END, latest_content = NULL WHERE rowid = ?",
+            [(n, n, rowid) for rowid, n in per_row.items()],
+        )
+        self._run_many("DELETE FROM token_counts WHERE memory_rowid = ?", [(r,) for r in per_row])
+        touched = list(dict.fromkeys(str(m) for _, _, m in folded))
+        return dataclasses.replace(
+            receipt,
+            ids=tuple(dict.fromkeys([*receipt.ids, *(a for a, _, _ in folded)])),
+            aggregates_touched=tuple(dict.fromkeys([*receipt.aggregates_touched, *touched])),
+        )
+
+
+class ErasureWrites(_SessionUnfold):
     """The erasures of one write transaction (mixed into each backend's writer)."""
 
     def _summaries_citing(self, tenant: str, ids: Sequence[str]) -> list[int]:
@@ -403,56 +457,6 @@ class ErasureWrites(ArchiveWrites):
         )
         self._run("DELETE FROM contexts WHERE tenant = ? AND session = ?", (tenant, session))
         return receipt
-
-    def _unfold_session(
-        self,
-        tenant: str,
-        session: str,
-        receipt: ErasureReceipt,
-        *,
-        deleted_at: float,
-        reason: str,
-    ) -> ErasureReceipt:
-        """Take the records of ``session`` out of the aggregates of other sessions they were
-        folded into: their aliases go (tombstoned), the aggregate's count drops, and its latest
-        variant (which may be this session's text) is cleared, with the token counts cached
-        for renderings of it."""
-        folded = self._rows(
-            "SELECT a.id, a.memory_rowid, m.id FROM aliases a JOIN memories m "
-            "ON m.rowid = a.memory_rowid WHERE a.tenant = ? AND a.session = ? "
-            "ORDER BY a.memory_rowid, a.id",
-            (tenant, session),
-        )
-        if not folded:
-            return receipt
-        per_row: dict[int, int] = {}
-        for _, rowid, _ in folded:
-            per_row[int(rowid)] = per_row.get(int(rowid), 0) + 1
-        self._run_many(
-            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, "
-            "created_at, created_at, ? FROM memories WHERE rowid = ? "
-            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-            "summary_id = NULL, content_hash = excluded.content_hash, "
-            "time_start = excluded.time_start, time_end = excluded.time_end, "
-            "reason = excluded.reason",
-            [(alias, deleted_at, reason, rowid) for alias, rowid, _ in folded],
-        )
-        self._run_many(
-            "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a, _, _ in folded]
-        )
-        self._run_many(
-            "UPDATE memories SET dup_count = CASE WHEN dup_count > ? THEN dup_count - ? "
-            "ELSE 1 END, latest_content = NULL WHERE rowid = ?",
-            [(n, n, rowid) for rowid, n in per_row.items()],
-        )
-        self._run_many("DELETE FROM token_counts WHERE memory_rowid = ?", [(r,) for r in per_row])
-        touched = list(dict.fromkeys(str(m) for _, _, m in folded))
-        return dataclasses.replace(
-            receipt,
-            ids=tuple(dict.fromkeys([*receipt.ids, *(a for a, _, _ in folded)])),
-            aggregates_touched=tuple(dict.fromkeys([*receipt.aggregates_touched, *touched])),
-        )
 
     def delete_session(
         self, tenant: str, session: str, *, deleted_at: float, reason: str
