@@ -247,3 +247,30 @@ def test_naming_the_old_number_again_links_a_longer_message() -> None:
         "note: the retro is now at 15:00, not 16:00, because of the holiday rota", author="ana"
     )
     assert superseded(new, [old]) is old
+
+
+@pytest.mark.parametrize(
+    ("old_text", "new_text"),
+    [
+        # Another author, a cue, a place without digits: the longer message is long by its
+        # values (their character pairs), not by talk.
+        ("周会地点定在三楼会议室。", "周会地点推迟到七楼大厅。"),
+        ("大家注意，周会地点是线上会议。", "更正一下，周会地点换成七楼大厅。"),
+        (
+            "定例会議の場所はオンラインではなく大阪オフィスです。",
+            "定例会議の場所は第一会議室に移動します。",
+        ),
+    ],
+)
+def test_a_cjk_change_of_place_by_another_author_links(old_text: str, new_text: str) -> None:
+    old = analyse(old_text, author="yang")
+    assert superseded(analyse(new_text, author="wei"), [old]) is old
+
+
+def test_a_retraction_about_another_subject_leaves_the_authors_last_value() -> None:
+    place = analyse("大家注意，周会地点是线上会议。", author="yang")
+    own = analyse("大家注意，客户培训是星期五上午十点。", author="wei")
+    new = analyse("更正一下，周会地点换成七楼大厅。", author="wei")
+    assert superseded(new, [place, own]) is place
+    talk = analyse("scratch that, 16:30 works better for me", author="wei")
+    assert superseded(talk, [own]) is own

@@ -286,6 +286,7 @@ def superseded(
     best: tuple[float, int] | None = None
     chosen: Statement | None = None
     own_last: Statement | None = None
+    most_shared = 0  # the most subject terms an earlier statement shares with ``new``
     # Bound once: this loop runs for every earlier statement sharing a term (see changes.py).
     terms, values, author, cue = new.terms, new.values, new.author, new.cue
     subject = len(terms - common) if common else len(terms)
@@ -298,6 +299,7 @@ def superseded(
         if common:
             shared -= common
         count = len(shared)
+        most_shared = max(most_shared, count)
         old_values = old.values
         restated = not old_values.isdisjoint(values)
         # A cue the earlier message holds as well is the phrasing both share ("... before
@@ -340,7 +342,12 @@ def superseded(
         if best is None or score >= best:
             best, chosen = score, old
     if chosen is None and new.retracts and own_last is not None:
-        return own_last
+        # "Scratch that, Friday": the author's own last value, unless the retraction shares
+        # more of its subject with another statement ("correction: the venue is X" after
+        # "the venue is Y" and the author's "the training is Monday" is about the venue).
+        own = len((terms & own_last.terms) - common)
+        if own >= most_shared or most_shared < 2:
+            return own_last
     return chosen
 
 
@@ -371,13 +378,15 @@ def _covers(
     both: bool = False,
 ) -> bool:
     """Whether the ``count`` shared terms are half the shorter subject (of ``subject`` terms
-    in ``new``; of the longer with ``both``), or a third in CJK text: there a value without
-    a digit ("七楼大厅") is not told apart from the subject and its k characters add k + 1
-    pairs to the terms, where in a spaced script a word adds one."""
+    in ``new``; of the longer with ``both``, in a spaced script), or a third in CJK text:
+    there a value without a digit ("七楼大厅") is not told apart from the subject and its k
+    characters add k + 1 pairs to the terms, where in a spaced script a word adds one."""
     sizes = (subject, len(old.terms - common) if common else len(old.terms))
-    bound = max(1, max(sizes) if both else min(sizes))
-    share = 3 if any(_CJK_RUN.match(t) for t in new.terms) else 2
-    return count * share >= bound
+    cjk = any(_CJK_RUN.match(t) for t in new.terms)
+    # ``both`` is for spaced scripts only: in CJK text the values stated (a new place, an old
+    # one) are pairs among the terms, so the longer side is long by its values, not by talk.
+    bound = max(1, max(sizes) if both and not cjk else min(sizes))
+    return count * (3 if cjk else 2) >= bound
 
 
 def asks_history(query: str) -> bool:
