@@ -353,6 +353,24 @@ def test_retention_on_chatbench(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0.0 < float(growth.group(1)) < 100.0
 
 
+def test_store_bytes_on_one_conversation(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _data("locomo-dev/locomo-dev.json")
+    out = _run(capsys, "store_bytes", "--conversations 1 --limit 3 --keep-sessions 1 --pack", data)
+    assert re.search(r"^## locomo-dev: .*lossless packs", out, re.MULTILINE)
+    rows = {row[0]: row[1:] for row in _rows(out)}
+    size_before, size_after = (int(n.replace(",", "")) for n in rows["store bytes (vacuumed)"][:2])
+    # Packing a session's turns into one row each removes rows: the store can only shrink.
+    assert 0 < size_after < size_before
+    # A pack keeps every sentence verbatim: the texts hold every answer they held before.
+    in_store = rows["answer string in the store's texts"]
+    assert float(in_store[1].rstrip("%")) >= float(in_store[0].rstrip("%"))
+    # Every retired turn has a tombstone, and the tombstones' column table adds up to its total.
+    table = _rows(out.split("| tombstones: column")[1])[1:]
+    *columns, total = table
+    assert re.fullmatch(r"all \(0 -> [1-9][\d,]* rows\)", total[0])
+    assert sum(int(r[2].replace(",", "")) for r in columns) == int(total[2].replace(",", ""))
+
+
 @pytest.mark.postgres
 def test_lexical_agreement(capsys: pytest.CaptureFixture[str], pg_schema_dsn: str) -> None:
     data = _data("locomo-dev/locomo-dev.json")

@@ -427,3 +427,23 @@ def test_window_summary_lines_already_in_persistent_are_dropped(clock: Clock) ->
         assert persistent.count(fact) == 1  # in persistent,
         assert fact not in summaries  # dropped from the summary
         assert any("already in persistent dropped" in n for n in context.report.notes)
+
+
+def test_a_fact_only_an_attachment_states_is_kept_in_the_summary(
+    engine: Engine, clock: Clock
+) -> None:
+    start = clock.now - 20 * DAY
+    records = _messages(start, days=1, per_day=12)
+    # A message of chatter whose image says what nobody wrote: its caption is the fact.
+    caption = "whiteboard: the Zephyr cutover moves to rack 42 in Lisbon on 3 May"
+    records[1]["attachments"] = [{"kind": "image", "name": "board.jpg", "caption": caption}]
+    engine.ingest(records)
+    p = engine.compact_plan()
+    assert [c.ids for c in p.clusters] == [tuple(r["id"] for r in records)]
+    result = engine.compact(p)
+    assert result.compacted == 12
+    summary = engine.get(result.summaries[0])
+    assert caption in summary.content
+    # and it is found by what only the caption said
+    context = engine.assemble(session="team", query="Zephyr cutover Lisbon", budget=2000)
+    assert "rack 42 in Lisbon" in "\n".join(str(m["content"]) for m in context.messages)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
+from ctxwarden.attachments import with_note
 from ctxwarden.errors import InputError, SummarizeError
 from ctxwarden.sentences import cjk_bigrams, words
 from ctxwarden.types import format_time, parse_time
@@ -73,10 +74,25 @@ class SummaryItem:
 
     @classmethod
     def of(cls, source: Any) -> SummaryItem:
-        """Build an item from any object with the same attribute names (e.g. a Memory)."""
-        return cls(
+        """Build an item from any object with the same attribute names (e.g. a Memory).
+
+        A source's ``attachments`` follow its content as they do in a prompt
+        (:func:`ctxwarden.attachments.with_note`): what only an image's caption or a file's
+        name says is the message's too, so a summary keeps it (or its loss is seen) like any
+        other sentence.
+
+        >>> from types import SimpleNamespace
+        >>> image = {"kind": "image", "caption": "the whiteboard: launch on 3 May"}
+        >>> SummaryItem.of(SimpleNamespace(id="m1", content="look", attachments=[image])).content
+        'look [image: the whiteboard: launch on 3 May]'
+        """
+        item = cls(
             **{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)}
         )
+        attachments = getattr(source, "attachments", None)
+        if attachments:
+            item = replace(item, content=with_note(item.content, attachments))
+        return item
 
 
 def line_sources(line: str) -> tuple[str, ...]:
