@@ -60,6 +60,8 @@ __all__ = [
     "DATA_ROLE",
     "block_header",
     "data_intro",
+    "entry_text",
+    "group_header",
     "line_text",
     "message_text",
     "one_line",
@@ -147,22 +149,57 @@ def quoted(who: str, content: str) -> str:
 
 def line_text(memory: Memory | Mapping[str, Any]) -> str:
     """A memory as one line of a text block, ending in a newline."""
-    if isinstance(memory, Memory):
-        kind, created, channel = memory.kind, memory.created_at, memory.channel
-    else:
-        kind = memory.get("kind", "message")
-        created = float(memory["created_at"])
-        channel = memory.get("channel")
-    role, author, content = _fields(memory)
+    kind, created, channel = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return f"{_fields(memory)[2]}\n"  # written by the summariser, line by line (summarize)
     where = f" #{one_line(channel)}" if channel else ""
+    return f"[{_minute(created)}{where}] {_said(memory)}\n"
+
+
+def entry_text(memory: Memory | Mapping[str, Any]) -> str:
+    """A memory as a line under its :func:`group_header` (the related block): the line of
+    :func:`line_text` with only the time of day (``HH:MM``, UTC) before the author, since the
+    day and channel are in the header. A summary has no group: its line is :func:`line_text`'s.
+
+    >>> entry_text({"content": "deploy at 10", "author": "aiko", "created_at": 90.0})
+    '00:01 aiko: deploy at 10\n'
+    """
+    kind, created, _ = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return f"{_fields(memory)[2]}\n"
+    return f"{_minute(created)[11:]} {_said(memory)}\n"
+
+
+def group_header(memory: Memory | Mapping[str, Any]) -> str:
+    """The line that opens a memory's group in the related block: its UTC day and channel;
+    "" for a summary (its lines carry their own times).
+
+    >>> group_header({"content": "x", "created_at": 90.0, "channel": "dev"})
+    '[1970-01-01 #dev]\n'
+    """
+    kind, created, channel = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return ""
+    where = f" #{one_line(channel)}" if channel else ""
+    return f"[{_minute(created)[:10]}{where}]\n"
+
+
+def _place(memory: Memory | Mapping[str, Any]) -> tuple[str, float, str | None]:
+    """A memory's kind, creation time and channel."""
+    if isinstance(memory, Memory):
+        return memory.kind, memory.created_at, memory.channel
+    return str(memory.get("kind", "message")), float(memory["created_at"]), memory.get("channel")
+
+
+def _said(memory: Memory | Mapping[str, Any]) -> str:
+    """What follows a line's time (and channel): the author and the content, on one line."""
+    role, author, content = _fields(memory)
     if _untrusted(memory):
-        return f"[{_minute(created)}{where}] {quoted(author or role, content)}\n"
-    if kind == "summary":
-        return f"{content}\n"  # written by the summariser, line by line (see summarize)
+        return quoted(author or role, content)
     if role in _INSTRUCTION_ROLES:
-        return f"[{_minute(created)}{where}] {_stored_instruction(role, author, content)}\n"
+        return _stored_instruction(role, author, content)
     who = one_line(author) if author else role
-    return f"[{_minute(created)}{where}] {who}: {one_line(content)}\n"
+    return f"{who}: {one_line(content)}"
 
 
 def volume_note(
