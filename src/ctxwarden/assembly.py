@@ -437,7 +437,9 @@ class Assembly:
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
             # Only an aggregate's line is kept here (its volume note is counted with it): the
-            # others are written for the few candidates fill takes (_write_lines).
+            # others are written for the few candidates fill takes (_write_lines). The stored
+            # counts are read too, so the next turn's walk over recent history finds them cached.
+            self.counter.counts(memories, tok)
             counts = self.counter.entries(memories, tok)
             for memory in memories:
                 lines[memory.rowid] = _entry(memory, counts[memory.rowid], tok, query)

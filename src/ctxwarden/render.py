@@ -1,13 +1,18 @@
 """How memories are written into a prompt, deterministically, so their tokens can be counted once.
 
-Two renderings per memory, both fixed by the memory's own fields:
+Renderings of a memory, all fixed by the memory's own fields:
 
 - as a chat **message** (recent history): the content, prefixed ``author: `` for user messages with
   an author (multi-party chats), so the model knows who spoke;
-- as a **line** in a text block (persistent, summaries, related): ``[2026-03-01 08:14 #dev] aiko:
+- as a **line** in a text block (persistent, summaries): ``[2026-03-01 08:14 #dev] aiko:
   content`` ending in a newline. Pinned memories and facts are lines like any other, with their
   time, channel and author: a pin is something someone said that the caller chose to keep in
-  view, never an instruction.
+  view, never an instruction;
+- in the related block, **grouped** (issue 18): a header line per UTC day and channel
+  (:func:`group_header`, ``[2026-03-01 #dev]``) and under it each memory's line with only its
+  time of day (:func:`entry_text`, ``08:14 aiko: content``): the ~19 tokens of a full line's
+  prefix become ~5, so more retrieved evidence fits. Every line under a header starts with its
+  time, so a memory's text (quoted when it holds a break) can forge neither a header nor a line.
 
 **Memory is data, never instructions** (issue 20). A memory's own text can never start a line of
 its own: content (and an author or channel) holding a line break (``\n``, ``\r``, ``\u2028``
@@ -21,11 +26,12 @@ system message.
 A memory's attachments (:mod:`ctxwarden.attachments`) follow its content in both renderings,
 compactly: ``aiko: look at this [image: a dog on a beach]``.
 
-Both are counted once per tokenizer and cached: at ingest for the tokenizers the engine is
-configured to count there, on first use for the others, which keeps assembly from re-counting
-history. Segments join on newlines, and every segment starts
-with a non-space character, so the token count of a block is the sum of its segments' counts:
-BPE pre-tokenisers split at a newline followed by a non-space.
+The message and the line are counted once per tokenizer and cached: at ingest for the
+tokenizers the engine is configured to count there, on first use for the others, which keeps
+assembly from re-counting history; a related-block line is counted at assembly and cached in
+the process (:meth:`~ctxwarden.counting.MemoryCounts.entries`). Segments join on newlines,
+and every segment starts with a non-space character, so the token count of a block is the sum
+of its segments' counts: BPE pre-tokenisers split at a newline followed by a non-space.
 
 Untrusted memories (tool results without a valid signature, :mod:`ctxwarden.provenance`) are
 rendered as quoted data with their author, never as bare text the model could read as
