@@ -226,7 +226,9 @@ class Assembly:
             )
         # One read of the supersession links of pins and related hits, after retrieval.
         notes.extend(
-            in_force(self.store, tenant, query_text, material, lambda m: self._entries(m, tok))
+            in_force(
+                self.store, tenant, query_text, material, lambda m: _entries(self.counter, m, tok)
+            )
         )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
@@ -360,22 +362,6 @@ class Assembly:
             )
         return out
 
-    def _entries(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> list[Candidate]:
-        """Related-block candidates of ``memories``, each under its group header."""
-        counts = self.counter.entries(memories, tok)
-        out = []
-        for memory in memories:
-            text, cost, group = _entry(memory, counts[memory.rowid], tok)
-            out.append(
-                Candidate(
-                    memories=(memory,),
-                    tokens=cost,
-                    text=text or render.entry_text(memory),
-                    group=group,
-                )
-            )
-        return out
-
     def _catch_up(self, tenant: str, scope: ReadScope, notes: list[str]) -> tuple[str, ...]:
         """Embed the few memories still pending before retrieval (:meth:`Embeddings.catch_up`);
         the ids of those left, searched by words only, with a note."""
@@ -436,9 +422,9 @@ class Assembly:
         lines: dict[int, tuple[str, int, str]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
-            # Only an aggregate's line is kept here (its volume note is counted with it): the
-            # others are written for the few candidates fill takes (_write_lines). The stored
-            # counts are read too, so the next turn's walk over recent history finds them cached.
+            # Only an aggregate's line is kept here (its volume note counted with it): the others
+            # are written for the few candidates fill takes (_write_lines). The stored counts are
+            # read too: the next turn's walk over recent history finds them cached.
             self.counter.counts(memories, tok)
             counts = self.counter.entries(memories, tok)
             for memory in memories:
@@ -620,6 +606,23 @@ def _entry(
     its lines carry their own times."""
     group = render.group_header(memory)
     return (*_line(memory, cached, tok, query, grouped=bool(group)), group)
+
+
+def _entries(
+    counter: MemoryCounts, memories: Sequence[Memory], tok: tokens.Tokenizer
+) -> list[Candidate]:
+    """Related-block candidates of ``memories`` (a related hit's successor), each under its
+    group header."""
+    counts = counter.entries(memories, tok)
+    out = []
+    for memory in memories:
+        text, cost, group = _entry(memory, counts[memory.rowid], tok)
+        out.append(
+            Candidate(
+                memories=(memory,), tokens=cost, text=text or render.entry_text(memory), group=group
+            )
+        )
+    return out
 
 
 def _write_lines(policy: BudgetPolicy, plan: Plan) -> None:
