@@ -238,8 +238,17 @@ def test_the_cache_holds_no_text_and_erasure_empties_it(engine: Engine) -> None:
         assert isinstance(key, int)
         assert isinstance(count, TokenCount)
         assert count.tokenizer == TOKENIZER  # the only string an entry holds
+    # the related block's line counts too: by tokenizer and a digest, never the text
+    related = engine._counter._entries
+    assert related
+    for (tokenizer, digest), count in related.items():
+        assert tokenizer == TOKENIZER
+        assert isinstance(digest, bytes)
+        assert len(digest) == 16
+        assert isinstance(count, int)
     engine.delete("h3")
     assert len(engine._counter.cache) == 0
+    assert not engine._counter._entries
 
 
 def test_threads_never_get_a_count_made_for_other_text() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from typing import Any
 
 import pytest
@@ -354,6 +356,47 @@ def test_report_snapshot_of_every_decision(engine: Engine, snapshot: Any) -> Non
     assert {"decisions": decisions, "blocks": blocks, "notes": list(context.report.notes)} == (
         snapshot
     )
+
+
+def test_related_lines_are_grouped_by_day_and_channel_and_their_tokens_add_up(
+    engine: Engine,
+) -> None:
+    # Three days x two channels of "deploy" talk: the related block shows each day-and-channel
+    # group once, under one header, its lines with their time of day only; the first line taken
+    # from a group pays for its header, so the included lines' tokens are the block's text.
+    day = 86_400
+    engine.ingest(
+        [
+            {"id": f"m{d}{c}{i}", "session": "s", "channel": channel, "author": "ana",
+             "content": f"deploy note {d} {c} {i} about the release train",
+             "created_at": 1_700_000_000 + d * day + i * 600 + c * 60}
+            for d in range(3)
+            for c, channel in enumerate(["ops", "dev"])
+            for i in range(3)
+        ]
+        + [{"id": f"n{i}", "session": "s", "content": f"chatter {i} " + "lorem ipsum " * 20,
+            "created_at": 1_700_000_000 + 5 * day + i} for i in range(60)]
+    )  # fmt: skip
+    engine.embed_pending()
+    context = engine.assemble(session="s", query="deploy release", model="gpt-4o", budget=1200)
+    assert context.tokens == _real_count(context, "gpt-4o")
+    data = context.messages[0]["content"]  # the memory-data message (no system prompt)
+    block = data.split("## Related earlier messages\n", 1)[1]
+    lines = block.splitlines()
+    headers = [line for line in lines if line.startswith("[")]
+    assert len(headers) == len(set(headers)) >= 2  # each group once
+    assert all(re.fullmatch(r"\[\d{4}-\d\d-\d\d( #ops| #dev)?\]", h) for h in headers)
+    entries = [line for line in lines if not line.startswith("[")]
+    assert all(re.match(r"\d\d:\d\d (ana: deploy note|user: chatter) ", e) for e in entries)
+    for header in headers:  # a group's lines follow its header, in time order
+        at = lines.index(header)
+        group = list(itertools.takewhile(lambda ln: not ln.startswith("["), lines[at + 1 :]))
+        assert group
+        assert group == sorted(group)
+    taken = [c for c in context.report.candidates if c.block == "related" and c.included]
+    assert len(taken) == len(entries)
+    tok = tokens.get_tokenizer("o200k_base")
+    assert sum(c.tokens for c in taken) == tok.count(block)
 
 
 def _memory(rowid: int, content: str) -> Any:

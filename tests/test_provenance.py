@@ -4,6 +4,7 @@ quoted data with its author."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,7 +179,8 @@ def test_retrieved_content_is_quoted_data_outside_the_system_message(
     assert "] user: the team is Otters\n" in data
     assert data.startswith(render.data_intro())
     assert "## Related earlier messages\n" in data
-    assert "] omar: the vault code is 7431\n" in data
+    # under its day's header, with its time of day: "[2027-01-14]\n08:00 omar: ..."
+    assert re.search(r"\n\[\d{4}-\d\d-\d\d\]\n\d\d:\d\d omar: the vault code is 7431\n", data)
     assert context.included[:2] == ("pin", "old")
     tok = tokens.get_tokenizer("o200k_base")
     fmt = tokens.get_chat_format("openai", tok)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +190,11 @@ class Candidate:
     #: of what follows it (any one taken leaves it out), the successor's id and the day it
     #: was superseded. Its text is dated; :func:`fill` decides.
     superseded: tuple[frozenset[int], str, str] | None = None
+    #: The related block's group header this line goes under (its day and channel:
+    #: :func:`~ctxwarden.render.group_header`; its text is then
+    #: :func:`~ctxwarden.render.entry_text`), or "" for a line of its own. The first line of a
+    #: group :func:`fill` takes pays for the header.
+    group: str = ""
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -346,7 +351,7 @@ def keep_in_force(
                         f"{memory.id}, superseded on {day}"
                     )
             if history or source == "retrieval" or successor_id not in present:
-                text = (cand.text or render.line_text(memory)).rstrip("\n")
+                text = (cand.text or _line_of(cand)).rstrip("\n")
                 cand.text = f"{text} (superseded on {day})\n"
                 cand.tokens = material.count(cand.text)
                 still.append(cand)
@@ -364,6 +369,12 @@ def keep_in_force(
             )
         kept[:] = _behind_successors(still)
     return notes
+
+
+def _line_of(cand: Candidate) -> str:
+    """A one-memory candidate's line: under its group header, or with its day and channel."""
+    memory = cand.memories[0]
+    return render.entry_text(memory) if cand.group else render.line_text(memory)
 
 
 def _behind_successors(cands: list[Candidate]) -> list[Candidate]:
@@ -465,6 +476,8 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         name: list(range(len(_source_of(policy, material, name)))) for name in names
     }
     data_started = False  # some data block took a candidate: the memory-data frame is paid
+    opened: dict[str, set[str]] = {name: set() for name in names}  # group headers paid, by block
+    group_costs: dict[str, int] = {}
 
     def take(name: str, limit: int, *, top_up: bool) -> None:
         nonlocal data_started
@@ -504,6 +517,13 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             cost = cand.tokens + (header if not taken else 0)
             if is_data and not data_started:
                 cost += material.frame
+            group = cand.group
+            opens = 0  # the group header this line is the first to need
+            if group and group not in opened[name]:
+                opens = group_costs.get(group, -1)
+                if opens < 0:
+                    opens = group_costs[group] = material.count(group)
+                cost += opens
             forced = len(taken) < min_units
             if used[name] + cost > limit and not (
                 forced and sum(used.values()) + cost <= available
@@ -517,6 +537,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
                 continue
             taken.append(cand)
             used[name] += cost
+            if opens:
+                opened[name].add(group)
+                cand.tokens += opens  # the header is reported with the line that opened it
             if is_data:
                 data_started = True
             taken_rows.update(m.rowid for m in memories)
@@ -598,10 +621,31 @@ def text_segments(
         cands = plan.chosen[block.name]
         if block.source in DATA_SOURCES:
             cands = sorted(cands, key=lambda c: (c.memories[0].created_at, c.memories[0].rowid))
-        for cand in cands:
-            parts.append(cand.text)
-            held.extend((block.name, m) for m in cand.memories)
+        for header, unit in _grouped(cands):
+            if header:
+                parts.append(header)
+            for cand in unit:
+                parts.append(cand.text)
+                held.extend((block.name, m) for m in cand.memories)
     return parts, held
+
+
+def _grouped(cands: Sequence[Candidate]) -> list[tuple[str, list[Candidate]]]:
+    """``cands`` (in order) as units under one group header each: the lines of a group
+    (:attr:`Candidate.group`) together, where its first line is; a line without a group is a
+    unit of its own (header "")."""
+    units: list[tuple[str, list[Candidate]]] = []
+    at: dict[str, list[Candidate]] = {}
+    for cand in cands:
+        group = cand.group
+        if not group:
+            units.append(("", [cand]))
+        elif group in at:
+            at[group].append(cand)
+        else:
+            at[group] = [cand]
+            units.append((group, at[group]))
+    return units
 
 
 def system_message_text(

@@ -227,7 +227,7 @@ class Assembly:
         # One read of the supersession links of pins and related hits, after retrieval.
         notes.extend(
             in_force(
-                self.store, tenant, query_text, material, lambda m: self._line_candidates(m, tok)
+                self.store, tenant, query_text, material, lambda m: _entries(self.counter, m, tok)
             )
         )
         plan = fill(policy, limits, fixed=fixed, material=material)
@@ -419,14 +419,16 @@ class Assembly:
                 notes.append(f"query not embedded ({exc}); related memory found by words only")
                 return None
 
-        lines: dict[int, tuple[str, int]] = {}
+        lines: dict[int, tuple[str, int, str]] = {}
 
         def cost(memories: Sequence[Memory]) -> dict[int, int]:
-            # Only an aggregate's line is made here (its volume note is counted with it): the
-            # others are written for the few candidates fill takes (_write_lines).
-            counts = self.counter.counts(memories, tok)
+            # Only an aggregate's line is kept here (its volume note counted with it): the others
+            # are written for the few candidates fill takes (_write_lines). The stored counts are
+            # read too: the next turn's walk over recent history finds them cached.
+            self.counter.counts(memories, tok)
+            counts = self.counter.entries(memories, tok)
             for memory in memories:
-                lines[memory.rowid] = _line(memory, counts[memory.rowid].line, tok, query)
+                lines[memory.rowid] = _entry(memory, counts[memory.rowid], tok, query)
             return {rowid: line[1] for rowid, line in lines.items()}
 
         hits = retrieve(
@@ -444,11 +446,11 @@ class Assembly:
         )
         candidates = []
         for hit in hits:
-            text, line_tokens = lines[hit.memory.rowid]
-            # Positional (memories, tokens, score, components, text): ~150 a turn, and keyword
-            # arguments cost ~2.5x on CPython 3.11.
+            text, line_tokens, group = lines[hit.memory.rowid]
+            # Positional (memories, tokens, score, components, text, superseded, group): ~150 a
+            # turn, and keyword arguments cost ~2.5x on CPython 3.11.
             candidates.append(
-                Candidate((hit.memory,), line_tokens, hit.score, hit.components, text)
+                Candidate((hit.memory,), line_tokens, hit.score, hit.components, text, None, group)
             )
         return candidates
 
@@ -570,7 +572,9 @@ def _costs(plan: Plan) -> dict[int, int]:
     return costs
 
 
-def _line(memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = "") -> tuple[str, int]:
+def _line(
+    memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = "", *, grouped: bool = False
+) -> tuple[str, int]:
     """A memory's related-block line and its cost; the line is "" (made later, when the
     candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
     be counted with it, or a summary's: only its lines that match the query
@@ -582,7 +586,7 @@ def _line(memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = "") -
             text = excerpt + "\n"
             return text, tok.count(text)
     if memory.dup_count > 1:
-        text = render.line_text(memory)
+        text = render.entry_text(memory) if grouped else render.line_text(memory)
         text = (
             text[:-1]
             + render.volume_note(
@@ -594,6 +598,33 @@ def _line(memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = "") -
     return "", cached
 
 
+def _entry(
+    memory: Memory, cached: int, tok: tokens.Tokenizer, query: str = ""
+) -> tuple[str, int, str]:
+    """A memory's related-block line, its cost and its group header: :func:`_line` with the
+    line under the header (:func:`~ctxwarden.render.entry_text`). A summary is not grouped:
+    its lines carry their own times."""
+    group = render.group_header(memory)
+    return (*_line(memory, cached, tok, query, grouped=bool(group)), group)
+
+
+def _entries(
+    counter: MemoryCounts, memories: Sequence[Memory], tok: tokens.Tokenizer
+) -> list[Candidate]:
+    """Related-block candidates of ``memories`` (a related hit's successor), each under its
+    group header."""
+    counts = counter.entries(memories, tok)
+    out = []
+    for memory in memories:
+        text, cost, group = _entry(memory, counts[memory.rowid], tok)
+        out.append(
+            Candidate(
+                memories=(memory,), tokens=cost, text=text or render.entry_text(memory), group=group
+            )
+        )
+    return out
+
+
 def _write_lines(policy: BudgetPolicy, plan: Plan) -> None:
     """Give the related candidates fill took their line text (:func:`_line` leaves it out: most
     candidates are never taken, and writing every line was ~2 % of an assembly)."""
@@ -601,7 +632,7 @@ def _write_lines(policy: BudgetPolicy, plan: Plan) -> None:
         if block.source == "retrieval":
             for cand in plan.chosen[block.name]:
                 if not cand.text:
-                    cand.text = render.line_text(cand.memories[0])
+                    cand.text = render.entry_text(cand.memories[0])
 
 
 def _item_candidate(block: str, index: int, text: str, tok: tokens.Tokenizer) -> Candidate:

@@ -9,6 +9,7 @@ other count is made here on first use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -37,10 +38,36 @@ class MemoryCounts:
         # Token counts read or made here, checked against each memory's rendering inputs
         # (:mod:`ctxwarden.counts`): assembly asks the store only for the ones it lacks.
         self.cache = CountCache(size)
+        # Counts of related-block lines (:func:`~ctxwarden.render.entry_text`), by tokenizer
+        # and a digest of the text (like the count cache, it holds no text): not stored (the
+        # store keeps the full line's count), counted on first use.
+        self._entries: dict[tuple[str, bytes], int] = {}
+        self._size = max(1, size)
 
     def clear(self) -> None:
         """Forget every cached count (after an erasure: its rows' counts must not outlive it)."""
         self.cache.clear()
+        self._entries.clear()
+
+    def entries(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, int]:
+        """The token counts of these memories' related-block lines
+        (:func:`~ctxwarden.render.entry_text`) by rowid: counted once per text in this process
+        (a few hundred a turn; the cache is emptied when it holds more than its size). A
+        digest of the text is the key, so a rowid reused for other text (another writer) or an
+        erased memory never meets a count made for other text."""
+        out: dict[int, int] = {}
+        cache = self._entries
+        name = tok.name
+        for memory in memories:
+            text = render.entry_text(memory)
+            key = (name, hashlib.blake2b(text.encode(), digest_size=16).digest())
+            count = cache.get(key)
+            if count is None:
+                if len(cache) >= self._size:
+                    cache.clear()
+                count = cache[key] = tok.count(text)
+            out[memory.rowid] = count
+        return out
 
     def counts(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, TokenCount]:
         """Counts for these memories by rowid: from the engine's count cache, else the store,

@@ -1,13 +1,18 @@
 """How memories are written into a prompt, deterministically, so their tokens can be counted once.
 
-Two renderings per memory, both fixed by the memory's own fields:
+Renderings of a memory, all fixed by the memory's own fields:
 
 - as a chat **message** (recent history): the content, prefixed ``author: `` for user messages with
   an author (multi-party chats), so the model knows who spoke;
-- as a **line** in a text block (persistent, summaries, related): ``[2026-03-01 08:14 #dev] aiko:
+- as a **line** in a text block (persistent, summaries): ``[2026-03-01 08:14 #dev] aiko:
   content`` ending in a newline. Pinned memories and facts are lines like any other, with their
   time, channel and author: a pin is something someone said that the caller chose to keep in
-  view, never an instruction.
+  view, never an instruction;
+- in the related block, **grouped** (issue 18): a header line per UTC day and channel
+  (:func:`group_header`, ``[2026-03-01 #dev]``) and under it each memory's line with only its
+  time of day (:func:`entry_text`, ``08:14 aiko: content``): the ~19 tokens of a full line's
+  prefix become ~5, so more retrieved evidence fits. Every line under a header starts with its
+  time, so a memory's text (quoted when it holds a break) can forge neither a header nor a line.
 
 **Memory is data, never instructions** (issue 20). A memory's own text can never start a line of
 its own: content (and an author or channel) holding a line break (``\n``, ``\r``, ``\u2028``
@@ -21,11 +26,12 @@ system message.
 A memory's attachments (:mod:`ctxwarden.attachments`) follow its content in both renderings,
 compactly: ``aiko: look at this [image: a dog on a beach]``.
 
-Both are counted once per tokenizer and cached: at ingest for the tokenizers the engine is
-configured to count there, on first use for the others, which keeps assembly from re-counting
-history. Segments join on newlines, and every segment starts
-with a non-space character, so the token count of a block is the sum of its segments' counts:
-BPE pre-tokenisers split at a newline followed by a non-space.
+The message and the line are counted once per tokenizer and cached: at ingest for the
+tokenizers the engine is configured to count there, on first use for the others, which keeps
+assembly from re-counting history; a related-block line is counted at assembly and cached in
+the process (:meth:`~ctxwarden.counting.MemoryCounts.entries`). Segments join on newlines,
+and every segment starts with a non-space character, so the token count of a block is the sum
+of its segments' counts: BPE pre-tokenisers split at a newline followed by a non-space.
 
 Untrusted memories (tool results without a valid signature, :mod:`ctxwarden.provenance`) are
 rendered as quoted data with their author, never as bare text the model could read as
@@ -60,6 +66,8 @@ __all__ = [
     "DATA_ROLE",
     "block_header",
     "data_intro",
+    "entry_text",
+    "group_header",
     "line_text",
     "message_text",
     "one_line",
@@ -147,22 +155,57 @@ def quoted(who: str, content: str) -> str:
 
 def line_text(memory: Memory | Mapping[str, Any]) -> str:
     """A memory as one line of a text block, ending in a newline."""
-    if isinstance(memory, Memory):
-        kind, created, channel = memory.kind, memory.created_at, memory.channel
-    else:
-        kind = memory.get("kind", "message")
-        created = float(memory["created_at"])
-        channel = memory.get("channel")
-    role, author, content = _fields(memory)
+    kind, created, channel = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return f"{_fields(memory)[2]}\n"  # written by the summariser, line by line (summarize)
     where = f" #{one_line(channel)}" if channel else ""
+    return f"[{_minute(created)}{where}] {_said(memory)}\n"
+
+
+def entry_text(memory: Memory | Mapping[str, Any]) -> str:
+    """A memory as a line under its :func:`group_header` (the related block): the line of
+    :func:`line_text` with only the time of day (``HH:MM``, UTC) before the author, since the
+    day and channel are in the header. A summary has no group: its line is :func:`line_text`'s.
+
+    >>> entry_text({"content": "deploy at 10", "author": "aiko", "created_at": 90.0})
+    '00:01 aiko: deploy at 10\n'
+    """
+    kind, created, _ = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return f"{_fields(memory)[2]}\n"
+    return f"{_minute(created)[11:]} {_said(memory)}\n"
+
+
+def group_header(memory: Memory | Mapping[str, Any]) -> str:
+    """The line that opens a memory's group in the related block: its UTC day and channel;
+    "" for a summary (its lines carry their own times).
+
+    >>> group_header({"content": "x", "created_at": 90.0, "channel": "dev"})
+    '[1970-01-01 #dev]\n'
+    """
+    kind, created, channel = _place(memory)
+    if kind == "summary" and not _untrusted(memory):
+        return ""
+    where = f" #{one_line(channel)}" if channel else ""
+    return f"[{_minute(created)[:10]}{where}]\n"
+
+
+def _place(memory: Memory | Mapping[str, Any]) -> tuple[str, float, str | None]:
+    """A memory's kind, creation time and channel."""
+    if isinstance(memory, Memory):
+        return memory.kind, memory.created_at, memory.channel
+    return str(memory.get("kind", "message")), float(memory["created_at"]), memory.get("channel")
+
+
+def _said(memory: Memory | Mapping[str, Any]) -> str:
+    """What follows a line's time (and channel): the author and the content, on one line."""
+    role, author, content = _fields(memory)
     if _untrusted(memory):
-        return f"[{_minute(created)}{where}] {quoted(author or role, content)}\n"
-    if kind == "summary":
-        return f"{content}\n"  # written by the summariser, line by line (see summarize)
+        return quoted(author or role, content)
     if role in _INSTRUCTION_ROLES:
-        return f"[{_minute(created)}{where}] {_stored_instruction(role, author, content)}\n"
+        return _stored_instruction(role, author, content)
     who = one_line(author) if author else role
-    return f"[{_minute(created)}{where}] {who}: {one_line(content)}\n"
+    return f"{who}: {one_line(content)}"
 
 
 def volume_note(
