@@ -248,8 +248,8 @@ def run(
     return ok_retention and ok_size
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data sets and what of them stays uncompacted (shared with bench/store_bytes.py)."""
     parser.add_argument(
         "data",
         type=Path,
@@ -257,9 +257,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[DATA / "chatbench-dev", DATA / "locomo-dev" / "locomo-dev.json"],
         help="chatbench folders (messages.jsonl + qa.jsonl) or LoCoMo JSON files",
     )
-    parser.add_argument("--budget", type=int, default=4000)
     parser.add_argument("--keep-days", type=float, default=7.0, help="chatbench: days kept")
     parser.add_argument("--keep-sessions", type=int, default=2, help="LoCoMo: sessions kept")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    data_arguments(parser)
+    parser.add_argument("--budget", type=int, default=4000)
     parser.add_argument("--objects", type=int, default=12, help="tables and indexes listed")
     parser.add_argument(
         "--max-summary-share",

@@ -41,7 +41,15 @@ from unittest import mock
 from ctxwarden import Engine, compact
 from ctxwarden.engine import EngineConfig
 from ctxwarden.store.sqlite import SQLiteStore
-from retention import DATA, DataSet, _objects, _retention, _size, read_chatbench, read_locomo_cases
+from retention import (
+    DataSet,
+    _objects,
+    _retention,
+    _size,
+    data_arguments,
+    read_chatbench,
+    read_locomo_cases,
+)
 
 #: Tombstone columns that hold one value per summary, whatever the number of ids it retired.
 PER_SUMMARY = ("tenant", "summary_id", "deleted_at", "reason", "time_start", "time_end")
@@ -213,16 +221,8 @@ def run(data: DataSet, budget: int, pack: bool, max_cluster_tokens: int | None) 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "data",
-        type=Path,
-        nargs="*",
-        default=[DATA / "chatbench-dev", DATA / "locomo-dev" / "locomo-dev.json"],
-        help="chatbench folders (messages.jsonl + qa.jsonl) or LoCoMo JSON files",
-    )
+    data_arguments(parser)
     parser.add_argument("--budget", type=int, default=4000, help="--pack: the context's tokens")
-    parser.add_argument("--keep-days", type=float, default=7.0, help="chatbench: days kept")
-    parser.add_argument("--keep-sessions", type=int, default=2, help="LoCoMo: sessions kept")
     parser.add_argument(
         "--conversations", type=int, default=None, help="LoCoMo: the first N conversations"
     )
