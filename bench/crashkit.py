@@ -26,6 +26,7 @@ import httpx
 
 from ctxwarden import Engine
 from ctxwarden.errors import NotFound
+from ctxwarden.store.tombstones import GROUP_COLUMNS, id_key, tombstones_of
 
 FORK = multiprocessing.get_context("fork")
 WORDS = (
@@ -183,21 +184,33 @@ def half_applied_clusters(path: Path) -> list[str]:
     conn = sqlite3.connect(path, timeout=60)
     try:
         faults = []
-        for sid, sources in conn.execute(
-            "SELECT id, source_ids FROM memories WHERE kind = 'summary'"
-        ).fetchall():
-            stones = {
-                r[0] for r in conn.execute("SELECT id FROM tombstones WHERE summary_id = ?", (sid,))
-            }
-            if stones != set(json.loads(sources)):
+        stones = tombstones_of(conn.execute(f"SELECT {GROUP_COLUMNS} FROM tombstone_groups"))
+        named: dict[str, set[str]] = {}
+        for f in stones:
+            if f.summary_id is not None:
+                named.setdefault(f.summary_id, set()).add(f.member.id)
+        summaries = dict(
+            conn.execute("SELECT id, source_ids FROM memories WHERE kind = 'summary'").fetchall()
+        )
+        for sid, sources in summaries.items():
+            if named.get(sid, set()) != set(json.loads(sources)):
                 faults.append(f"summary {sid}: tombstones differ from its sources")
-        orphans = conn.execute(
-            "SELECT t.id FROM tombstones t LEFT JOIN memories m ON m.id = t.summary_id "
-            "WHERE t.summary_id IS NOT NULL AND m.rowid IS NULL"
-        ).fetchall()
-        faults.extend(f"tombstone {r[0]}: its summary is missing" for r in orphans)
-        both = conn.execute("SELECT t.id FROM tombstones t JOIN memories m ON m.id = t.id")
-        faults.extend(f"{r[0]}: alive and tombstoned" for r in both.fetchall())
+        faults.extend(
+            f"tombstone {f.member.id}: its summary is missing"
+            for f in stones
+            if f.summary_id is not None and f.summary_id not in summaries
+        )
+        alive = {str(r[0]) for r in conn.execute("SELECT id FROM memories")}
+        faults.extend(
+            f"{f.member.id}: alive and tombstoned" for f in stones if f.member.id in alive
+        )
+        # every tombstone is found by its key
+        keys = set(conn.execute("SELECT key, grp FROM tombstone_keys").fetchall())
+        faults.extend(
+            f"tombstone {f.member.id}: no key"
+            for f in stones
+            if (id_key(f.tenant, f.member.id), f.grp) not in keys
+        )
         return faults
     finally:
         conn.close()

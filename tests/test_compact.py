@@ -149,7 +149,9 @@ def _tables(store: SQLiteStore) -> dict[str, int]:
     return {
         "memories": conn.execute("SELECT count(*) FROM memories").fetchone()[0],
         "token_counts": conn.execute("SELECT count(*) FROM token_counts").fetchone()[0],
-        "tombstones": conn.execute("SELECT count(*) FROM tombstones").fetchone()[0],
+        "tombstones": len(store.tombstones("default")),
+        "tombstone_groups": conn.execute("SELECT count(*) FROM tombstone_groups").fetchone()[0],
+        "tombstone_keys": conn.execute("SELECT count(*) FROM tombstone_keys").fetchone()[0],
     }
 
 
@@ -172,6 +174,8 @@ def test_apply_writes_summaries_deletes_originals_and_leaves_tombstones(
     counts = _tables(store)
     assert counts["memories"] == 3
     assert counts["tombstones"] == 18
+    # one tombstone row per summary, and one key per retired id to find it by
+    assert (counts["tombstone_groups"], counts["tombstone_keys"]) == (3, 18)
     assert counts["token_counts"] == 3  # the summaries' counts; the originals' cascaded away
     for cluster in p.clusters:
         summary = engine.get(cluster.summary_id)
@@ -186,7 +190,7 @@ def test_apply_writes_summaries_deletes_originals_and_leaves_tombstones(
         assert all(t.reason == "compacted" and t.time_range for t in stones)
     assert engine.get("repeat-of-0").id == p.clusters[0].summary_id
     # Tombstones hold no content; the originals' text is gone from the FTS index.
-    columns = [r[1] for r in store._conn.execute("PRAGMA table_info(tombstones)")]
+    columns = [r[1] for r in store._conn.execute("PRAGMA table_info(tombstone_groups)")]
     assert "content" not in columns
     original = records[1]["content"]
     assert not store._conn.execute(
@@ -342,7 +346,7 @@ def test_integrity_on_file(tmp_path: Any, clock: Clock) -> None:
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     orphans = conn.execute(
-        "SELECT count(*) FROM tombstones t LEFT JOIN memories m ON m.id = t.summary_id "
+        "SELECT count(*) FROM tombstone_groups t LEFT JOIN memories m ON m.id = t.summary_id "
         "WHERE m.rowid IS NULL"
     ).fetchone()[0]
     assert orphans == 0

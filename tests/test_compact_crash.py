@@ -23,6 +23,7 @@ from typing import Any
 from conftest import Clock
 from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
+from ctxwarden.store.tombstones import GROUP_COLUMNS, id_key, tombstones_of
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -90,20 +91,16 @@ def _check(path: Path) -> tuple[int, int]:
         ).fetchall()
         import json
 
+        stones = tombstones_of(conn.execute(f"SELECT {GROUP_COLUMNS} FROM tombstone_groups"))
         for sid, sources in summaries:
-            stones = {
-                r[0] for r in conn.execute("SELECT id FROM tombstones WHERE summary_id = ?", (sid,))
-            }
-            assert stones == set(json.loads(sources)), sid
-        orphans = conn.execute(
-            "SELECT count(*) FROM tombstones t LEFT JOIN memories m ON m.id = t.summary_id "
-            "WHERE m.rowid IS NULL"
-        ).fetchone()[0]
-        assert orphans == 0
-        both = conn.execute(
-            "SELECT count(*) FROM tombstones t JOIN memories m ON m.id = t.id"
-        ).fetchone()[0]
-        assert both == 0
+            named = {f.member.id for f in stones if f.summary_id == sid}
+            assert named == set(json.loads(sources)), sid
+        summary_ids = {sid for sid, _ in summaries}
+        assert all(f.summary_id in summary_ids for f in stones)  # no orphans
+        alive = {r[0] for r in conn.execute("SELECT id FROM memories")}
+        assert not [f for f in stones if f.member.id in alive]  # none alive and tombstoned
+        keys = set(conn.execute("SELECT key, grp FROM tombstone_keys").fetchall())
+        assert all((id_key(f.tenant, f.member.id), f.grp) in keys for f in stones)
         fts = conn.execute("SELECT count(*) FROM memories_fts").fetchone()[0]
         rows = conn.execute("SELECT count(*) FROM memories").fetchone()[0]
         assert fts == rows

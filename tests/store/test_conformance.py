@@ -601,12 +601,7 @@ def _summary_of(id: str, sources: list[str], *, content: str, session: str = "s"
 
 
 def _tombstones(store: Store) -> list[tuple[str, str]]:
-    rows = list(
-        store._query(  # type: ignore[attr-defined]
-            "SELECT id, reason FROM tombstones WHERE tenant = 't' ORDER BY id", ()
-        )
-    )
-    return [(r[0], r[1]) for r in rows]
+    return [(t.id, t.reason) for t in store.tombstones("t")]
 
 
 def test_delete_erases_summaries_built_from_the_memory(store: Store) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.store.reads import bigram_column
+from ctxwarden.store.tombstones import Member, TombstoneWrites
 from ctxwarden.summary import line_sources
 
 __all__ = ["ErasureWrites", "without_sources"]
@@ -79,7 +80,7 @@ def without_sources(content: str, erased: Collection[str], remaining: int) -> st
     return "\n".join(out)
 
 
-class _SessionUnfold(ArchiveWrites):
+class _SessionUnfold(ArchiveWrites, TombstoneWrites):
     """Erasing a session from the aggregates of other sessions its records were folded into."""
 
     def _unfold_session(
@@ -106,15 +107,25 @@ class _SessionUnfold(ArchiveWrites):
         per_row: dict[int, int] = {}
         for _, rowid, _ in folded:
             per_row[int(rowid)] = per_row.get(int(rowid), 0) + 1
-        self._run_many(
-            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, "
-            "created_at, created_at, ? FROM memories WHERE rowid = ? "
-            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-            "summary_id = NULL, content_hash = excluded.content_hash, "
-            "time_start = excluded.time_start, time_end = excluded.time_end, "
-            "reason = excluded.reason",
-            [(alias, deleted_at, reason, rowid) for alias, rowid, _ in folded],
+        hashes: dict[int, tuple[str, float]] = {}
+        for chunk in self._chunks(sorted(per_row)):
+            where, params = self._in(chunk)
+            hashes.update(
+                (int(r[0]), (str(r[1]), float(r[2])))
+                for r in self._rows(
+                    f"SELECT rowid, content_hash, created_at FROM memories WHERE rowid {where}",
+                    params,
+                )
+            )
+        self._tombstone_write(
+            tenant,
+            [
+                Member(str(alias), hashes[int(r)][0], hashes[int(r)][1], hashes[int(r)][1])
+                for alias, r, _ in folded
+            ],
+            deleted_at=deleted_at,
+            summary_id=None,
+            reason=reason,
         )
         self._run_many(
             "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a, _, _ in folded]
@@ -159,15 +170,17 @@ class ErasureWrites(_SessionUnfold):
             if not group:
                 continue
             where, params = self._in(group)
-            self._run(
-                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-                "time_start, time_end, reason) SELECT tenant, id, ?, NULL, content_hash, "
-                f"time_start, time_end, ? FROM memories WHERE tenant = ? AND rowid {where} "
-                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-                "summary_id = NULL, content_hash = excluded.content_hash, "
-                "time_start = excluded.time_start, time_end = excluded.time_end, "
-                "reason = excluded.reason",
-                [deleted_at, why, tenant, *params],
+            rows = self._rows(
+                "SELECT id, content_hash, time_start, time_end FROM memories WHERE tenant = ? "
+                f"AND rowid {where}",
+                [tenant, *params],
+            )
+            self._tombstone_write(
+                tenant,
+                [Member(str(r[0]), str(r[1]), r[2], r[3]) for r in rows],
+                deleted_at=deleted_at,
+                summary_id=None,
+                reason=why,
             )
 
     def _before_delete(self) -> None:
@@ -229,38 +242,27 @@ class ErasureWrites(_SessionUnfold):
             # A repeat of a memory that compaction moved onto a summary: its text is that
             # source's, so the source goes as an erased compacted id does (below).
             id = source
-        found = self._rows(
-            "SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ? "
-            "AND summary_id IS NOT NULL",
-            (tenant, id),
-        )
-        if not found:
+        found = self._tombstone_find(tenant, [id]).get(id)
+        if found is None or found.summary_id is None:
             return None
-        # Compacted: the id itself goes (its tombstone no longer names a summary), and its
-        # text with the summary lines that cite it; so do the repeats folded into it, which
-        # compaction moved onto the summary (their text is its).
+        # Compacted: the id itself goes (out of its summary's tombstone group, into one that
+        # names no summary), and its text with the summary lines that cite it; so do the
+        # repeats folded into it, which compaction moved onto the summary (their text is its).
         holder = self._rows(
             "SELECT rowid, source_ids, metadata FROM memories WHERE tenant = ? AND id = ?",
-            (tenant, str(found[0][0])),
+            (tenant, found.summary_id),
         )
         repeats = self._repeats_of(tenant, id, holder[0] if holder else None)
         self._run_many(
-            "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-            "time_start, time_end, reason) SELECT tenant, ?, ?, NULL, content_hash, time_start, "
-            "time_end, ? FROM tombstones WHERE tenant = ? AND id = ? "
-            "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-            "summary_id = NULL, content_hash = excluded.content_hash, "
-            "time_start = excluded.time_start, time_end = excluded.time_end, "
-            "reason = excluded.reason",
-            [(alias, deleted_at, reason, tenant, id) for alias in repeats],
-        )
-        self._run_many(
             "DELETE FROM aliases WHERE tenant = ? AND id = ?", [(tenant, a) for a in repeats]
         )
-        self._run(
-            "UPDATE tombstones SET summary_id = NULL, deleted_at = ?, reason = ? "
-            "WHERE tenant = ? AND id = ?",
-            (deleted_at, reason, tenant, id),
+        member = found.member
+        self._tombstone_write(
+            tenant,
+            [member, *(member._replace(id=alias) for alias in repeats)],
+            deleted_at=deleted_at,
+            summary_id=None,
+            reason=reason,
         )
         if holder and id not in json.loads(holder[0][1] or "[]"):
             # Compacted into a summary that was compacted in turn: which of the summary's lines

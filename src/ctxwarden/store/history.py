@@ -2,8 +2,9 @@
 history, as far as the store records them.
 
 The store keeps no snapshots of its counts, so the series are rebuilt from the times every row
-already carries: ``memories.created_at`` (kept memories by kind), ``tombstones`` (``time_start``
-for when a retired memory began, ``deleted_at`` for when it went), ``aliases.created_at`` (each
+already carries: ``memories.created_at`` (kept memories by kind), ``tombstone_groups``
+(``time_start`` for when a retired memory began, ``deleted_at`` for when it went; a group whose
+members began in different buckets is decoded), ``aliases.created_at`` (each
 repeat folded, by layer), ``token_counts`` joined to their memories (tokens by channel, for one
 tokenizer) and the inclusion log (``contexts.created_at``: how often each channel's memories were
 put into a context). Every query groups in SQL by a time bucket, so a page reads a few hundred
@@ -30,6 +31,7 @@ from typing import Any
 from ctxwarden.errors import InputError
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.reads import MemoryReads, scope_sql
+from ctxwarden.store.tombstones import GROUP_COLUMNS, find_tombstones, tombstones_of
 from ctxwarden.types import format_time
 
 __all__ = ["BUCKET_WIDTHS", "LAYERS", "health", "memory_history"]
@@ -63,7 +65,7 @@ def _span(reads: MemoryReads, tenant: str, scope_filter: str, params: list[Any])
     for sql, args in (
         (f"SELECT min(created_at), max(created_at) FROM memories WHERE tenant = ?{scope_filter}",
          [tenant, *params]),
-        ("SELECT min(coalesce(time_start, deleted_at)), max(deleted_at) FROM tombstones "
+        ("SELECT min(coalesce(time_start, deleted_at)), max(deleted_at) FROM tombstone_groups "
          "WHERE tenant = ?", [tenant]),
         ("SELECT min(created_at), max(created_at) FROM aliases WHERE tenant = ?", [tenant]),
         ("SELECT min(created_at), max(created_at) FROM contexts WHERE tenant = ?", [tenant]),
@@ -143,14 +145,35 @@ def health(
     began = _series(count)
     ended = _series(count)
     tomb_filter, tomb_params = _tombstone_scope(session)
-    for first, gone, reason, n in reads._read(
-        f"SELECT {_bucket('coalesce(t.time_start, t.deleted_at)')}, {_bucket('t.deleted_at')}, "
-        f"t.reason, count(*) FROM tombstones t WHERE t.tenant = ?{tomb_filter} GROUP BY 1, 2, 3",
-        [*grid, *grid, tenant, *tomb_params],
+    # A group whose members all began in one bucket counts in SQL; the others (erasures,
+    # groups across a bucket's edge) are decoded, each member counted where it began.
+    one_bucket = (
+        f"(t.time_start IS NULL OR (t.summary_id IS NOT NULL "
+        f"AND {_bucket('t.time_start')} = {_bucket('t.time_end')}))"
+    )
+    retirements = [
+        (first, gone, reason, int(n))
+        for first, gone, reason, n in reads._read(
+            f"SELECT {_bucket('coalesce(t.time_start, t.deleted_at)')}, "
+            f"{_bucket('t.deleted_at')}, t.reason, sum(t.members) FROM tombstone_groups t "
+            f"WHERE t.tenant = ?{tomb_filter} AND {one_bucket} GROUP BY 1, 2, 3",
+            [*grid, *grid, tenant, *tomb_params, *grid, *grid],
+        )
+    ]
+    for found in tombstones_of(
+        reads._read(
+            f"SELECT {', '.join('t.' + c for c in GROUP_COLUMNS.split(', '))} "
+            f"FROM tombstone_groups t WHERE t.tenant = ?{tomb_filter} AND NOT {one_bucket}",
+            [tenant, *tomb_params, *grid, *grid],
+        )
     ):
-        retired.setdefault(str(reason), _series(count))[index(gone)] += int(n)
-        began[index(first)] += int(n)
-        ended[index(gone)] += int(n)
+        began_at = found.member.time_start
+        first = int((began_at if began_at is not None else found.deleted_at) - start) // width
+        retirements.append((first, int(found.deleted_at - start) // width, found.reason, 1))
+    for first, gone, reason, n in retirements:
+        retired.setdefault(str(reason), _series(count))[index(gone)] += n
+        began[index(first)] += n
+        ended[index(gone)] += n
     alive, total = _series(count), 0
     for i in range(count):
         total += created[i] + began[i] - ended[i]
@@ -274,8 +297,8 @@ def _compactions(
     both for ``tokenizer``; None where not recorded (summaries written before it was)."""
     tomb_filter, tomb_params = _tombstone_scope(session)
     rows = reads._read(
-        "SELECT t.summary_id, count(*), max(t.deleted_at), min(t.time_start), max(t.time_end), "
-        "min(t.reason) FROM tombstones t "
+        "SELECT t.summary_id, sum(t.members), max(t.deleted_at), min(t.time_start), "
+        "max(t.time_end), min(t.reason) FROM tombstone_groups t "
         f"WHERE t.tenant = ? AND t.summary_id IS NOT NULL{tomb_filter} "
         "GROUP BY t.summary_id ORDER BY 3 DESC, 1 LIMIT ?",
         [tenant, *tomb_params, limit],
@@ -356,11 +379,13 @@ def memory_history(store: object, tenant: str, id: str) -> dict[str, Any]:
     """
     reads = _reads(store)
     memory = reads.get(tenant, id)
-    tombstone_rows = reads._read(
-        "SELECT deleted_at, summary_id, reason, time_start, time_end FROM tombstones "
-        "WHERE tenant = ? AND id = ?",
-        [tenant, id],
-    )
+    own = find_tombstones(reads._read, tenant, [id]).get(id)
+    tombstone_rows = (
+        [(own.deleted_at, own.summary_id, own.reason, own.member.time_start,
+          own.member.time_end)]
+        if own is not None
+        else []
+    )  # fmt: skip
     alias_rows = reads._read(
         "SELECT a.id, a.status, a.created_at FROM aliases a "
         "JOIN memories m ON m.rowid = a.memory_rowid WHERE m.tenant = ? AND m.id = ? "

@@ -105,6 +105,12 @@ character bigrams of such runs in the content and the attachment text
 (:func:`ctxwarden.segment.bigram_text`, NULL for rows without any; written by the store's
 writers, filled here for older rows), and ``memories_fts`` is rebuilt with it as a third
 column (its triggers take the three columns out and put them back).
+
+Migration 21 (``tombstone_groups``) replaces ``tombstones`` (a row per retired id) by
+``tombstone_groups`` (a row per set of ids retired together: one summary's, one erasure's) and
+``tombstone_keys`` (a 32-bit hash of each id, to find its group); the old rows are moved into
+groups and the table dropped (:mod:`ctxwarden.store.tombstones`,
+:mod:`ctxwarden.store.tombstone_migration`).
 """
 
 from __future__ import annotations
@@ -114,6 +120,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ctxwarden.segment import bigram_text
+from ctxwarden.store import tombstone_migration
 
 __all__ = ["MIGRATIONS", "Migration", "apply", "plan"]
 
@@ -221,6 +228,10 @@ _SCRIPT_BIGRAMS_INDEX = (
     """,
     "INSERT INTO memories_fts (memories_fts) VALUES ('rebuild')",
 )
+
+
+def _fill_tombstone_groups(conn: sqlite3.Connection) -> None:
+    tombstone_migration.fill_groups(conn.execute, "?")
 
 
 def _fill_bigrams(conn: sqlite3.Connection) -> None:
@@ -707,6 +718,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         name="script_bigrams",
         statements=_SCRIPT_BIGRAMS,
         fill=_fill_bigrams,
+    ),
+    Migration(
+        version=21,
+        name="tombstone_groups",
+        statements=tombstone_migration.SQLITE_STATEMENTS,
+        fill=_fill_tombstone_groups,
     ),
 )
 

@@ -46,6 +46,9 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
   filled for older rows in Python. The ``english`` configuration indexes the bigrams as they
   are: its stemmer and stop words touch ASCII words only, so one configuration serves both
   (a query's bigrams pass through it unchanged too).
+- Migration 19 (``tombstone_groups``) replaces ``tombstones`` by ``tombstone_groups`` and
+  ``tombstone_keys``, as SQLite's migration 21 (:mod:`ctxwarden.store.tombstones`), moving the
+  old rows into groups.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ctxwarden.segment import bigram_text
+from ctxwarden.store import tombstone_migration
 
 if TYPE_CHECKING:
     import psycopg
@@ -74,6 +78,11 @@ class Migration:
     name: str
     statements: tuple[str, ...]
     fill: Callable[[psycopg.Connection[tuple[object, ...]]], None] | None = None
+
+
+def _fill_tombstone_groups(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Migration 19's fill: the per-id tombstones as groups."""
+    tombstone_migration.fill_groups(lambda sql, params: conn.execute(sql, params), "%s")
 
 
 def _fill_bigrams(conn: psycopg.Connection[tuple[object, ...]]) -> None:
@@ -515,6 +524,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
         fill=_fill_bigrams,
+    ),
+    Migration(
+        version=19,
+        name="tombstone_groups",
+        statements=tombstone_migration.PG_STATEMENTS,
+        fill=_fill_tombstone_groups,
     ),
 )
 

@@ -96,12 +96,7 @@ class _PostgresWriter(MemoryWrites):
         )
         if row:
             return str(row[0])
-        row = self._one(
-            "SELECT m.id FROM tombstones t JOIN memories m "
-            "ON m.tenant = t.tenant AND m.id = t.summary_id WHERE t.tenant = %s AND t.id = %s",
-            (tenant, id),
-        )
-        return str(row[0]) if row else None
+        return self._resolve_retired(tenant, [id]).get(id)
 
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
         unique = list(dict.fromkeys(ids))
@@ -117,12 +112,7 @@ class _PostgresWriter(MemoryWrites):
         ):
             out.setdefault(alias, id_)
         # Compacted ids resolve to their summary (re-ingesting one is ``known``, not new).
-        for gone, id_ in self._conn.execute(
-            "SELECT t.id, m.id FROM tombstones t JOIN memories m "
-            "ON m.tenant = t.tenant AND m.id = t.summary_id "
-            "WHERE t.tenant = %s AND t.id = ANY(%s)",
-            (tenant, unique),
-        ):
+        for gone, id_ in self._resolve_retired(tenant, [i for i in unique if i not in out]).items():
             out.setdefault(gone, id_)
         return out
 

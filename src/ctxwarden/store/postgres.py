@@ -332,7 +332,13 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
                 if full:
                     conn.execute("VACUUM (FULL, ANALYZE)")
                     return
-                for table in ("memories", "aliases", "token_counts", "tombstones"):
+                for table in (
+                    "memories",
+                    "aliases",
+                    "token_counts",
+                    "tombstone_groups",
+                    "tombstone_keys",
+                ):
                     conn.execute(f"VACUUM (ANALYZE) {table}")  # fixed names, no user input
         except psycopg.Error as exc:
             raise StoreError(f"vacuum failed: {exc}") from exc

@@ -17,6 +17,7 @@ from ctxwarden.errors import NotFound
 from ctxwarden.scope import ReadScope
 from ctxwarden.segment import bigram_text
 from ctxwarden.store.base import ApiKey, ContextLog, Link, NewMemory, Tombstone, Version
+from ctxwarden.store.tombstones import GROUP_COLUMNS, find_tombstones, tombstones_of
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -194,11 +195,12 @@ class MemoryReads:
                 (tenant, id),
             )
         if not rows:
-            rows = self._read(
-                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND id = "
-                "(SELECT summary_id FROM tombstones WHERE tenant = ? AND id = ?)",
-                (tenant, tenant, id),
-            )
+            found = find_tombstones(self._read, tenant, [id]).get(id)
+            if found is not None and found.summary_id is not None:
+                rows = self._read(
+                    f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND id = ?",
+                    (tenant, found.summary_id),
+                )
         if not rows:
             raise NotFound(f"no memory with id {id!r} in tenant {tenant!r}")
         return memory_of(rows[0])
@@ -466,29 +468,19 @@ class MemoryReads:
         return [(memory_of(r[:-1]), r[-1]) for r in rows]
 
     def tombstones(self, tenant: str, *, summary_id: str | None = None) -> list[Tombstone]:
-        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id."""
+        """Tombstones of ``tenant`` (pointing at ``summary_id`` when given), by id (code
+        points)."""
         params: list[Any] = [tenant]
         extra = ""
         if summary_id is not None:
             extra = " AND summary_id = ?"
             params.append(summary_id)
         rows = self._read(
-            "SELECT tenant, id, deleted_at, summary_id, content_hash, time_start, time_end, "
-            f"reason FROM tombstones WHERE tenant = ?{extra} ORDER BY id{self._CODE_POINT_ORDER}",
-            params,
+            f"SELECT {GROUP_COLUMNS} FROM tombstone_groups WHERE tenant = ?{extra}", params
         )
-        return [
-            Tombstone(
-                tenant=r[0],
-                id=r[1],
-                deleted_at=r[2],
-                summary_id=r[3],
-                content_hash=r[4],
-                time_range=(r[5], r[6]) if r[5] is not None else None,
-                reason=r[7],
-            )
-            for r in rows
-        ]
+        found = sorted(tombstones_of(rows), key=lambda f: (f.member.id, f.grp))
+        # one per id (a writer keeps it so; the newest group wins should two hold one)
+        return list({f.member.id: f.tombstone() for f in found}.values())
 
     def api_key(self, key_id: str) -> ApiKey | None:
         """The key with this id, or None."""

@@ -266,12 +266,7 @@ class _SQLiteWriter(MemoryWrites):
         ).fetchone()
         if row:
             return str(row[0])
-        row = self._conn.execute(
-            "SELECT m.id FROM tombstones t JOIN memories m "
-            "ON m.tenant = t.tenant AND m.id = t.summary_id WHERE t.tenant = ? AND t.id = ?",
-            (tenant, id),
-        ).fetchone()
-        return str(row[0]) if row else None
+        return self._resolve_retired(tenant, [id]).get(id)
 
     def resolve_many(self, tenant: str, ids: Sequence[str]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -290,12 +285,9 @@ class _SQLiteWriter(MemoryWrites):
             ):
                 out.setdefault(alias, id_)
             # Compacted ids resolve to their summary (re-ingesting one is ``known``, not new).
-            for gone, id_ in self._conn.execute(
-                "SELECT t.id, m.id FROM tombstones t JOIN memories m "
-                "ON m.tenant = t.tenant AND m.id = t.summary_id "
-                f"WHERE t.tenant = ? AND t.id IN ({marks})",
-                [tenant, *chunk],
-            ):
+            for gone, id_ in self._resolve_retired(
+                tenant, [i for i in chunk if i not in out]
+            ).items():
                 out.setdefault(gone, id_)
         return out
 

@@ -25,6 +25,7 @@ from ctxwarden.errors import StoreError
 from ctxwarden.store.base import Edit, Edited
 from ctxwarden.store.erasures import ErasureWrites, without_sources
 from ctxwarden.store.reads import bigram_column
+from ctxwarden.store.tombstones import Member
 
 __all__ = [
     "ACCESS_TAU_SECONDS",
@@ -269,6 +270,7 @@ class MemoryWrites(ErasureWrites):
         retired = 0
         summaries: list[str] = []
         moved: dict[str, str] = {}
+        retired_members: list[Member] = []  # one tombstone group for the summary
         for chunk in self._chunks(list(dict.fromkeys(ids))):
             where, params = self._in(chunk)
             # Locked in rowid order (as log_context does), so writers never deadlock here.
@@ -300,42 +302,32 @@ class MemoryWrites(ErasureWrites):
                 [summary_rowid, *at_params],
             )
             # The id itself resolves through its tombstone (no alias row: that would repeat it).
-            self._run_many(
-                "INSERT INTO tombstones (tenant, id, deleted_at, summary_id, content_hash, "
-                "time_start, time_end, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (tenant, id) DO UPDATE SET deleted_at = excluded.deleted_at, "
-                "summary_id = excluded.summary_id, content_hash = excluded.content_hash, "
-                "time_start = excluded.time_start, time_end = excluded.time_end, "
-                "reason = excluded.reason",
-                [
-                    (
-                        tenant,
-                        id_,
-                        deleted_at,
-                        summary_id,
-                        content_hash,
-                        start if start is not None else created,
-                        end if end is not None else last_seen,
-                        reason,
-                    )
-                    for _, id_, content_hash, created, last_seen, start, end, _ in rows
-                ],
+            retired_members.extend(
+                Member(
+                    str(id_),
+                    str(content_hash),
+                    start if start is not None else created,
+                    end if end is not None else last_seen,
+                )
+                for _, id_, content_hash, created, last_seen, start, end, _ in rows
             )
             self._run(f"DELETE FROM memories WHERE rowid {at}", at_params)
             retired += len(rows)
+        self._tombstone_write(
+            tenant, retired_members, deleted_at=deleted_at, summary_id=summary_id, reason=reason
+        )
         if archive:
             self._archive_write(
                 tenant, summary_id, archive, session=str(found[0][1]),
                 archived_at=deleted_at, expires_at=float(archive_until or deleted_at),
             )  # fmt: skip
         for chunk in self._chunks(summaries):
-            # Summaries of summaries: tombstones that named a retired summary now name this one,
-            # in a pass over the tenant's tombstones (migration 4 dropped the summary_id index,
-            # ~40 % of the tombstones' bytes; only summaries are retired into summaries, and
-            # rarely, so ordinary compaction never scans).
+            # Summaries of summaries: the tombstones that named a retired summary now name
+            # this one (tombstone_groups_summary: one entry per group, not per id).
             where, params = self._in(chunk)
             self._run(
-                f"UPDATE tombstones SET summary_id = ? WHERE tenant = ? AND summary_id {where}",
+                "UPDATE tombstone_groups SET summary_id = ? WHERE tenant = ? "
+                f"AND summary_id {where}",
                 [summary_id, tenant, *params],
             )
         if moved:
