@@ -7,13 +7,14 @@
 the log is ingested into one SQLite store and compacted with the default policy and the
 extractive summariser, as bench/retention.py does; this prints what retention.py does not:
 
-- the value bytes of each column of ``memories`` and ``tombstones`` as SQLite's record format
-  stores them (a text's UTF-8 bytes, 8 for a REAL, 0-8 for an integer by its size; the rowid
-  alias and the headers not counted), before and after, so a row's size is split into its text
-  and the per-record rest;
-- of the tombstones, the bytes of the fields that are the same for every id of one summary
-  (``tenant``, ``summary_id``, ``deleted_at``, ``reason``, the time range): what one row per
-  summary instead of one per id would save at most;
+- the value bytes of each column of ``memories``, ``tombstone_groups`` and ``tombstone_keys``
+  as SQLite's record format stores them (a text's UTF-8 bytes, 8 for a REAL, 0-8 for an integer
+  by its size; the rowid alias and the headers not counted), before and after, so a row's size
+  is split into its text and the per-record rest;
+- the tombstones' pages in three layouts, each built from the same tombstones in a copy: the
+  store's (``tombstone_groups``, one row per summary or erasure, and ``tombstone_keys``, a
+  32-bit hash per id to find its group), the groups with a (tenant, id) -> group table instead
+  of the hashes, and the per-id rows of ``tombstones`` before SQLite migration 21;
 - the store (pages after FTS optimize and VACUUM) and the FTS index under ``detail=full`` /
   ``column`` / ``none`` for the same texts (copies built beside it, the engine's tokenizer).
 
@@ -41,6 +42,7 @@ from unittest import mock
 from ctxwarden import Engine, compact
 from ctxwarden.engine import EngineConfig
 from ctxwarden.store.sqlite import SQLiteStore
+from ctxwarden.store.tombstones import GROUP_COLUMNS, tombstones_of
 from retention import (
     DataSet,
     _objects,
@@ -51,8 +53,14 @@ from retention import (
     read_locomo_cases,
 )
 
-#: Tombstone columns that hold one value per summary, whatever the number of ids it retired.
-PER_SUMMARY = ("tenant", "summary_id", "deleted_at", "reason", "time_start", "time_end")
+#: The tombstones' layouts measured by :func:`_tombstone_layouts`: table -> its DDL.
+LAYOUTS = {
+    "ids_by_name": "CREATE TABLE ids_by_name (tenant TEXT NOT NULL, id TEXT NOT NULL, "
+    "grp INTEGER NOT NULL, PRIMARY KEY (tenant, id)) WITHOUT ROWID",
+    "per_id": "CREATE TABLE per_id (tenant TEXT NOT NULL, id TEXT NOT NULL, "
+    "deleted_at REAL NOT NULL, summary_id TEXT, content_hash TEXT NOT NULL, time_start REAL, "
+    "time_end REAL, reason TEXT NOT NULL, PRIMARY KEY (tenant, id)) WITHOUT ROWID",
+}
 #: A value's bytes in SQLite's record format (https://sqlite.org/fileformat.html#record_format):
 #: integers 0 and 1 take none, others 1, 2, 3, 4, 6 or 8 by their range.
 _STORED = """CASE typeof({0})
@@ -71,9 +79,10 @@ def _columns(db: Path, table: str) -> tuple[int, dict[str, int]]:
     with contextlib.closing(sqlite3.connect(db)) as conn:
         names = [str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")]
         rows = int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-        keys = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})") if row[5]}
+        keys = [row for row in conn.execute(f"PRAGMA table_info({table})") if row[5]]
         # The rowid alias (an INTEGER PRIMARY KEY) is the b-tree's key, not a record value.
-        names = [n for n in names if not (n == "rowid" and n in keys)]
+        if len(keys) == 1 and str(keys[0][2]).upper() == "INTEGER":
+            names = [n for n in names if n != keys[0][1]]
         sums = conn.execute(
             "SELECT " + ", ".join(f"coalesce(sum({_STORED.format(n)}), 0)" for n in names)
             + f" FROM {table}"
@@ -111,6 +120,45 @@ def _fts_sizes(db: Path) -> dict[str, int] | None:
                     return None
                 out[detail] = int(size)
     return out
+
+
+def _tombstone_layouts(db: Path) -> tuple[int, dict[str, int]] | None:
+    """Retired ids, and the pages of the tombstones: ``groups`` (``tombstone_groups`` and its
+    index), ``keys`` (``tombstone_keys``), and, built in a copy from the same tombstones,
+    ``ids_by_name`` (a (tenant, id) -> group table, what ``keys`` would be without hashing)
+    and ``per_id`` (a row per id, the layout before SQLite migration 21). None without
+    ``dbstat``."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.closing(sqlite3.connect(db)) as src:
+        copy = Path(tmp) / "tombstones.db"
+        with contextlib.closing(sqlite3.connect(copy)) as conn:
+            src.backup(conn)
+            found = tombstones_of(conn.execute(f"SELECT {GROUP_COLUMNS} FROM tombstone_groups"))
+            for ddl in LAYOUTS.values():
+                conn.execute(ddl)
+            conn.executemany(
+                "INSERT INTO ids_by_name VALUES (?, ?, ?)",
+                [(f.tenant, f.member.id, f.grp) for f in found],
+            )
+            conn.executemany(
+                "INSERT INTO per_id VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (t.tenant, t.id, t.deleted_at, t.summary_id, t.content_hash,
+                     *(t.time_range or (None, None)), t.reason)
+                    for t in (f.tombstone() for f in found)
+                ],
+            )  # fmt: skip
+            conn.commit()
+            try:
+                sizes = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
+            except sqlite3.OperationalError:  # no dbstat in this SQLite
+                return None
+    groups = sizes.get("tombstone_groups", 0) + sizes.get("tombstone_groups_summary", 0)
+    return len(found), {
+        "groups": groups,
+        "keys": sizes.get("tombstone_keys", 0),
+        "ids_by_name": sizes.get("ids_by_name", 0),
+        "per_id": sizes.get("per_id", 0),
+    }
 
 
 def _in_store(store: SQLiteStore, data: DataSet) -> int:
@@ -167,9 +215,10 @@ def run(data: DataSet, budget: int, pack: bool, max_cluster_tokens: int | None) 
                 engine.ingest(case.messages, tenant=case.tenant)
             size_before = _size(store)
             objects_before = _objects(store) or {}
-            memories_before, tombstones_before = (
-                _columns(db, "memories"),
-                _columns(db, "tombstones"),
+            memories_before = _columns(db, "memories")
+            groups_before, keys_before = (
+                _columns(db, "tombstone_groups"),
+                _columns(db, "tombstone_keys"),
             )
             fts_before = _fts_sizes(db)
             hits_before = sum(_retention(engine, c, budget) for c in data.cases) if pack else 0
@@ -186,8 +235,10 @@ def run(data: DataSet, budget: int, pack: bool, max_cluster_tokens: int | None) 
             objects_after = _objects(store) or {}
             hits_after = sum(_retention(engine, c, budget) for c in data.cases) if pack else 0
             stored_after = _in_store(store, data) if pack else 0
-        memories_after, tombstones_after = _columns(db, "memories"), _columns(db, "tombstones")
+        memories_after = _columns(db, "memories")
+        groups_after, keys_after = _columns(db, "tombstone_groups"), _columns(db, "tombstone_keys")
         fts_after = _fts_sizes(db)
+        layouts = _tombstone_layouts(db)
     how = "lossless packs (what-if: summary limit 1.5 x the cluster)" if pack else "default policy"
     cluster = f", max_cluster_tokens {max_cluster_tokens}" if max_cluster_tokens else ""
     print(f"## {data.name}: {data.note}; {how}{cluster}")
@@ -205,9 +256,18 @@ def run(data: DataSet, budget: int, pack: bool, max_cluster_tokens: int | None) 
         for detail in ("full", "column", "none"):
             print(f"| FTS copy, detail={detail} | {fts_before[detail]:,} | {fts_after[detail]:,} | "
                   f"{fts_after[detail] / fts_before[detail]:.1%} |")  # fmt: skip
-    cols = tombstones_after[1]
-    repeated = sum(cols.get(name, 0) for name in PER_SUMMARY)
-    print(f"| tombstone bytes repeated per id (one value per summary) | 0 | {repeated:,} | |")
+    if layouts is not None:
+        ids, pages = layouts
+        per = {name: f"{size / ids:.1f} per id" if ids else "" for name, size in pages.items()}
+        print(f"| tombstones: retired ids | 0 | {ids:,} | |")
+        print(f"| tombstones: groups (one row per summary or erasure) | 0 | "
+              f"{pages['groups']:,} | {per['groups']} |")  # fmt: skip
+        print(f"| tombstones: keys (32-bit hash of each id -> group) | 0 | "
+              f"{pages['keys']:,} | {per['keys']} |")  # fmt: skip
+        print(f"| tombstones, layout not taken: (tenant, id) -> group | 0 | "
+              f"{pages['ids_by_name']:,} | {per['ids_by_name']} |")  # fmt: skip
+        print(f"| tombstones, layout before: a row per id | 0 | "
+              f"{pages['per_id']:,} | {per['per_id']} |")  # fmt: skip
     if pack:
         print(f"| answer string in context | {hits_before / questions:.1%} | "
               f"{hits_after / questions:.1%} | "
@@ -216,7 +276,8 @@ def run(data: DataSet, budget: int, pack: bool, max_cluster_tokens: int | None) 
               f"{stored_after / questions:.1%} | |")  # fmt: skip
     print()
     _table("memories", memories_before, memories_after)
-    _table("tombstones", tombstones_before, tombstones_after)
+    _table("tombstone_groups", groups_before, groups_after)
+    _table("tombstone_keys", keys_before, keys_after)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

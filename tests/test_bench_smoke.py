@@ -364,11 +364,22 @@ def test_store_bytes_on_one_conversation(capsys: pytest.CaptureFixture[str]) -> 
     # A pack keeps every sentence verbatim: the texts hold every answer they held before.
     in_store = rows["answer string in the store's texts"]
     assert float(in_store[1].rstrip("%")) >= float(in_store[0].rstrip("%"))
-    # Every retired turn has a tombstone, and the tombstones' column table adds up to its total.
-    table = _rows(out.split("| tombstones: column")[1])[1:]
-    *columns, total = table
-    assert re.fullmatch(r"all \(0 -> [1-9][\d,]* rows\)", total[0])
-    assert sum(int(r[2].replace(",", "")) for r in columns) == int(total[2].replace(",", ""))
+    # Every retired turn has a tombstone, in fewer groups than ids, and the column tables add up.
+    for table in ("tombstone_groups", "tombstone_keys"):
+        *columns, total = _rows(out.split(f"| {table}: column")[1].split("\n\n")[0])[1:]
+        assert re.fullmatch(r"all \(0 -> [1-9][\d,]* rows\)", total[0])
+        assert sum(int(r[2].replace(",", "")) for r in columns) == int(total[2].replace(",", ""))
+    groups, keys = (
+        int(found.replace(",", ""))
+        for found in re.findall(r"^\| all \(0 -> ([\d,]+) rows\)", out, re.MULTILINE)
+    )
+    assert int(rows["tombstones: retired ids"][1].replace(",", "")) >= keys > groups
+    # the layout before (a row per id) takes more pages than groups and keys together
+    size = {k: int(v[1].replace(",", "")) for k, v in rows.items() if k.startswith("tombstones")}
+    assert size["tombstones, layout before: a row per id"] > (
+        size["tombstones: groups (one row per summary or erasure)"]
+        + size["tombstones: keys (32-bit hash of each id -> group)"]
+    )
 
 
 @pytest.mark.postgres

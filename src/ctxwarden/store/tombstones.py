@@ -26,7 +26,7 @@ small whatever the erasure or the migration that made the group.
 Written with SQLite's ``?`` placeholders, as :mod:`ctxwarden.store.writes` is.
 
 >>> members = [Member("m2", "ab", 1.0, 1.0), Member("m1", "cd", None, None)]
->>> decode_members(encode_members(members), CODEC) == sorted(members)
+>>> decode_members(encode_members(members), CODEC) == sorted(members, key=lambda m: m.id)
 True
 """
 
@@ -120,7 +120,7 @@ def id_key(tenant: str, id: str) -> int:
 def encode_members(members: Iterable[Member]) -> bytes:
     """Members as compressed JSON, sorted by id (code points)."""
     rows: list[list[Any]] = []
-    for m in sorted(members):
+    for m in sorted(members, key=lambda m: m.id):
         row: list[Any] = [m.id, m.content_hash]
         if m.time_start is not None:
             row.append(m.time_start)
@@ -244,7 +244,7 @@ class TombstoneWrites(StatementWrites):
         if not unique:
             return
         self._tombstone_discard(tenant, [m.id for m in unique])
-        unique.sort()
+        unique.sort(key=lambda m: m.id)
         for start in range(0, len(unique), GROUP_LIMIT):
             self._group_insert(
                 tenant, unique[start : start + GROUP_LIMIT], deleted_at=deleted_at,
