@@ -75,11 +75,12 @@ PG_STATEMENTS = (
 def fill_groups(execute: Callable[[str, Sequence[Any]], Any], mark: str) -> None:
     """Move every row of ``tombstones`` into groups and drop the table; ``execute`` runs one
     statement (its placeholders ``mark``) and returns a cursor."""
+    # Read as a stream (SQLite's cursor steps through the sorted rows while the inserts run).
     rows = execute(
         "SELECT tenant, summary_id, deleted_at, reason, id, content_hash, time_start, time_end "
         "FROM tombstones ORDER BY tenant, summary_id, deleted_at, reason, id",
         (),
-    ).fetchall()
+    )
     marks = ", ".join([mark] * 9)
     for (tenant, summary_id, deleted_at, reason), group in itertools.groupby(
         rows, key=lambda r: (r[0], r[1], r[2], r[3])
