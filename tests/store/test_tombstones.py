@@ -254,3 +254,46 @@ def test_postgres_migration_19_moves_per_id_tombstones_into_groups(
         assert store._query("SELECT to_regclass('tombstones') IS NULL", ()) == [(True,)]
     finally:
         store.close()
+
+
+def test_history_counts_each_retired_id_from_when_it_began(store: Store) -> None:
+    """The dashboard's series count every retired id from its own start to its deletion,
+    whether its group falls in one time bucket (counted in SQL) or spans several or is an
+    erasure's (decoded): the series agree with the tombstones read back one by one."""
+    from ctxwarden.store import history
+
+    with store.write() as w:
+        for k in range(4):  # an hour apart: the group spans buckets
+            w.insert(_memory(f"a{k}", content=f"a{k}", at=3600.0 * k))
+        for k in range(2):  # a second apart: one bucket
+            w.insert(_memory(f"b{k}", content=f"b{k}", at=30000.0 + k))
+    _retire = [("S0", ["a0", "a1", "a2", "a3"]), ("S1", ["b0", "b1"])]
+    with store.write() as w:
+        for summary, ids in _retire:
+            lines = "\n".join(f"- [{i}] ana: line {i}" for i in ids)
+            content = f"Summary of {len(ids)} messages\nEvents:\n{lines}"
+            rowid = w.insert(_summary_of(summary, ids, content=content))
+            w.retire("t", ids, summary_rowid=rowid, deleted_at=40000.0, reason="compacted")
+    with store.write() as w:
+        assert w.erase_id("t", "a1", deleted_at=50000.0, reason="erased") is not None
+    health = history.health(store, "t", buckets=48)
+    width, count = health["width"], health["buckets"]
+    stones = store.tombstones("t")
+    created = [m.created_at for m in store.iter_memories("t")]
+    begins = [t.time_range[0] if t.time_range else t.deleted_at for t in stones]
+    low = min([*created, *begins, *(t.deleted_at for t in stones)])
+    start = int(low // width) * width
+
+    def bucket(at: float) -> int:
+        return min(max(int(at - start) // width, 0), count - 1)
+
+    expected = [0] * count
+    for at in created:
+        expected[bucket(at)] += 1
+    for t, began in zip(stones, begins, strict=True):
+        expected[bucket(began)] += 1
+        expected[bucket(t.deleted_at)] -= 1
+    alive = list(itertools.accumulate(expected))
+    assert health["memories"]["alive"] == alive
+    retired = health["memories"]["retired"]
+    assert (sum(retired["compacted"]), sum(retired["erased"])) == (5, 1)
