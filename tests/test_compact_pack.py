@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from conftest import Clock
 from ctxwarden import ConfigError, Engine
-from ctxwarden.background import Background, summary_documents, term_corrections
+from ctxwarden.background import (
+    Background,
+    read_corrections,
+    summary_documents,
+    term_corrections,
+)
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.pack import pack, store_saving
 from ctxwarden.store.sqlite import SQLiteStore
@@ -143,7 +148,7 @@ def test_corrections_restore_every_common_count_and_never_overcount(
     text = "Summary of 4 messages\nEvents:\n" + "\n".join(kept)
     corpus = [*texts.values(), "deploy api", "review budget", "Ghent"] * 3
     background = Background.of(corpus)
-    corrections = term_corrections(texts, text, background)
+    corrections = read_corrections(term_corrections(texts, text, background))
     recovered: dict[str, int] = {}
     for id_, terms in summary_documents(text).items():
         assert id_ in texts
@@ -220,3 +225,26 @@ def test_a_resumed_run_decides_every_remaining_cluster_as_the_uncut_run(
             for m in engine.store.summaries("default")
         )
     assert cut_rows == uncut_rows
+
+
+def test_cli_compact_plan_shows_a_lossless_pack(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app
+
+    records = _dense(1_700_000_000.0)
+    data = tmp_path / "m.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    db = str(tmp_path / "c.db")
+    runner = CliRunner()
+    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
+    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    [summary] = json.loads(shown.output)["summaries"]
+    assert summary["lossless"] is True
+    assert summary["dropped"] == []
+    assert summary["lost"] == []
+    assert f"[ops-2] 22:15 ana: {records[2]['content']}" in summary["text"]
+    text = runner.invoke(app, ["--db", db, "compact", "--plan"], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert "lossless pack" in text.output
+    assert "every message kept" in text.output

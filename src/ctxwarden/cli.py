@@ -462,6 +462,8 @@ def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> Non
             continue
         if p.fallback:
             console.print(escape(f"extractive summary instead: {p.fallback}"))
+        if p.lossless:
+            console.print(escape(p.reason))
         console.print(escape(p.text), highlight=False)
         if p.dropped:
             console.print(f"drops {len(p.dropped)} sentence(s):")

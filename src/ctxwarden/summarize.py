@@ -243,7 +243,12 @@ class ExtractiveSummarizer:
         spam = _fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
         times = [item.created_at for item in items if item.created_at is not None]
         one_day = bool(times) and format_time(min(times))[:10] == format_time(max(times))[:10]
-        heads = [self._head(item, one_day) for item in items]
+        # The header states the minute exactly when every item is in one: no line needs it.
+        one_minute = (
+            len(times) == len(items)
+            and len({format_time(t, precision="minutes") for t in times}) == 1
+        )
+        heads = [self._head(item, one_day, one_minute) for item in items]
         self._score(items, sentences, tokenizer, heads)
         summary = replace(base, key_entities=tuple(entities), spam_patterns=tuple(spam))
         used = tokenizer.count(summary.render())
@@ -500,15 +505,16 @@ class ExtractiveSummarizer:
             sentence.score = max(score, 0.01)
             sentence.cost = tokenizer.count(heads[sentence.item] + sentence.text) + 2
 
-    def _head(self, item: SummaryItem, one_day: bool) -> str:
+    def _head(self, item: SummaryItem, one_day: bool, one_minute: bool = False) -> str:
         """``[id] time author: `` before a message's sentence (the time without its date when
-        the whole summary is one UTC day, which its header names); nothing before a line of an
-        earlier summary, which carries its own."""
+        the whole summary is one UTC day, which its header names; no time when it is all one
+        minute, which the header states); nothing before a line of an earlier summary, which
+        carries its own."""
         if item.kind == "summary":
             return ""
         cite = f"[{item.id}] " if self.cite_sources else ""
         when = ""
-        if item.created_at is not None:
+        if item.created_at is not None and not one_minute:
             stamp = format_time(item.created_at, precision="minutes")
             when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
         who = f"{item.author}: " if item.author else ""
