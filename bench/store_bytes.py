@@ -23,10 +23,10 @@ the cluster's tokens, so a cluster whose every sentence is a fact (a LoCoMo sess
 extractive summary that keeps every fact sentence verbatim: the bytes it saves are the
 per-record overhead alone. (The engine's own answer to such clusters is the lossless pack of
 ``CompactionPolicy.lossless_packs``, on by default, which keeps every message whole: the
-default-policy run shows it.) It prints the store's size and the share of questions whose gold answer string is in the
-assembled context (as retention.py) and anywhere in the store's texts (so an answer the context
-lost is told from one the store lost). ``--max-cluster-tokens`` sets the policy's cluster size
-for it (default: the policy's).
+default-policy run shows it.) It prints the store's size and the share of questions whose
+gold answer string is in the assembled context (as retention.py) and anywhere in the store's
+texts (so an answer the context lost is told from one the store lost). ``--max-cluster-tokens``
+sets the policy's cluster size for it (default: the policy's).
 """
 
 from __future__ import annotations

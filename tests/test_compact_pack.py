@@ -248,3 +248,24 @@ def test_cli_compact_plan_shows_a_lossless_pack(tmp_path: Any) -> None:
     assert text.exit_code == 0, text.output
     assert "lossless pack" in text.output
     assert "every message kept" in text.output
+
+
+def test_lines_leave_out_the_time_when_the_header_states_the_one_minute() -> None:
+    from ctxwarden.summarize import ExtractiveSummarizer
+
+    tok = get_tokenizer("cl100k_base")
+    said = ["Atlas moves to Oslo.", "Rack 11 moves to Oslo.", "Kafka lands in Riga on Friday."]
+    items = [
+        SummaryItem(id=f"m{i}", content=text, author="ana", created_at=1_700_000_000.0 + i)
+        for i, text in enumerate(said)
+    ]
+    packed = pack(items, tok)
+    assert packed is not None
+    summary = ExtractiveSummarizer().summarize(items, max_tokens=200, tokenizer=tok).render()
+    for text in (packed.text, summary):
+        header, *lines = text.splitlines()
+        assert header.endswith("2023-11-14 22:13 UTC")
+        assert "- [m1] ana: Rack 11 moves to Oslo." in lines
+    later = [*items[:2], SummaryItem(id="m2", content=said[2], author="ana",
+                                     created_at=1_700_000_100.0)]  # fmt: skip
+    assert "- [m1] 22:13 ana: Rack 11 moves to Oslo." in pack(later, tok).text  # type: ignore[union-attr]

@@ -103,7 +103,7 @@ def pack(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> Pack | None:
     - [m2] 00:01 bo: ok
     """
     if not items or any(
-        item.kind != "message" or not item.content.strip() or "\n" in item.content.strip()
+        item.kind != "message" or len(item.content.strip().splitlines()) != 1
         for item in items
     ):
         return None
