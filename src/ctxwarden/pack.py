@@ -103,8 +103,7 @@ def pack(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> Pack | None:
     - [m2] 00:01 bo: ok
     """
     if not items or any(
-        item.kind != "message" or len(item.content.strip().splitlines()) != 1
-        for item in items
+        item.kind != "message" or len(item.content.strip().splitlines()) != 1 for item in items
     ):
         return None
     times = [item.created_at for item in items if item.created_at is not None]
