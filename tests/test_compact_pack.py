@@ -269,3 +269,23 @@ def test_lines_leave_out_the_time_when_the_header_states_the_one_minute() -> Non
     later = [*items[:2], SummaryItem(id="m2", content=said[2], author="ana",
                                      created_at=1_700_000_100.0)]  # fmt: skip
     assert "- [m1] 22:13 ana: Rack 11 moves to Oslo." in pack(later, tok).text  # type: ignore[union-attr]
+
+
+def test_the_http_compact_body_and_the_cli_turn_packs_off(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app
+    from ctxwarden.server.http import CompactBody
+
+    assert CompactBody().policy().lossless_packs is True
+    assert CompactBody(lossless_packs=False, min_pack_saving=0.5).policy().min_pack_saving == 0.5
+    with pytest.raises(ValueError, match="min_pack_saving"):
+        CompactBody(min_pack_saving=1.0)
+    data = tmp_path / "m.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _dense(1_700_000_000.0)), encoding="utf-8")
+    db = str(tmp_path / "c.db")
+    runner = CliRunner()
+    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
+    off = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--no-lossless-packs"])
+    assert json.loads(off.output)["clusters"] == []
+    assert json.loads(off.output)["skipped"]["facts"] == 6
