@@ -10,13 +10,15 @@ cut short and resumed, or a second run after the first, counts what the uncut ru
 every remaining cluster is judged against the same background.
 
 What the corrections keep, and why it is enough: for each term the background calls *common*
-(said in ``limit`` or more messages) the exact number of the summary's sources that said it but
-whose lines no longer do (a dropped stock phrase, a bot's repeated alert), and for any term a
-line would count that its source did not say (the author before a line's text) the negative
-difference. A term that is not common needs no correction: what a summary keeps of it can only
-be less than its sources said, so it stays under ``limit``. Common terms are stock words by
-definition (each in at least the square root of the corpus's messages), so a summary's
-metadata never holds a rare word its text dropped.
+(said in ``limit`` or more messages), the exact difference between how many of the summary's
+sources said it and how many of its lines show it (a dropped stock phrase, a bot's repeated
+alert). A term that is not common needs no correction: an extractive summary's or a pack's lines
+show a source's own words (after the line's citation, time and author), so what they keep of it
+can only be less than its sources said, and it stays under ``limit``. Common terms are stock
+words by definition (each in at least the square root of the corpus's messages), so a
+summary's metadata holds no rare word, and nothing of an erased source's text outlives the
+lines erasure takes out of the summary. (A model's summary may paraphrase: a rare word it adds
+is counted as its lines show it.)
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def summary_terms(text: str, sources: Collection[str]) -> Counter[str]:
 def term_corrections(sources: Mapping[str, str], text: str, background: Background) -> str:
     """What a summary's metadata keeps (``"terms"``) so that the :class:`Background` counts
     what its ``sources`` (id -> text, attachments' text included) said, for every term
-    ``background`` calls common, and never more than they said for any term.
+    ``background`` calls common (see the module doc).
 
     The corrections are written ``term count`` pairs, space-separated, in term order (a term
     holds no whitespace): about nine bytes a term, where a JSON object takes thirteen.
@@ -137,7 +139,7 @@ def term_corrections(sources: Mapping[str, str], text: str, background: Backgrou
     out = []
     for term in sorted(said.keys() | kept.keys()):
         difference = said[term] - kept[term]
-        if difference < 0 or (difference > 0 and background.common(term)):
+        if difference and background.common(term):
             out.append(f"{term} {difference}")
     return " ".join(out)
 
