@@ -20,7 +20,9 @@ from ctxwarden.background import (
     term_corrections,
 )
 from ctxwarden.compact import CompactionPolicy
+from ctxwarden.engine import EngineConfig
 from ctxwarden.pack import pack, store_saving
+from ctxwarden.store.base import Store
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import SummaryItem, lost_facts
 from ctxwarden.tokens import get_tokenizer
@@ -289,3 +291,23 @@ def test_the_http_compact_body_and_the_cli_turn_packs_off(tmp_path: Any) -> None
     off = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--no-lossless-packs"])
     assert json.loads(off.output)["clusters"] == []
     assert json.loads(off.output)["skipped"]["facts"] == 6
+
+
+def test_a_resumed_run_decides_as_the_first_on_both_backends(store: Store, clock: Clock) -> None:
+    engine = Engine(store, config=EngineConfig(embed="off"), clock=clock)  # words only
+    engine.ingest(_busy(clock.now - 40 * DAY, 16) + _dense(clock.now - 50 * DAY))
+    policy = CompactionPolicy(max_summary_share=0.6)
+    first = engine.compact_plan(policy=policy)
+    assert first.background is not None
+    assert first.background.measured  # 208 + 6 candidates
+    assert any(c.lossless for c in first.clusters)
+    cut = engine.compact(dataclasses.replace(first, clusters=first.clusters[:5]))
+    assert len(cut.summaries) == 5
+    written = engine.get(cut.summaries[0])
+    assert isinstance(written.metadata.get("terms"), str)  # round-trips as written
+    resumed = engine.compact_plan(policy=policy)
+    assert resumed.background is not None
+    assert resumed.background.documents == first.background.documents
+    assert resumed.clusters == first.clusters[5:]
+    engine.compact(resumed)
+    assert engine.compact_plan(policy=policy).clusters == ()
