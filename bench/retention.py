@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxwarden import Engine
+from ctxwarden.attachments import with_note
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.engine import EngineConfig
 from ctxwarden.errors import StoreError
@@ -202,9 +203,21 @@ def run(
         raw_tokens = sum(
             tok.count(str(m.get("content") or "")) for c in data.cases for m in c.messages
         )
-        summary_tokens = sum(
-            tok.count(s.content) for c in data.cases for s in store.summaries(c.tenant)
-        )
+        # A lossless pack (CompactionPolicy.lossless_packs) keeps its originals' text: what it
+        # adds to the store is its line prefixes and header, not a summary's worth of text.
+        summary_tokens = packs = pack_tokens = pack_sources = 0
+        for c in data.cases:
+            said = {
+                str(m["id"]): with_note(str(m.get("content") or ""), m.get("attachments"))
+                for m in c.messages
+            }
+            for s in store.summaries(c.tenant):
+                if s.metadata.get("lossless"):
+                    packs += 1
+                    pack_tokens += tok.count(s.content)
+                    pack_sources += sum(tok.count(said.get(i, "")) for i in s.source_ids)
+                else:
+                    summary_tokens += tok.count(s.content)
     print(f"## {data.name}: {events} events in {len(data.cases)} tenant(s), {questions} "
           f"questions, budget {budget} tokens (gpt-4, cl100k); {data.note}")  # fmt: skip
     print()
@@ -221,13 +234,16 @@ def run(
     print(f"{compacted} memories in {clusters} clusters -> {summaries} summaries in "
           f"{seconds:.1f} s; {left_alone} clusters left alone (their summary would lose a "
           "fact)")  # fmt: skip
+    growth = summary_tokens + max(0, pack_tokens - pack_sources)
     print(
-        f"summary growth: {summary_tokens:,} summary tokens = "
-        f"{summary_tokens / raw_tokens:.1%} of the raw log's {raw_tokens:,} (cl100k)"
+        f"summary growth: {summary_tokens:,} summary tokens + {pack_tokens - pack_sources:,} "
+        f"of {packs} lossless packs ({pack_tokens:,} tokens for their originals' "
+        f"{pack_sources:,}, attachments' text included) = {growth / raw_tokens:.1%} of the raw "
+        f"log's {raw_tokens:,} (cl100k)"
     )
     ok_retention = after >= 0.95 * before
     ok_size = size_after <= 0.55 * size_before
-    ok_growth = summary_tokens <= 0.10 * raw_tokens
+    ok_growth = growth <= 0.10 * raw_tokens
     print(f"targets: retention >= 95% of before: {'met' if ok_retention else 'NOT met'}; "
           f"store size <= 55% of before: {'met' if ok_size else 'NOT met'}; "
           f"summaries <= 10% of the raw log: {'met' if ok_growth else 'NOT met'}")  # fmt: skip

@@ -21,11 +21,13 @@ extractive summariser, as bench/retention.py does; this prints what retention.py
 ``--pack`` is a what-if, not something the engine does: the summary's limit (at most
 ``max_summary_share`` of its cluster's tokens, ``max_summary_tokens`` at most) is lifted to 1.5 x
 the cluster's tokens, so a cluster whose every sentence is a fact (a LoCoMo session) becomes one
-summary that keeps every sentence verbatim: the bytes it saves are the per-record overhead
-alone. It prints the store's size and the share of questions whose gold answer string is in the
-assembled context (as retention.py) and anywhere in the store's texts (so an answer the context
-lost is told from one the store lost). ``--max-cluster-tokens`` sets the policy's cluster size
-for it (default: the policy's).
+extractive summary that keeps every fact sentence verbatim: the bytes it saves are the
+per-record overhead alone. (The engine's own answer to such clusters is the lossless pack of
+``CompactionPolicy.lossless_packs``, on by default, which keeps every message whole: the
+default-policy run shows it.) It prints the store's size and the share of questions whose
+gold answer string is in the assembled context (as retention.py) and anywhere in the store's
+texts (so an answer the context lost is told from one the store lost). ``--max-cluster-tokens``
+sets the policy's cluster size for it (default: the policy's).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
-from ctxwarden import Engine, compact
+from ctxwarden import Engine, cluster_summary, compact
 from ctxwarden.engine import EngineConfig
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.store.tombstones import GROUP_COLUMNS, tombstones_of
@@ -176,9 +179,16 @@ def _packing(pack: bool) -> Iterator[None]:
     if not pack:
         yield
         return
+
     # The what-if: a summary may take every fact of its cluster (1.5 x its tokens covers the
     # line prefixes, `- [id] HH:MM author: `, kept sentences get: ~1.1-1.3 x on locomo-dev).
-    with mock.patch.object(compact, "_summary_limit", lambda c, _cap, _share: int(c.tokens * 1.5)):
+    def limit(cluster: Any, _cap: int | None, _share: float) -> int:
+        return int(cluster.tokens * 1.5)
+
+    with (
+        mock.patch.object(compact, "summary_limit", limit),
+        mock.patch.object(cluster_summary, "summary_limit", limit),
+    ):
         yield
 
 

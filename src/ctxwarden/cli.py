@@ -462,6 +462,8 @@ def _print_previews(console: Console, previews: Sequence[ClusterSummary]) -> Non
             continue
         if p.fallback:
             console.print(escape(f"extractive summary instead: {p.fallback}"))
+        if p.lossless:
+            console.print(escape(p.reason))
         console.print(escape(p.text), highlight=False)
         if p.dropped:
             console.print(f"drops {len(p.dropped)} sentence(s):")
@@ -497,6 +499,14 @@ def compact(
         float | None,
         typer.Option("--archive-days", help="Days archived originals are kept (default 30)."),
     ] = None,
+    lossless_packs: Annotated[
+        bool,
+        typer.Option(
+            "--lossless-packs/--no-lossless-packs",
+            help="A cluster whose facts cannot be summarised smaller is kept whole in one "
+            "summary when that saves 30 % of its store bytes (default), or left alone.",
+        ),
+    ] = True,
     summarizer: Annotated[
         str | None,
         typer.Option(help="extractive (offline) or llm (default: the summarizer setting)."),
@@ -535,6 +545,7 @@ def compact(
         # checked by the policy (a ConfigError naming compact.keep_originals)
         keep_originals=keep_originals or settings.keep_originals,  # type: ignore[arg-type]
         archive_days=archive_days if archive_days is not None else settings.archive_days,
+        lossless_packs=lossless_packs,
     )
     chosen: Summarizer = _summarizer(settings, kind=summarizer, url=llm_url, model=llm_model)
     console = Console(stderr=as_json)

@@ -42,17 +42,16 @@ from typing import Literal
 import xxhash
 
 from ctxwarden import render
+from ctxwarden.background import TERMS_KEY, Background, term_corrections
+from ctxwarden.cluster_summary import ClusterSummary, summarise_cluster, summary_limit
 from ctxwarden.dedupe import exact_key
-from ctxwarden.errors import ConfigError, NotFound, SummarizeError
+from ctxwarden.errors import ConfigError, NotFound
+from ctxwarden.pack import pack
 from ctxwarden.store.base import NewMemory, Store, TokenCount
 from ctxwarden.summarize import (
-    Background,
-    ExtractiveSummarizer,
     Summarizer,
     SummaryItem,
     TokenCounter,
-    cluster_facts,
-    dropped_sentences,
     fact_tokens,
     lost_facts,
 )
@@ -100,6 +99,11 @@ class CompactionPolicy:
       is written; ``"archive"`` keeps them, compressed, in the store's archive for
       ``archive_days`` days (``Engine.expand(summary_id)`` gives them back; erasure removes
       them; expired ones go at the next compaction or ``Engine.purge_archive()``).
+    - ``lossless_packs``, ``min_pack_saving``: a cluster whose facts need more than
+      ``max_summary_share`` becomes a lossless pack (every message verbatim with its id, time
+      and author, :mod:`ctxwarden.pack`) when that saves at least ``min_pack_saving`` of the
+      cluster's estimated store bytes (rows, index entries; 0.3: the uncertainty of a byte
+      estimate against page fill, see :mod:`ctxwarden.pack`); else it is left alone.
 
     >>> CompactionPolicy(older_than=-1)
     Traceback (most recent call last):
@@ -120,6 +124,8 @@ class CompactionPolicy:
     max_summary_share: float = 0.5
     keep_originals: Literal["delete", "archive"] = "delete"
     archive_days: float = 30.0
+    lossless_packs: bool = True
+    min_pack_saving: float = 0.3
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigError:
@@ -154,6 +160,10 @@ class CompactionPolicy:
             )
         if not _number(self.archive_days) or self.archive_days <= 0:
             raise bad("archive_days", "must be a positive number of days")
+        if not isinstance(self.lossless_packs, bool):
+            raise bad("lossless_packs", "must be true or false")
+        if not _number(self.min_pack_saving) or not 0 < self.min_pack_saving < 1:
+            raise bad("min_pack_saving", "must be a share between 0 and 1 (exclusive)")
         if not _number(self.topic_threshold) or not -1 <= self.topic_threshold <= 1:
             raise bad("topic_threshold", "must be a cosine similarity in [-1, 1]")
 
@@ -184,6 +194,10 @@ class Cluster:
     #: What the originals' facts need in the summary on top of ``target_tokens`` (0 when the
     #: plan was made without a tokenizer to count them).
     fact_tokens: int = 0
+    #: The cluster becomes a lossless pack of ``pack_tokens`` (:mod:`ctxwarden.pack`): its
+    #: facts need more than a summary may keep, and packing saves enough of the store.
+    lossless: bool = False
+    pack_tokens: int = 0
 
     @property
     def size(self) -> int:
@@ -193,7 +207,10 @@ class Cluster:
     @property
     def tokens_saved(self) -> int:
         """Estimated tokens saved: the originals' tokens minus the summary's target (the
-        policy's plus what the facts need), the most the summary may take."""
+        policy's plus what the facts need), the most the summary may take; for a lossless
+        pack, the originals' tokens minus the pack's (a pack saves store bytes, few tokens)."""
+        if self.lossless:
+            return self.tokens - self.pack_tokens
         return self.tokens - self.target_tokens - self.fact_tokens
 
     @property
@@ -253,6 +270,7 @@ class CompactionPlan:
                     "size": c.size,
                     "tokens": c.tokens,
                     "tokens_saved": c.tokens_saved,
+                    "lossless": c.lossless,
                     "time_range": list(c.time_range),
                     "ids": list(c.ids),
                 }
@@ -279,106 +297,6 @@ class CompactionResult:
     #: ``(summary_id, reason)`` of each cluster that got the extractive summary because the
     #: configured summariser failed or was rejected (see :func:`summarise_cluster`).
     fallbacks: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSummary:
-    """What a cluster's summary would be: its text (None when the cluster is left alone), the
-    facts of its originals, the fact sentences it would lose and every sentence it drops, as
-    ``(id, sentence)``. ``reason`` says why a cluster is left alone; ``fallback`` why it got
-    the extractive summary instead of the configured summariser's (empty when it did not)."""
-
-    summary_id: str
-    text: str | None
-    tokens: int
-    facts: int
-    lost: tuple[tuple[str, str], ...] = ()
-    dropped: tuple[tuple[str, str], ...] = ()
-    reason: str = ""
-    fallback: str = ""
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-ready view."""
-        return {
-            "summary_id": self.summary_id,
-            "text": self.text,
-            "tokens": self.tokens,
-            "facts": self.facts,
-            "lost": [list(pair) for pair in self.lost],
-            "dropped": [list(pair) for pair in self.dropped],
-            "reason": self.reason,
-            "fallback": self.fallback,
-        }
-
-
-def summarise_cluster(
-    cluster: Cluster,
-    sources: Sequence[Memory],
-    summarizer: Summarizer,
-    tokenizer: TokenCounter,
-    max_tokens: int | None = None,
-    max_share: float = 0.5,
-    background: Background | None = None,
-) -> ClusterSummary:
-    """The summary ``cluster`` gets, or why it is left alone.
-
-    The token target is the policy's plus what every fact of the originals needs (see
-    :func:`ctxwarden.sentences.fact_values`), up to ``max_tokens`` (a summary too big for a
-    context's summaries or related block would never be shown) and half the cluster's tokens (a
-    summary that keeps more is not worth what it drops; ``max_share``); a cluster whose facts
-    need more is left alone. When the configured summariser fails (a
-    :class:`~ctxwarden.errors.SummarizeError`: a timeout, a reply rejected after its retries) or
-    its summary loses a fact (:func:`lost_facts`), the cluster gets the extractive summary and
-    ``fallback`` says why; when that loses a fact too, the cluster is left alone.
-    ``background`` (the plan's) tells facts from stock phrases beyond the cluster.
-    """
-    items = [SummaryItem.of(m) for m in sources]
-    facts = len(cluster_facts(items, background))
-    if isinstance(summarizer, ExtractiveSummarizer) and summarizer.background is None:
-        summarizer = summarizer.with_background(background)
-    # The facts come on top of the policy's target, which stays for the best of the rest.
-    target = cluster.target_tokens + fact_tokens(items, tokenizer, background)
-    limit = _summary_limit(cluster, max_tokens, max_share)
-    if target > limit:
-        return ClusterSummary(
-            summary_id=cluster.summary_id, text=None, tokens=0, facts=facts,
-            reason=f"its {facts} facts need {target} of its {cluster.tokens} tokens",
-        )  # fmt: skip
-    fallback = ""
-    extractive = isinstance(summarizer, ExtractiveSummarizer)
-    try:
-        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text, background)
-        if lost and not extractive:
-            fallback = f"lost_facts: its summary lost {len(lost)} of {facts} facts"
-    except SummarizeError as exc:
-        if extractive:
-            raise
-        fallback = f"{exc.reason or 'failed'}: {exc}"
-    if fallback:
-        summarizer = ExtractiveSummarizer(background=background)
-        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text, background)
-    for _ in range(2):
-        # The fact estimate leaves out the entities line and section titles: grow the target
-        # by what was lost, while the summary still saves tokens.
-        if not lost or target >= limit:
-            break
-        missing = tokenizer.count("\n".join(f"- [{i}] 00:00 {s}" for i, s in lost))
-        target = min(limit, int(target * 1.15) + missing)
-        text = summarizer.summarize(items, max_tokens=target, tokenizer=tokenizer).render()
-        lost = lost_facts(items, text, background)
-    if lost:
-        return ClusterSummary(
-            summary_id=cluster.summary_id, text=None, tokens=0, facts=facts, lost=tuple(lost),
-            dropped=tuple(dropped_sentences(items, text)),
-            reason=f"a summary within {target} tokens would lose {len(lost)} of {facts} facts",
-            fallback=fallback,
-        )  # fmt: skip
-    return ClusterSummary(
-        summary_id=cluster.summary_id, text=text, tokens=tokenizer.count(text), facts=facts,
-        dropped=tuple(dropped_sentences(items, text)), fallback=fallback,
-    )  # fmt: skip
 
 
 def decayed_score(score: float, score_at: float | None, now: float, tau: float) -> float:
@@ -409,6 +327,7 @@ def plan(
     embeddings: Mapping[str, Sequence[float]] | None = None,
     tokenizer: str = "",
     counter: TokenCounter | None = None,
+    summaries: Iterable[Memory] = (),
 ) -> CompactionPlan:
     """Decide what to compact. Pure: reads only its arguments.
 
@@ -419,7 +338,12 @@ def plan(
     target includes what its facts need, and a cluster whose facts need more than the policy
     lets a summary keep is left out of the plan (``skipped["facts"]``), as :func:`apply` would
     leave it alone: the plan's numbers are then what :func:`apply` does (unless a summary
-    loses a fact even so, which only summarising tells).
+    loses a fact even so, which only summarising tells), or it becomes a lossless pack
+    (``Cluster.lossless``, see ``CompactionPolicy.lossless_packs``).
+
+    ``summaries`` (the tenant's summaries) count in the background as the messages they stand
+    for (:class:`~ctxwarden.background.Background`), so a run resumed after a crash, or a
+    second run, judges each remaining cluster against what the first run did.
     """
     cutoff = now - policy.older_than
     times = score_times or {}
@@ -443,7 +367,7 @@ def plan(
             skipped["accessed"] += 1
         else:
             chosen.append(memory)
-    background = Background.of(m.content for m in chosen)
+    background = Background.of((SummaryItem.of(m).content for m in chosen), summaries)
     threads: dict[tuple[str, str, str | None, str | None, str | None], list[Memory]] = {}
     for memory in chosen:
         # The end user too: a summary must not mix two users' lines (it is read in their scope).
@@ -477,11 +401,6 @@ def plan(
     )
 
 
-def _summary_limit(cluster: Cluster, max_tokens: int | None, max_share: float) -> int:
-    """The most a summary of ``cluster`` may take (see :func:`summarise_cluster`)."""
-    return min(int(cluster.tokens * max_share), max_tokens or cluster.tokens)
-
-
 def _with_facts(
     cluster: Cluster,
     part: Sequence[Memory],
@@ -490,12 +409,17 @@ def _with_facts(
     background: Background | None = None,
 ) -> Cluster | None:
     """``cluster`` with what its facts need counted; None when that is more than a summary may
-    take (:func:`summarise_cluster` would leave it alone)."""
-    needed = fact_tokens([SummaryItem.of(m) for m in part], counter, background)
-    limit = _summary_limit(cluster, policy.max_summary_tokens, policy.max_summary_share)
-    if cluster.target_tokens + needed > limit:
+    take and a lossless pack would not save enough (:func:`summarise_cluster` would leave it
+    alone)."""
+    items = [SummaryItem.of(m) for m in part]
+    needed = fact_tokens(items, counter, background)
+    limit = summary_limit(cluster, policy.max_summary_tokens, policy.max_summary_share)
+    if cluster.target_tokens + needed <= limit:
+        return replace(cluster, fact_tokens=needed)
+    packed = pack(items, counter) if policy.lossless_packs else None
+    if packed is None or packed.saving < policy.min_pack_saving:
         return None
-    return replace(cluster, fact_tokens=needed)
+    return replace(cluster, lossless=True, pack_tokens=packed.tokens)
 
 
 def _windows(members: list[Memory], window: float) -> Iterable[list[Memory]]:
@@ -592,10 +516,12 @@ def write_summary(
     retire: bool = True,
     user: str | None = None,
     archive_until: float | None = None,
+    metadata: Mapping[str, object] | None = None,
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
 
-    With ``archive_until`` the retired sources are kept in the store's archive until then.
+    With ``archive_until`` the retired sources are kept in the store's archive until then;
+    ``metadata`` goes into the summary's metadata beside ``reason`` and ``source_tokens``.
     Returns False, writing nothing, when the summary already exists, a source is no longer a
     memory of its own (``retire``: compacted meanwhile, the caller should plan again), or a
     source was erased meanwhile.
@@ -628,7 +554,7 @@ def write_summary(
         tool_calls=(),
         tool_call_id=None,
         attachments=(),
-        metadata={"reason": reason, "source_tokens": source_tokens},
+        metadata={**(metadata or {}), "reason": reason, "source_tokens": source_tokens},
         content_hash=exact_key(author=None, content=content, attachments=()),
         source_ids=tuple(m.id for m in sources),
         time_range=(start, end),
@@ -683,6 +609,33 @@ def _sources(store: Store, cluster: Cluster) -> tuple[list[Memory], str]:
     return sources, "compacted"
 
 
+def _summarise(
+    compaction: CompactionPlan,
+    cluster: Cluster,
+    sources: Sequence[Memory],
+    summarizer: Summarizer,
+    tokenizer: TokenCounter,
+) -> ClusterSummary:
+    policy = compaction.policy
+    return summarise_cluster(
+        cluster, sources, summarizer, tokenizer, policy.max_summary_tokens,
+        policy.max_summary_share, compaction.background,
+        policy.min_pack_saving if policy.lossless_packs else None,
+    )  # fmt: skip
+
+
+def _metadata(
+    compaction: CompactionPlan, sources: Sequence[Memory], summary: ClusterSummary
+) -> dict[str, object]:
+    """What a compaction summary keeps beside its text: the background's corrections (see
+    :mod:`ctxwarden.background`) and whether it is a lossless pack."""
+    out: dict[str, object] = {"lossless": True} if summary.lossless else {}
+    if compaction.background is not None and summary.text is not None:
+        texts = {m.id: SummaryItem.of(m).content for m in sources}
+        out[TERMS_KEY] = term_corrections(texts, summary.text, compaction.background)
+    return out
+
+
 def preview(
     compaction: CompactionPlan,
     summarizer: Summarizer,
@@ -698,12 +651,7 @@ def preview(
     for cluster in compaction.clusters:
         sources, outcome = _sources(store, cluster)
         if outcome == "compacted":
-            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
-            out.append(
-                summarise_cluster(
-                    cluster, sources, summarizer, tokenizer, cap, share, compaction.background
-                )
-            )
+            out.append(_summarise(compaction, cluster, sources, summarizer, tokenizer))
     return tuple(out)
 
 
@@ -740,10 +688,7 @@ def apply(
         sources, outcome = _sources(store, cluster)
         summary = None
         if outcome == "compacted":
-            cap, share = compaction.policy.max_summary_tokens, compaction.policy.max_summary_share
-            summary = summarise_cluster(
-                cluster, sources, summarizer, tokenizer, cap, share, compaction.background
-            )
+            summary = _summarise(compaction, cluster, sources, summarizer, tokenizer)
             if summary.fallback:
                 fallbacks.append((cluster.summary_id, summary.fallback))
             if summary.text is None:
@@ -763,6 +708,7 @@ def apply(
                 now=when,
                 user=cluster.user,
                 archive_until=archive_until,
+                metadata=_metadata(compaction, sources, summary),
             )
             outcome = "compacted" if done else "stale"
         if outcome == "compacted":

@@ -63,7 +63,8 @@ class Compaction:
         rows = self.store.compaction_candidates(tenant, created_before=now - policy.older_than)
         memories = [m for m, _ in rows]
         counts = self.counter.counts(memories, tok)
-        referenced = {sid for s in self.store.summaries(tenant) for sid in s.source_ids}
+        summaries = self.store.summaries(tenant)
+        referenced = {sid for s in summaries for sid in s.source_ids}
         return compaction.plan(
             memories,
             now=now,
@@ -74,6 +75,7 @@ class Compaction:
             embeddings=embeddings,
             tokenizer=tok.name,
             counter=tok,
+            summaries=summaries,
         )
 
     def compact(

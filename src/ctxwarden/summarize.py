@@ -25,11 +25,12 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+from ctxwarden.background import _STOPWORDS, _WORD, Background, _terms
 from ctxwarden.errors import InputError, SummarizeError
-from ctxwarden.sentences import cjk_bigrams, fact_values, is_fact, split_sentences, words
+from ctxwarden.sentences import fact_values, is_fact, split_sentences, words
 from ctxwarden.summary import (
     _CITATION,
     LIST_FIELDS,
@@ -67,15 +68,6 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- extractive
 
-_STOPWORD_TEXT = """
-    a an the and or but if then else of to in on at by for with from into onto over under
-    about as is are was were be been being am do does did done have has had having i me my we
-    us our you your he him his she her it its they them their this that these those there here
-    what which who whom whose when where why how all any both each few more most other some such
-    no nor not only own same so than too very can could should would will shall may might must
-    just also still yet again ever even now up down out off once via per get got go going went
-    ok okay yeah yes yep hi hey hello thanks thank thx please pls lol haha nice cool sure"""
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 _ACKS = _STOPWORDS | {
     "+1",
     "ty",
@@ -89,7 +81,6 @@ _ACKS = _STOPWORDS | {
     "great",
     "agreed",
 }
-_WORD = re.compile(r"[a-z][a-z0-9_'./-]*[a-z0-9]|[a-z]|\d[\d.,:%/-]*")
 _URL = re.compile(r"https?://[^\s)>\]]+")
 _VOLATILE = re.compile(r"\b[0-9a-f]{7,40}\b|\d+")
 _DECISION = re.compile(
@@ -121,60 +112,6 @@ _SUMMARY_HEADERS = {
 }
 
 
-@dataclass(frozen=True)
-class Background:
-    """How many messages of a corpus (everything one compaction run takes) hold each term:
-    what tells a stock phrase from news beyond one cluster.
-
-    A term is *common* when at least ``limit`` messages hold it: the square root of the
-    corpus's size, at least ``floor``. A name said in one message of a thousand is news; a word
-    in one of every thirty (a template's "PR", a channel's running topic) is not: the square
-    root grows with the corpus as a topic's share of it does not, so the rule holds from
-    hundreds of messages to many thousands without a constant tuned to one size. Below
-    ``min_documents`` rarity says nothing (in a small corpus nearly every word is in few
-    messages): such a background is not used (:attr:`measured` is false) and summaries go by
-    the fact signals of :func:`ctxwarden.sentences.fact_values` alone.
-
-    >>> bg = Background.of(["deploy of api", "deploy of web", "deploy of db", "I grew up in Ghent"])
-    >>> bg.limit, bg.common("deploy"), bg.common("ghent"), bg.measured
-    (3, True, False, False)
-    """
-
-    documents: int
-    frequency: Mapping[str, int] = field(default_factory=dict)
-    floor: int = 3
-    min_documents: int = 200
-
-    @property
-    def measured(self) -> bool:
-        """Whether the corpus is big enough for rarity to mean something."""
-        return self.documents >= self.min_documents
-
-    @classmethod
-    def of(cls, texts: Iterable[str]) -> Background:
-        """Count, for each term, the texts that hold it."""
-        frequency: dict[str, int] = {}
-        documents = 0
-        for text in texts:
-            documents += 1
-            for term in set(_terms(text)):
-                frequency[term] = frequency.get(term, 0) + 1
-        return cls(documents=documents, frequency=frequency)
-
-    @property
-    def limit(self) -> int:
-        """Messages a term must be in to be common."""
-        return max(self.floor, math.ceil(math.sqrt(self.documents)))
-
-    def common(self, term: str) -> bool:
-        """Whether ``term`` is in ``limit`` or more messages of the corpus."""
-        return self.frequency.get(term, 0) >= self.limit
-
-    def news(self, text: str) -> bool:
-        """Whether ``text`` holds a term that is not common (new information)."""
-        return any(not self.common(t) for t in _terms(text))
-
-
 @dataclass
 class _Sentence:
     index: int  # position in input order, the tie-break everywhere
@@ -188,13 +125,6 @@ class _Sentence:
     values: frozenset[str] = frozenset()
     #: holds a term no other message of the batch has (new information, not a stock phrase)
     rare: bool = True
-
-
-def _terms(text: str) -> list[str]:
-    # Latin-script words, words of other cased or spaced scripts, and CJK character pairs.
-    latin = [t for t in _WORD.findall(text.lower()) if t not in _STOPWORDS]
-    other = [w for w in words(text) if not w.isascii() and len(w) > 1]
-    return latin + other + cjk_bigrams(text)
 
 
 def _spam_key(content: str) -> str:
@@ -313,7 +243,12 @@ class ExtractiveSummarizer:
         spam = _fit(spam_lines, budget * self.spam_share, tokenizer, "\n- ")
         times = [item.created_at for item in items if item.created_at is not None]
         one_day = bool(times) and format_time(min(times))[:10] == format_time(max(times))[:10]
-        heads = [self._head(item, one_day) for item in items]
+        # The header states the minute exactly when every item is in one: no line needs it.
+        one_minute = (
+            len(times) == len(items)
+            and len({format_time(t, precision="minutes") for t in times}) == 1
+        )
+        heads = [self._head(item, one_day, one_minute) for item in items]
         self._score(items, sentences, tokenizer, heads)
         summary = replace(base, key_entities=tuple(entities), spam_patterns=tuple(spam))
         used = tokenizer.count(summary.render())
@@ -570,15 +505,16 @@ class ExtractiveSummarizer:
             sentence.score = max(score, 0.01)
             sentence.cost = tokenizer.count(heads[sentence.item] + sentence.text) + 2
 
-    def _head(self, item: SummaryItem, one_day: bool) -> str:
+    def _head(self, item: SummaryItem, one_day: bool, one_minute: bool = False) -> str:
         """``[id] time author: `` before a message's sentence (the time without its date when
-        the whole summary is one UTC day, which its header names); nothing before a line of an
-        earlier summary, which carries its own."""
+        the whole summary is one UTC day, which its header names; no time when it is all one
+        minute, which the header states); nothing before a line of an earlier summary, which
+        carries its own."""
         if item.kind == "summary":
             return ""
         cite = f"[{item.id}] " if self.cite_sources else ""
         when = ""
-        if item.created_at is not None:
+        if item.created_at is not None and not one_minute:
             stamp = format_time(item.created_at, precision="minutes")
             when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
         who = f"{item.author}: " if item.author else ""

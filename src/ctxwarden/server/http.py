@@ -19,7 +19,8 @@ Endpoints (OpenAPI schema at ``/openapi.json``)::
     DELETE /v1/tenant                   erase every memory of the caller's tenant
     GET    /v1/stats?session=&user=&scope=  counts
     POST   /v1/compact/plan             {"older_than"?, "access_threshold"?, "max_summary_share"?,
-                                         "keep_originals"?, "archive_days"?}
+                                         "keep_originals"?, "archive_days"?,
+                                         "lossless_packs"?, "min_pack_saving"?}
                                         -> plan (reads only)
     POST   /v1/compact/apply            same body -> summaries written, memories compacted
     GET    /metrics                     Prometheus metrics (latency, budget use, de-dup)
@@ -272,14 +273,18 @@ class CompactBody(StrictBody):
     """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
     with a decayed access score below ``access_threshold``; a summary may keep at most
     ``max_summary_share`` of its cluster's tokens (a cluster whose facts need more is left
-    alone). ``keep_originals="archive"`` keeps the originals compressed for ``archive_days``
-    (``GET /v1/memories/{id}/sources`` returns them); ``"delete"`` (default) removes them."""
+    alone, or with ``lossless_packs`` (default) kept whole in one summary when that saves
+    ``min_pack_saving`` of its estimated store bytes). ``keep_originals="archive"`` keeps the
+    originals compressed for ``archive_days`` (``GET /v1/memories/{id}/sources`` returns
+    them); ``"delete"`` (default) removes them."""
 
     older_than: float = Field(default=14 * DAY, ge=0)
     access_threshold: float = Field(default=0.5, ge=0)
     max_summary_share: float = Field(default=CompactionPolicy.max_summary_share, gt=0, lt=1)
     keep_originals: Literal["delete", "archive"] = "delete"
     archive_days: float = Field(default=CompactionPolicy.archive_days, gt=0)
+    lossless_packs: bool = CompactionPolicy.lossless_packs
+    min_pack_saving: float = Field(default=CompactionPolicy.min_pack_saving, gt=0, lt=1)
 
     def policy(self) -> CompactionPolicy:
         """The :class:`CompactionPolicy` this body asks for."""
@@ -289,6 +294,8 @@ class CompactBody(StrictBody):
             max_summary_share=self.max_summary_share,
             keep_originals=self.keep_originals,
             archive_days=self.archive_days,
+            lossless_packs=self.lossless_packs,
+            min_pack_saving=self.min_pack_saving,
         )
 
 

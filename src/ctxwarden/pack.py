@@ -1,0 +1,129 @@
+"""Lossless packs: a cluster whose facts cannot be summarised smaller becomes one summary that
+keeps every message verbatim, with its id, time and author, when that saves a clear share of
+the store.
+
+A dense conversation (every turn a fact) cannot be summarised into fewer tokens without losing
+what a question could ask for, and compaction leaves such clusters alone
+(:func:`ctxwarden.compact.summarise_cluster`). Yet most of what a short message costs in a
+store is not its text but its record: the row's fixed fields, one entry in each index of
+``memories``, its full-text document and its token counts. A pack keeps the text and drops
+the records: ``n`` rows become one, and each original leaves a content-free tombstone.
+
+The store-cost model (:func:`store_saving`), in bytes, from the schema rather than from any
+data set:
+
+- ``ROW_BYTES`` (560): a memory beyond its text. Its row holds ~30 columns: ids, tenant,
+  session, channel, author, kind and role strings (~60 bytes), six times and scores (8 bytes
+  each), a 32-character content hash, a near-duplicate key, the record header (~200 bytes in
+  all); each of the eight indexes of ``memories`` repeats its key columns (tenant, session,
+  channel, kind or hash, a time) and the rowid (~40-45 bytes an entry, ~340); a token-count
+  row and the full-text document-size row (~20-25).
+- ``TEXT_FACTOR`` (2.0): a text byte is stored in the row and, as postings (a document id and
+  a position per token of four to five bytes), about once more in the full-text index.
+- ``TOMBSTONE_BYTES`` (140): a compacted original's tombstone (tenant, id, deletion time,
+  summary id, 32-character hash, time range, reason: ~100) and its entry in the tombstones'
+  summary index (~40).
+
+``min_pack_saving`` (:class:`~ctxwarden.compact.CompactionPolicy`, default 0.3) is the share
+of its cluster's estimated bytes a pack must save. The estimate counts record bytes; pages hold
+records at a fill between ln 2 (about 0.69, a B-tree after random inserts) and nearly 1 (after
+VACUUM), so an estimate is uncertain by about 30 %: a pack that saves less might save nothing.
+A message of ``t`` text bytes saves ``ROW_BYTES - TOMBSTONE_BYTES - TEXT_FACTOR x prefix``
+(~380 bytes) of its ``ROW_BYTES + TEXT_FACTOR x t``, so clusters of messages under ~350 bytes
+of text pack and clusters of long messages, whose text is most of their cost, do not.
+
+A pack's lines are ``- [id] HH:MM author: text`` in input order under one ``Events:`` title:
+the cheapest line that still says who said what, when, and where it came from. The time is
+left out when the header states it exactly (every message in one minute) and carries the date
+(``MM-DD HH:MM``) when the messages span several UTC days. A message that spans several lines
+(code, a list) cannot be one line of a pack without losing its layout: a cluster holding one
+is not packed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ctxwarden.summary import Summary, SummaryItem, TokenCounter
+from ctxwarden.types import format_time
+
+__all__ = [
+    "ROW_BYTES",
+    "TEXT_FACTOR",
+    "TOMBSTONE_BYTES",
+    "Pack",
+    "pack",
+    "store_saving",
+]
+
+ROW_BYTES = 560
+TEXT_FACTOR = 2.0
+TOMBSTONE_BYTES = 140
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pack:
+    """A cluster's lossless pack: its rendered ``text``, that text's ``tokens`` and the share
+    of the cluster's estimated store bytes it saves (``saving``)."""
+
+    text: str
+    tokens: int
+    saving: float
+
+
+def store_saving(texts: Sequence[str], packed: str) -> float:
+    """The share of the estimated store bytes of messages with ``texts`` that one summary
+    with text ``packed`` (and a tombstone per message) saves (see the module doc).
+
+    >>> round(store_saving(["x" * 100] * 10, "y" * 1200), 2)
+    0.43
+    """
+    before = sum(ROW_BYTES + TEXT_FACTOR * len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    after = (
+        ROW_BYTES
+        + TEXT_FACTOR * len(packed.encode("utf-8", "surrogatepass"))
+        + TOMBSTONE_BYTES * len(texts)
+    )
+    return 1.0 - after / before if before else 0.0
+
+
+def pack(items: Sequence[SummaryItem], tokenizer: TokenCounter) -> Pack | None:
+    """The lossless pack of ``items`` (messages, in input order), or None when one of them
+    spans several lines or is empty.
+
+    >>> from ctxwarden.tokens import get_tokenizer
+    >>> items = [SummaryItem(id="m1", content="Demo moved to Friday.", author="ana",
+    ...                      created_at=0.0),
+    ...          SummaryItem(id="m2", content="ok", author="bo", created_at=60.0)]
+    >>> print(pack(items, get_tokenizer("cl100k_base")).text)
+    Summary of 2 messages, 1970-01-01 00:00-00:01 UTC
+    Events:
+    - [m1] 00:00 ana: Demo moved to Friday.
+    - [m2] 00:01 bo: ok
+    """
+    if not items or any(
+        item.kind != "message" or len(item.content.strip().splitlines()) != 1 for item in items
+    ):
+        return None
+    times = [item.created_at for item in items if item.created_at is not None]
+    stamps = {format_time(t, precision="minutes") for t in times}
+    one_minute = len(stamps) == 1 and len(times) == len(items)
+    one_day = len({s[:10] for s in stamps}) <= 1
+    lines = []
+    for item in items:
+        when = ""
+        if item.created_at is not None and not one_minute:
+            stamp = format_time(item.created_at, precision="minutes")
+            when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
+        who = f"{item.author}: " if item.author else ""
+        lines.append(f"[{item.id}] {when}{who}{item.content.strip()}")
+    start, end = (format_time(min(times)), format_time(max(times))) if times else (None, None)
+    summary = Summary(
+        time_range=None if start is None or end is None else (start, end),
+        main_events=tuple(lines),
+        source_ids=tuple(dict.fromkeys(item.id for item in items)),
+    )
+    text = summary.render()
+    saving = store_saving([item.content for item in items], text)
+    return Pack(text=text, tokens=tokenizer.count(text), saving=saving)
