@@ -45,6 +45,7 @@ from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
+from ctxwarden.passages import summary_passages
 from ctxwarden.retrieve import check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
@@ -230,6 +231,11 @@ class Assembly:
                 self.store, tenant, query_text, material, lambda m: _entries(self.counter, m, tok)
             )
         )
+        if query_text and material.related:  # a summary's lines compete as passages
+            weights = self.config.retrieval
+            material.related = summary_passages(
+                material.related, query_text[: weights.query_chars], tok.count, weights
+            )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -567,8 +573,8 @@ def _costs(plan: Plan) -> dict[int, int]:
     for cands in plan.chosen.values():
         for cand in cands:
             share = cand.tokens // max(1, len(cand.memories))
-            for memory in cand.memories:
-                costs[memory.rowid] = share
+            for memory in cand.memories:  # a summary's lines (Candidate.part) add up
+                costs[memory.rowid] = costs.get(memory.rowid, 0) + share
     return costs
 
 
