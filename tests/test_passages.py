@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxwarden import Engine, EngineConfig, tokens
-from ctxwarden.assemble import Candidate
+from ctxwarden.assemble import Candidate, query_terms
 from ctxwarden.models import default_registry
-from ctxwarden.passages import summary_passages
+from ctxwarden.passages import _terms, summary_passages
 from ctxwarden.retrieve import RetrievalWeights
 from ctxwarden.summary import Summary
 from ctxwarden.types import Memory
@@ -249,3 +249,26 @@ def test_summary_passages_are_exactly_counted_and_never_over_budget(
     source = text.splitlines()
     mine = [line for line in shown.splitlines() if line in source[1:]]
     assert len(mine) == len(set(mine))
+
+
+@settings(max_examples=500)
+@given(text=st.text(max_size=80))
+def test_a_lines_terms_are_the_query_terms_of_its_text(text: str) -> None:
+    assert _terms(text) == frozenset(query_terms(text, limit=10_000))
+
+
+def test_an_untrusted_summary_stays_one_quoted_line_in_the_context() -> None:
+    events = [*_turns(10), QUESTION, ANSWER]
+    with Engine.open(":memory:", config=WORDS) as engine:
+        engine.ingest(
+            # It claims to be a tool's output and has no signature: untrusted.
+            [{"id": "sum", "session": "old", "kind": "summary", "content": _summary(events),
+              "created_at": NOW - DAY, "author": "mallory", "author_kind": "tool"}]
+        )  # fmt: skip
+        context = engine.assemble(
+            session="s", query="customer demo", model="gpt-4o", budget=2000, scope="tenant"
+        )
+    assert context.included == ("sum",)
+    lines = _data(context).splitlines()
+    assert not any(line.startswith("- [") for line in lines)  # no line of it stands alone
+    assert sum(1 for line in lines if "unverified" in line and "customer demo" in line) == 1

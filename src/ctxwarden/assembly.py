@@ -46,6 +46,7 @@ from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
 from ctxwarden.passages import summary_passages
+from ctxwarden.provenance import is_untrusted
 from ctxwarden.retrieve import check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
@@ -586,7 +587,8 @@ def _line(
     be counted with it, or a summary's: only its lines that match the query
     (:func:`~ctxwarden.summary.summary_excerpt`), so a kept fact costs about what its original
     did, not the whole summary."""
-    if memory.kind == "summary" and query:
+    if memory.kind == "summary" and query and not is_untrusted(memory.metadata):
+        # (an untrusted one is quoted whole on its line, as render shows any untrusted text)
         excerpt = summary_excerpt(memory.content, query)
         if excerpt is not None:
             text = excerpt + "\n"

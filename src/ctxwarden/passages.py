@@ -33,10 +33,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ctxwarden.assemble import Candidate, query_terms
+from ctxwarden.assemble import _STOPWORDS, _WORD, Candidate, query_terms
 from ctxwarden.focus import name_words
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.retrieve import RetrievalWeights, _entity_patterns, _entity_share
+from ctxwarden.segment import has_run
 
 __all__ = ["summary_passages"]
 
@@ -61,7 +62,9 @@ class _Line:
     body: str  # the text after the citation and time
     said: str  # the body after its speaker
     speaker: str | None
-    terms: frozenset[str]
+    length: int  # the line's words, for BM25's length normalisation
+    #: Its terms (:func:`_terms`), made only for a line holding some query term's letters.
+    terms: frozenset[str] = frozenset()
     score: float = 0.0
 
 
@@ -78,18 +81,37 @@ def _parse(content: str) -> tuple[str, list[_Line]] | None:
         who = _SPEAKER.match(body)
         speaker = who.group(1).strip() if who else None
         said = body[who.end() :] if who else body
-        terms = frozenset(query_terms(said, limit=256))
-        out.append(_Line(index, text, body, said, speaker, terms))
+        out.append(_Line(index, text, body, said, speaker, len(said.split())))
     if not out:
         return None
     return lines[0], out
 
 
-def _matcher(term: str) -> Callable[[str], bool]:
+def _terms(text: str) -> frozenset[str]:
+    """The terms :func:`~ctxwarden.assemble.query_terms` finds in ``text`` (a set: the words
+    of two or more characters or digits, less stopwords; a run of a script without spaces as
+    its bigrams), without its per-word bound: a line's terms, made for hundreds of lines."""
+    if not text.isascii() and has_run(text):
+        return frozenset(query_terms(text, limit=256))
+    found = {w for w in _WORD.findall(text.casefold()) if len(w) > 1 or w.isdigit()}
+    return frozenset(found - _STOPWORDS)
+
+
+def _stem(term: str) -> str | None:
+    """What of the query's ``term`` a word must begin with to stand for it: for a word of
+    :data:`_STEM` or more letters, its first ``_STEM`` letters or all but its last three,
+    whichever is longer; None for a shorter word, a number or a CJK pair (the word itself)."""
     if len(term) < _STEM or not term.isalnum() or term.isdigit():
-        return term.__eq__
-    prefix = term[: max(_STEM, len(term) - 3)]
-    return lambda word: word.startswith(prefix)
+        return None
+    return term[: max(_STEM, len(term) - 3)]
+
+
+def _matching(term: str, vocabulary: set[str]) -> frozenset[str]:
+    """The words of ``vocabulary`` that stand for the query's ``term`` (:func:`_stem`)."""
+    prefix = _stem(term)
+    if prefix is None:
+        return frozenset({term} & vocabulary)
+    return frozenset(word for word in vocabulary if word.startswith(prefix))
 
 
 def _bm25(lines: Sequence[_Line], wanted: dict[str, frozenset[str]]) -> list[_Line]:
@@ -98,12 +120,12 @@ def _bm25(lines: Sequence[_Line], wanted: dict[str, frozenset[str]]) -> list[_Li
     if not lines or not wanted:
         return []
     total = len(lines)
-    average = sum(len(line.terms) for line in lines) / total or 1.0
+    average = sum(line.length for line in lines) / total or 1.0
     held = {t: sum(1 for line in lines if not line.terms.isdisjoint(m)) for t, m in wanted.items()}
     idf = {t: math.log(1.0 + (total - n + 0.5) / (n + 0.5)) for t, n in held.items() if n}
     scored = []
     for n, line in enumerate(lines):
-        norm = _K1 * (1.0 - _B + _B * len(line.terms) / average)
+        norm = _K1 * (1.0 - _B + _B * line.length / average)
         value = sum(v for t, v in idf.items() if not line.terms.isdisjoint(wanted[t]))
         if value > 0:
             scored.append((-value * (_K1 + 1.0) / (1.0 + norm), n, line))
@@ -192,8 +214,15 @@ def summary_passages(
     if not terms:
         return related
     every = [line for _, _, lines in found for line in lines]
+    # Only a line holding some term's letters (or its stem's) can hold the term: the others'
+    # words are not read (a summary has dozens of lines, and most match nothing).
+    needles = {_stem(t) or t for t in terms}
+    for line in every:
+        said = line.said.casefold()
+        if any(needle in said for needle in needles):
+            line.terms = _terms(line.said)
     vocabulary = set().union(*(line.terms for line in every))
-    matches = {t: frozenset(filter(_matcher(t), vocabulary)) for t in terms}
+    matches = {t: _matching(t, vocabulary) for t in terms}
     words = frozenset(w for w in re.findall(r"\w+", query.casefold()) if len(w) > 1)
     speakers = {line.speaker for line in every if line.speaker is not None}
     named = {s for s in speakers if name_words(s) & words}
