@@ -207,6 +207,7 @@ class Assembly:
                 f"no items block called {sorted(unknown)[0]!r} in policy {policy.name!r}",
                 field="items",
             )
+        wanted = 0  # retrieval's candidates per search (none without a query)
         if query_text and self.config.related_candidates:
             related_tokens = related_budget(policy, material, available)
             line = recent_walk.typical_line()
@@ -235,7 +236,11 @@ class Assembly:
         if query_text and material.related:  # a summary's lines compete as passages
             weights = self.config.retrieval
             material.related = summary_passages(
-                material.related, query_text[: weights.query_chars], tok.count, weights
+                material.related,
+                query_text[: weights.query_chars],
+                tok.count,
+                weights,
+                limit=wanted,
             )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)

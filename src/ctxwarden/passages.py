@@ -185,15 +185,19 @@ def summary_passages(
     query: str,
     count: Callable[[str], int],
     weights: RetrievalWeights,
+    *,
+    limit: int | None = None,
 ) -> list[Candidate]:
     """``related`` (in retrieval's value-per-token order) with each trusted summary's item
     lines as candidates of their own, scored for ``query`` and merged in by value per token
     (see the module docstring); ``count`` counts a text's tokens. Without a summary among them
     the list is returned as it is.
 
-    Each line's candidate holds the summary's memory, its :attr:`Candidate.part` is the line's
-    position in the summary (so fill takes several lines of one summary, and they are shown in
-    their order), its group header the summary's header line.
+    At most ``limit`` lines are offered, the best (assembly passes the count of candidates
+    it asks retrieval for). Each line's candidate holds the summary's memory, its
+    :attr:`Candidate.part` is the line's position in the summary (so fill takes several lines
+    of one summary, and they are shown in their order), its group header the summary's header
+    line.
     """
     found: list[tuple[int, str, list[_Line]]] = []
     for position, cand in enumerate(related):
@@ -253,12 +257,10 @@ def summary_passages(
             boost += weights.entity * _entity_share(entities, line.said)
         line.score = relevance * boost
 
-    replaced: dict[int, list[Candidate]] = {}
-    for position, header, lines in found:
-        cand = related[position]
-        memory = cand.memories[0]
+    offered: list[tuple[float, int, int, _Line]] = []  # (score, summary, line index, line)
+    for n, (position, _, lines) in enumerate(found):
+        got = related[position].components.get
         # What the summary's time gives each of its lines, as retrieval gives a message.
-        got = cand.components.get
         extra = (
             weights.recency * got("recency", 0.0)
             + weights.access * got("access", 0.0)
@@ -266,26 +268,30 @@ def summary_passages(
         )
         scores = _spread(lines, [line.score + extra if line.score else 0.0 for line in lines],
                          weights)  # fmt: skip
-        if max(scores) <= 0:
-            continue  # no line matches: the summary stays as retrieval made it
-        group = header + "\n"
-        parts = []
-        for line, value in zip(lines, scores, strict=True):
-            if value <= 0:
-                continue
-            text = line.text + "\n"
-            tokens = max(1, count(text))
-            score = value
-            components = {
-                **cand.components,
-                "line": line.score,
-                "score": score,
-                "density": score / tokens**weights.density,
-            }
-            parts.append(
-                Candidate((memory,), tokens, score, components, text, None, group, line.index + 1)
+        offered.extend(
+            (v, n, line.index, line) for line, v in zip(lines, scores, strict=True) if v > 0
+        )
+    if limit is not None and len(offered) > limit:
+        # The best ``limit`` lines (retrieval's candidate count): no more could fit, and each
+        # one offered is counted with the model's tokenizer.
+        offered = sorted(offered, key=lambda o: (-o[0], o[1], o[2]))[: max(1, limit)]
+    replaced: dict[int, list[Candidate]] = {}
+    for value, n, index, line in sorted(offered, key=lambda o: (o[1], o[2])):
+        position, header, _ = found[n]
+        cand = related[position]
+        text = line.text + "\n"
+        tokens = max(1, count(text))
+        components = {
+            **cand.components,
+            "line": line.score,
+            "score": value,
+            "density": value / math.pow(tokens, weights.density),
+        }
+        replaced.setdefault(position, []).append(
+            Candidate(
+                cand.memories, tokens, value, components, text, None, header + "\n", index + 1
             )
-        replaced[position] = parts
+        )
     if not replaced:
         return related
     out: list[Candidate] = []
