@@ -590,8 +590,10 @@ def _line(
     """A memory's related-block line and its cost; the line is "" (made later, when the
     candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
     be counted with it, or a summary's: only its lines that match the query
-    (:func:`~ctxwarden.summary.summary_excerpt`), so a kept fact costs about what its original
-    did, not the whole summary."""
+    (:func:`~ctxwarden.summary.summary_excerpt`), so retrieval orders it by about what a kept
+    fact's original cost, not the whole summary. After retrieval its lines become candidates
+    of their own (:func:`~ctxwarden.passages.summary_passages`); the excerpt stays only for a
+    summary none of whose lines they score."""
     if memory.kind == "summary" and query and not is_untrusted(memory.metadata):
         # (an untrusted one is quoted whole on its line, as render shows any untrusted text)
         excerpt = summary_excerpt(memory.content, query)
