@@ -234,14 +234,9 @@ class Assembly:
             )
         )
         if query_text and material.related:  # a summary's lines compete as passages
-            weights = self.config.retrieval
-            material.related = summary_passages(
-                material.related,
-                query_text[: weights.query_chars],
-                tok.count,
-                weights,
-                limit=wanted,
-            )
+            w = self.config.retrieval
+            asked = query_text[: w.query_chars]
+            material.related = summary_passages(material.related, asked, tok.count, w, limit=wanted)
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -590,10 +585,9 @@ def _line(
     """A memory's related-block line and its cost; the line is "" (made later, when the
     candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
     be counted with it, or a summary's: only its lines that match the query
-    (:func:`~ctxwarden.summary.summary_excerpt`), so retrieval orders it by about what a kept
-    fact's original cost, not the whole summary. After retrieval its lines become candidates
-    of their own (:func:`~ctxwarden.passages.summary_passages`); the excerpt stays only for a
-    summary none of whose lines they score."""
+    (:func:`~ctxwarden.summary.summary_excerpt`): retrieval orders it by about what a kept
+    fact's original cost. Its lines are then offered as candidates of their own
+    (:func:`~ctxwarden.passages.summary_passages`), the excerpt if none of them is."""
     if memory.kind == "summary" and query and not is_untrusted(memory.metadata):
         # (an untrusted one is quoted whole on its line, as render shows any untrusted text)
         excerpt = summary_excerpt(memory.content, query)
