@@ -160,11 +160,13 @@ def events_header(events: list[str]) -> str:
     return _summary(events).splitlines()[0] + "\n"
 
 
-def _summary_memory(content: str, *, metadata: dict[str, Any] | None = None) -> Memory:
+def _summary_memory(
+    content: str, *, metadata: dict[str, Any] | None = None, rowid: int = 7
+) -> Memory:
     return Memory(
-        rowid=7, id="sum", tenant="default", session="s", channel=None, author="ctxwarden",
-        author_kind="agent", role="user", content=content, created_at=NOW, thread_id=None,
-        reply_to=None, kind="summary", pinned=False, name=None, tool_calls=(),
+        rowid=rowid, id=f"sum{rowid}", tenant="default", session="s", channel=None,
+        author="ctxwarden", author_kind="agent", role="user", content=content, created_at=NOW,
+        thread_id=None, reply_to=None, kind="summary", pinned=False, name=None, tool_calls=(),
         tool_call_id=None, content_hash="h", dup_count=1, last_seen_at=NOW, access_count=0,
         last_accessed_at=None, access_score=0.0, included_tokens_total=0,
         metadata=metadata or {},
@@ -272,3 +274,36 @@ def test_an_untrusted_summary_stays_one_quoted_line_in_the_context() -> None:
     lines = _data(context).splitlines()
     assert not any(line.startswith("- [") for line in lines)  # no line of it stands alone
     assert sum(1 for line in lines if "unverified" in line and "customer demo" in line) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    summaries=st.lists(st.lists(_LINE, min_size=1, max_size=12), min_size=1, max_size=4),
+    query=_LINE,
+    limit=st.one_of(st.none(), st.integers(min_value=1, max_value=20)),
+)
+def test_passages_are_lines_of_their_summary_once_each_in_value_order(
+    summaries: list[list[str]], query: str, limit: int | None
+) -> None:
+    related = []
+    for n, lines in enumerate(summaries):
+        events = [f"[s{n}l{i}] 09:{i:02d} {PEOPLE[i % 4]}: {line}" for i, line in enumerate(lines)]
+        memory = _summary_memory(_summary(events), rowid=n + 1)
+        related.append(Candidate((memory,), 100 + n, 1.0 / (n + 1), {"density": 0.1 / (n + 1)}))
+    count = tokens.get_tokenizer("o200k_base").count
+    out = summary_passages(related, query, count, RetrievalWeights(), limit=limit)
+    parts = [c for c in out if c.part]
+    whole = [c for c in out if not c.part]
+    assert all(c in related for c in whole)
+    if limit is not None:
+        assert len(parts) <= limit
+    for c in parts:
+        source = c.memories[0].content.splitlines()
+        assert source[c.part - 1] + "\n" == c.text
+        assert c.group == source[0] + "\n"
+        assert c.tokens == count(c.text)
+    assert len({c.text for c in parts}) == len(parts)
+    # every summary is in the list: whole, or as some of its lines
+    assert {c.memories[0].id for c in out} == {c.memories[0].id for c in related}
+    densities = [c.components["density"] for c in out]
+    assert densities == sorted(densities, reverse=True)
