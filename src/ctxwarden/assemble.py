@@ -195,6 +195,10 @@ class Candidate:
     #: :func:`~ctxwarden.render.entry_text`), or "" for a line of its own. The first line of a
     #: group :func:`fill` takes pays for the header.
     group: str = ""
+    #: One line of a summary shown as a passage of its own (:mod:`ctxwarden.passages`): the
+    #: line's position in the summary's text plus one (0: the candidate is a whole memory).
+    #: Fill takes several parts of one memory in one block, each once; they render in order.
+    part: int = 0
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -470,6 +474,7 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
     used = dict.fromkeys(names, 0)
     taken_rows: set[int] = set()
     taken_hashes: set[str] = set()
+    part_rows: dict[int, str] = {}  # the block that took lines of a summary (Candidate.part)
     # Per block, the source indices not decided yet, in source order: a pass walks only these
     # (the top-up pass offers again what the first one skipped).
     pending: dict[str, list[int]] = {
@@ -495,7 +500,13 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
         for position, index in enumerate(indices):
             cand = source[index]
             memories = cand.memories
-            if (
+            part = cand.part
+            if part:  # a line of a summary: other lines of it in this block are no repeat
+                owner = part_rows.get(memories[0].rowid)
+                if owner != name and (owner is not None or memories[0].rowid in taken_rows):
+                    reports.append(_report(cand, name, False, "already in another block"))
+                    continue
+            elif (
                 memories[0].rowid in taken_rows
                 if len(memories) == 1
                 else any(m.rowid in taken_rows for m in memories)
@@ -507,10 +518,14 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
                 reason = f"superseded by {successor} (in this context) on {day}"
                 reports.append(_report(cand, name, False, reason))
                 continue
-            if not is_recent and (
-                memories[0].content_hash in taken_hashes
-                if len(memories) == 1
-                else any(m.content_hash in taken_hashes for m in memories)
+            if (
+                not is_recent
+                and not part
+                and (
+                    memories[0].content_hash in taken_hashes
+                    if len(memories) == 1
+                    else any(m.content_hash in taken_hashes for m in memories)
+                )
             ):
                 reports.append(_report(cand, name, False, "repeats content already included"))
                 continue
@@ -543,6 +558,8 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             if is_data:
                 data_started = True
             taken_rows.update(m.rowid for m in memories)
+            if part:
+                part_rows[memories[0].rowid] = name
             taken_hashes.update(m.content_hash for m in memories)
             why = "minimum recent messages" if forced and used[name] > limit else why_fits
             if cand.superseded is not None:
@@ -612,6 +629,7 @@ def text_segments(
     the memories they hold."""
     parts: list[str] = []
     held: list[tuple[str, Memory]] = []
+    lines_of: set[int] = set()  # summaries some of whose lines are held
     for block in policy.blocks:
         if block.source == "recent" or not plan.chosen[block.name]:
             continue
@@ -620,12 +638,18 @@ def text_segments(
         parts.append(render.block_header(block.title or block.name))
         cands = plan.chosen[block.name]
         if block.source in DATA_SOURCES:
-            cands = sorted(cands, key=lambda c: (c.memories[0].created_at, c.memories[0].rowid))
+            cands = sorted(
+                cands, key=lambda c: (c.memories[0].created_at, c.memories[0].rowid, c.part)
+            )
         for header, unit in _grouped(cands):
             if header:
                 parts.append(header)
             for cand in unit:
                 parts.append(cand.text)
+                if cand.part:  # a summary's line: the summary is held once
+                    if cand.memories[0].rowid in lines_of:
+                        continue
+                    lines_of.add(cand.memories[0].rowid)
                 held.extend((block.name, m) for m in cand.memories)
     return parts, held
 

@@ -45,6 +45,8 @@ from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
+from ctxwarden.passages import summary_passages
+from ctxwarden.provenance import is_untrusted
 from ctxwarden.retrieve import check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
@@ -205,6 +207,7 @@ class Assembly:
                 f"no items block called {sorted(unknown)[0]!r} in policy {policy.name!r}",
                 field="items",
             )
+        wanted = 0  # retrieval's candidates per search (none without a query)
         if query_text and self.config.related_candidates:
             related_tokens = related_budget(policy, material, available)
             line = recent_walk.typical_line()
@@ -230,6 +233,10 @@ class Assembly:
                 self.store, tenant, query_text, material, lambda m: _entries(self.counter, m, tok)
             )
         )
+        if query_text and material.related:  # a summary's lines compete as passages
+            w = self.config.retrieval
+            asked = query_text[: w.query_chars]
+            material.related = summary_passages(material.related, asked, tok.count, w, limit=wanted)
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)
@@ -567,8 +574,8 @@ def _costs(plan: Plan) -> dict[int, int]:
     for cands in plan.chosen.values():
         for cand in cands:
             share = cand.tokens // max(1, len(cand.memories))
-            for memory in cand.memories:
-                costs[memory.rowid] = share
+            for memory in cand.memories:  # a summary's lines (Candidate.part) add up
+                costs[memory.rowid] = costs.get(memory.rowid, 0) + share
     return costs
 
 
@@ -578,9 +585,11 @@ def _line(
     """A memory's related-block line and its cost; the line is "" (made later, when the
     candidate is taken: :func:`_write_lines`) unless it is an aggregate's, whose volume note must
     be counted with it, or a summary's: only its lines that match the query
-    (:func:`~ctxwarden.summary.summary_excerpt`), so a kept fact costs about what its original
-    did, not the whole summary."""
-    if memory.kind == "summary" and query:
+    (:func:`~ctxwarden.summary.summary_excerpt`): retrieval orders it by about what a kept
+    fact's original cost. Its lines are then offered as candidates of their own
+    (:func:`~ctxwarden.passages.summary_passages`), the excerpt if none of them is."""
+    if memory.kind == "summary" and query and not is_untrusted(memory.metadata):
+        # (an untrusted one is quoted whole on its line, as render shows any untrusted text)
         excerpt = summary_excerpt(memory.content, query)
         if excerpt is not None:
             text = excerpt + "\n"
