@@ -4,7 +4,8 @@
     python3 dev.py demo    # create .venv from uv.lock if needed, then run `ctxwarden demo`
     python3 dev.py test    # the same set-up, then ruff, ruff format --check, mypy --strict,
                            # lint-imports (the layering contracts in pyproject.toml),
-                           # mkdocs build --strict (the docs site), pytest
+                           # mkdocs build --strict (the docs site), pytest (one worker
+                           # a core, at most 4: pytest-xdist; `-n 0` runs in one process)
     python3 dev.py bench   # the benchmarks under bench/ (long)
 
 The environment is exactly the lock file's (`uv sync --frozen --all-extras`: the library with its
@@ -154,6 +155,23 @@ def setup(task: str) -> dict[str, str]:
     return env
 
 
+#: The most pytest workers `dev.py test` starts (pytest-xdist): each starts its own embedded
+#: PostgreSQL and llama.cpp server (session fixtures are per worker), so more than four cost more
+#: memory and start-up than they save on this suite.
+MAX_TEST_WORKERS = 4
+
+
+def test_workers(rest: list[str]) -> list[str]:
+    """pytest-xdist's options for the suite: one worker a core, at most ``MAX_TEST_WORKERS``;
+    none when the caller chose (``-n``, ``-p no:xdist``) or asked for a single test."""
+    if any(a.startswith(("-n", "--numprocesses")) or "no:xdist" in a or "::" in a for a in rest):
+        return []
+    workers = max(1, min(MAX_TEST_WORKERS, os.cpu_count() or 1))
+    # worksteal: an idle worker takes tests queued for a busy one (a few files hold most
+    # of the suite's time).
+    return [] if workers == 1 else ["-n", str(workers), "--dist", "worksteal"]
+
+
 def main(argv: list[str]) -> None:
     task = argv[0] if argv else "test"
     rest = argv[1:]
@@ -169,7 +187,7 @@ def main(argv: list[str]) -> None:
         site = ROOT / ".site"
         quiet = {**env, "NO_MKDOCS_2_WARNING": "1"}  # Material's end-of-life banner
         run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site, env=quiet)
-        run(BIN / "python", "-m", "pytest", *rest, env=env)
+        run(BIN / "python", "-m", "pytest", *test_workers(rest), *rest, env=env)
     elif task == "bench":
         for script in sorted((ROOT / "bench").glob("*.py")):
             if not script.name.startswith("_"):

@@ -282,6 +282,41 @@ def test_two_engines_on_one_postgres_embed_each_memory_once(
             engine.close()
 
 
+@pytest.mark.postgres
+def test_a_claim_for_one_model_does_not_hide_memories_from_another(pg_schema_dsn: str) -> None:
+    # Servers sharing a database skip each other's claims of the same model; a worker of
+    # another model (a server switching models, `ctxwarden embed` of a new one) must not skip
+    # them: it would find nothing pending while the first embeds, and stop.
+    from ctxwarden.store.postgres import PostgresStore
+
+    first, second = PostgresStore(pg_schema_dsn), PostgresStore(pg_schema_dsn)
+    try:
+        Engine(first, config=EngineConfig(embed="off")).ingest([
+            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden"}
+            for i in range(3)
+        ])  # fmt: skip
+        seen: dict[str, list[str]] = {"same": [], "other": []}
+
+        def vectors(texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            return np.ones((len(texts), 384), dtype=np.float32)
+
+        def holding_the_claims(texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            # while the first store's transaction holds its claims of model "a"
+            for name, model in (("same", "a"), ("other", "b")):
+                second.embed_pending_batch(
+                    model, lambda batch, n=name: seen[n].extend(batch) or vectors(batch)
+                )
+            return vectors(texts)
+
+        assert len(first.embed_pending_batch("a", holding_the_claims, limit=10)) == 3
+        assert seen["same"] == []  # the same model's claims are skipped
+        assert sorted(seen["other"]) == [f"note {i} about the garden" for i in range(3)]
+        assert first.vector_models() == {"a": 3, "b": 3}
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clock) -> None:
     # The static model has no token for a lone control or combining character: its vector is
     # all zero. It is stored (the memory is not embedded again) and left out of the index.

@@ -29,7 +29,8 @@ def served() -> Iterator[tuple[httpx.Client, Engine]]:
     with (
         Engine.open(":memory:") as engine,
         serve(create_app(engine)) as base,
-        httpx.Client(base_url=base) as http,
+        # a bound, not a measurement: the docs' bundles are megabytes, and CI runs loaded
+        httpx.Client(base_url=base, timeout=60) as http,
     ):
         yield http, engine
 

@@ -116,9 +116,9 @@ class PostgresVectors:
                 "AND m.role <> 'tool' AND NOT EXISTS "
                 "(SELECT 1 FROM memory_vectors v WHERE v.memory_rowid = m.rowid "
                 "AND v.model = %s) ORDER BY m.rowid LIMIT %s) c "
-                "WHERE pg_try_advisory_xact_lock(%s, ((c.rowid %% 4294967296) - 2147483648)::int) "
-                "ORDER BY c.rowid LIMIT %s",
-                (after, model, limit * 4, _CLAIM_LOCK_SPACE, limit),
+                "WHERE pg_try_advisory_xact_lock(hashtext(%s), "
+                "((c.rowid %% 4294967296) - 2147483648)::int) ORDER BY c.rowid LIMIT %s",
+                (after, model, limit * 4, _claim_space(model), limit),
             ).fetchall()
             if not rows:
                 return []
@@ -267,9 +267,15 @@ class PostgresVectors:
 
 #: Length of ``memory_vectors.embedding`` in the PostgreSQL schema (migration ``vectors``).
 _VECTOR_DIM = 384
-#: First key of the advisory locks that claim memories for embedding (the second is the
-#: memory's rowid folded into 32 bits; the migrations' one-key lock lives in another space).
-_CLAIM_LOCK_SPACE = 0x63770001
+
+
+def _claim_space(model: str) -> str:
+    """What the first key of the advisory locks that claim memories for ``model`` is hashed
+    from (``hashtext``; the second key is the memory's rowid folded into 32 bits; the
+    migrations' and leases' one-key locks live in another space). Per model: a worker embedding
+    a memory for one model never makes another model's worker skip it (a server switching
+    models, or ``ctxwarden embed --model`` beside a running server)."""
+    return f"ctxwarden.embed-claim.{model}"
 
 
 def _literal(vector: npt.NDArray[np.float32]) -> str:
