@@ -101,17 +101,30 @@ def _dedupable(record: Record) -> bool:
 _TRANSCRIPT_ROLES = frozenset({"assistant", "tool"})
 
 
+#: The provenance reason of a ``kind="summary"`` record sent to ingest.
+_INGESTED_SUMMARY = "a summary sent to ingest, not written by the engine's compaction"
+
+
 def _with_provenance(record: Record, verifier: Verifier | None) -> Record:
     """The record with the engine's provenance verdict in its metadata.
 
     A caller can never set the verdict itself: a ``provenance`` key it sends is dropped. A record
-    claiming to be a tool result is checked against its signature (which is then dropped).
+    claiming to be a tool result is checked against its signature (which is then dropped); a
+    ``kind="summary"`` record is marked untrusted (rendered quoted, never line by line).
     """
     claims = claims_tool_result(record.role, record.author_kind)
-    if not claims and PROVENANCE_KEY not in record.metadata:
+    summary = record.kind == "summary"
+    if not claims and not summary and PROVENANCE_KEY not in record.metadata:
         return record
     metadata = {k: v for k, v in record.metadata.items() if k != PROVENANCE_KEY}
-    if claims:
+    if summary:
+        # The engine's own summaries are written by compaction, not ingested; their lines are
+        # rendered as they are (each `- [id] author: text`). One sent to ingest is someone's
+        # text claiming that form, so it is data: quoted whole, like an unsigned tool result.
+        metadata.pop(SIGNATURE_KEY, None)
+        verdict = Verdict(trusted=False, reason=_INGESTED_SUMMARY)
+        metadata[PROVENANCE_KEY] = verdict.to_metadata()
+    elif claims:
         signature = metadata.pop(SIGNATURE_KEY, None)
         if verifier is None:
             verdict = Verdict(trusted=False, reason="no tool key configured for this tenant")
