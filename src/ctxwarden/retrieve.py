@@ -312,10 +312,15 @@ def retrieve(
         add("bm25", store.search(tenant, terms, limit=w.candidates, scope=scope))
     # The searches for what the query is about by words (_focused) need no vector: they run
     # while the query is still being embedded (in another thread), for the people named among
-    # the authors known so far, and again below only if the vector hits add one.
+    # the authors known so far, and again below only if the vector hits add one. Not when
+    # nothing was found and no vector comes (retrieval ends below, as it did).
     seen = {m.author for m in memories.values()}.union(authors)
     early = focus(query, now=now, authors=seen)
-    focused = _focused(store, early, tenant=tenant, terms=terms, w=w, scope=scope, known=memories)
+    focused = (
+        _focused(store, early, tenant=tenant, terms=terms, w=w, scope=scope, known=memories)
+        if memories or (query_vector is not None and model is not None)
+        else []
+    )
     query_vector = query_vector() if callable(query_vector) else query_vector
     query_words = _words(query)
     if query_vector is not None and model is not None:
