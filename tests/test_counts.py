@@ -13,6 +13,7 @@ import pytest
 
 from conftest import Clock
 from ctxwarden import render, tokens
+from ctxwarden.counting import MemoryCounts
 from ctxwarden.counts import CountCache, fingerprint
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import ConfigError
@@ -189,11 +190,12 @@ def _memory(**fields: Any) -> Memory:
 def test_every_field_render_reads_moves_the_fingerprint(kind: str, role: str) -> None:
     assert set(_OTHER) == set(Memory._fields)  # a new Memory field needs a value here
     base = _memory(kind=kind, role=role)
-    texts = (render.message_text(base), render.line_text(base))
+    # The related block's entry too: MemoryCounts.entries keys its counts by the fingerprint.
+    texts = (render.message_text(base), render.line_text(base), render.entry_text(base))
     moved = []
     for name, value in _OTHER.items():
         other = base._replace(**{name: value})
-        if (render.message_text(other), render.line_text(other)) != texts:
+        if (render.message_text(other), render.line_text(other), render.entry_text(other)) != texts:
             moved.append(name)
             assert fingerprint(other, TOKENIZER) != fingerprint(base, TOKENIZER), name
     assert "content" in moved  # the check above did run
@@ -238,13 +240,11 @@ def test_the_cache_holds_no_text_and_erasure_empties_it(engine: Engine) -> None:
         assert isinstance(key, int)
         assert isinstance(count, TokenCount)
         assert count.tokenizer == TOKENIZER  # the only string an entry holds
-    # the related block's line counts too: by tokenizer and a digest, never the text
+    # the related block's line counts too: by the memory's fingerprint, never the text
     related = engine._counter._entries
     assert related
-    for (tokenizer, digest), count in related.items():
-        assert tokenizer == TOKENIZER
-        assert isinstance(digest, bytes)
-        assert len(digest) == 16
+    for key, count in related.items():
+        assert isinstance(key, int)
         assert isinstance(count, int)
     engine.delete("h3")
     assert len(engine._counter.cache) == 0
@@ -282,3 +282,20 @@ def test_threads_never_get_a_count_made_for_other_text() -> None:
 def test_a_negative_bound_is_refused() -> None:
     with pytest.raises(ConfigError, match="count_cache_size"):
         EngineConfig(count_cache_size=-1)
+
+
+def test_a_related_line_count_follows_the_memory_at_its_rowid() -> None:
+    # MemoryCounts.entries keys its counts by fingerprint: the same rowid holding other text
+    # (re-used by another writer), another author or another time is counted afresh.
+    counts = MemoryCounts(SQLiteStore(":memory:"), size=100)
+    tok = tokens.get_tokenizer(TOKENIZER)
+    first = _memory(content="short")
+    for other in (
+        first,
+        _memory(content="other words, and a good many more of them than before"),
+        _memory(author="a much longer author name"),
+        _memory(created_at=1e9 + 3600),
+        first,
+    ):
+        assert counts.entries([other], tok) == {7: tok.count(render.entry_text(other))}
+    assert len(counts._entries) == 4

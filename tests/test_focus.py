@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from conftest import Clock
 from ctxwarden.engine import Engine
 from ctxwarden.focus import focus
@@ -98,3 +100,32 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
         hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
                         now=now, cost=_cost, weights=crowded)  # fmt: skip
         assert not {"e1", "e2"} <= {h.memory.id for h in hits[:4]}
+
+
+def test_a_person_named_only_among_the_vector_hits_gets_their_own_turns(clock: Clock) -> None:
+    # The searches by words for the query's people run while the query is embedded, with the
+    # authors known then; a person whose turns only the vector search found is searched for
+    # again once it has: Zoe's own turn (no vector near the query, below the word hits that
+    # say her name) is found among her turns.
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            *[_msg(f"b{i}", "bo", f"Zoe, zoe: the sunrise {i}", now - DAY + i) for i in range(3)],
+            _msg("own", "zoe", "sunrise over the lake", now - 2 * DAY),
+            _msg("near", "zoe", "an unrelated line", now - 3 * DAY),
+        ])  # fmt: skip
+        query = np.zeros(8, dtype=np.float32)
+        query[0] = 1.0
+        rowids = {m: engine.get(m).rowid for m in ("b0", "b1", "b2", "own", "near")}
+        vectors = np.eye(8, dtype=np.float32)[[1, 2, 3, 4, 0]]
+        vectors[3] = -query  # "own": the farthest from the query
+        engine.store.put_vectors("test-model", list(rowids.values()), vectors)
+        weights = RetrievalWeights(candidates=2, author_vector=0.0)
+        hits = retrieve(engine.store, tenant="default", query="What did Zoe say about the sunrise?",
+                        now=now, cost=_cost, query_vector=lambda: query, model="test-model",
+                        weights=weights)  # fmt: skip
+        found = {h.memory.id: h.components for h in hits}
+        assert "bm25_rank" not in found["own"]
+        assert "vector_rank" not in found["own"]
+        assert "speaker_rank" in found["own"]
+        assert "vector_rank" in found["near"]

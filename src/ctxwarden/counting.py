@@ -9,12 +9,11 @@ other count is made here on first use.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 
 from ctxwarden import render, tokens
-from ctxwarden.counts import CountCache
+from ctxwarden.counts import CountCache, fingerprint
 from ctxwarden.errors import StoreUnavailable
 from ctxwarden.store.base import Store, TokenCount
 from ctxwarden.types import Memory
@@ -38,10 +37,11 @@ class MemoryCounts:
         # Token counts read or made here, checked against each memory's rendering inputs
         # (:mod:`ctxwarden.counts`): assembly asks the store only for the ones it lacks.
         self.cache = CountCache(size)
-        # Counts of related-block lines (:func:`~ctxwarden.render.entry_text`), by tokenizer
-        # and a digest of the text (like the count cache, it holds no text): not stored (the
+        # Counts of related-block lines (:func:`~ctxwarden.render.entry_text`), by the
+        # memory's fingerprint (:func:`~ctxwarden.counts.fingerprint`: tokenizer, rowid and
+        # every field rendered; like the count cache, it holds no text): not stored (the
         # store keeps the full line's count), counted on first use.
-        self._entries: dict[tuple[str, bytes], int] = {}
+        self._entries: dict[int, int] = {}
         self._size = max(1, size)
 
     def clear(self) -> None:
@@ -51,21 +51,22 @@ class MemoryCounts:
 
     def entries(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, int]:
         """The token counts of these memories' related-block lines
-        (:func:`~ctxwarden.render.entry_text`) by rowid: counted once per text in this process
-        (a few hundred a turn; the cache is emptied when it holds more than its size). A
-        digest of the text is the key, so a rowid reused for other text (another writer) or an
-        erased memory never meets a count made for other text."""
+        (:func:`~ctxwarden.render.entry_text`) by rowid: counted once per memory in this
+        process (a few hundred a turn; the cache is emptied when it holds more than its size).
+        The key is the memory's :func:`~ctxwarden.counts.fingerprint` (as the count cache's),
+        so a rowid reused for other text (another writer) or an erased memory never meets a
+        count made for other text; a hit renders nothing (rendering and hashing each line was
+        ~1.3 ms of a turn's ~250 candidates, the fingerprints ~0.1 ms)."""
         out: dict[int, int] = {}
         cache = self._entries
         name = tok.name
         for memory in memories:
-            text = render.entry_text(memory)
-            key = (name, hashlib.blake2b(text.encode(), digest_size=16).digest())
+            key = fingerprint(memory, name)
             count = cache.get(key)
             if count is None:
                 if len(cache) >= self._size:
                     cache.clear()
-                count = cache[key] = tok.count(text)
+                count = cache[key] = tok.count(render.entry_text(memory))
             out[memory.rowid] = count
         return out
 

@@ -310,6 +310,17 @@ def retrieve(
     terms = query_terms(query)
     if terms and w.lexical > 0:
         add("bm25", store.search(tenant, terms, limit=w.candidates, scope=scope))
+    # The searches for what the query is about by words (_focused) need no vector: they run
+    # while the query is still being embedded (in another thread), for the people named among
+    # the authors known so far, and again below only if the vector hits add one. Not when
+    # nothing was found and no vector comes (retrieval ends below, as it did).
+    seen = {m.author for m in memories.values()}.union(authors)
+    early = focus(query, now=now, authors=seen)
+    focused = (
+        _focused(store, early, tenant=tenant, terms=terms, w=w, scope=scope, known=memories)
+        if memories or (query_vector is not None and model is not None)
+        else []
+    )
     query_vector = query_vector() if callable(query_vector) else query_vector
     query_words = _words(query)
     if query_vector is not None and model is not None:
@@ -326,11 +337,16 @@ def retrieve(
             add("author_vector", found)
     if not memories:
         return []
-    aim = focus(query, now=now, authors=[*(m.author for m in memories.values()), *authors])
-    for source, found in _focused(
-        store, aim, tenant=tenant, terms=terms, w=w, scope=scope,
-        query_vector=query_vector, model=model,
-    ):  # fmt: skip
+    aim = early
+    if not seen.issuperset(m.author for m in memories.values()):
+        aim = focus(query, now=now, authors=[*(m.author for m in memories.values()), *authors])
+        if (aim.people, aim.name_terms) != (early.people, early.name_terms):
+            focused = _focused(store, aim, tenant=tenant, terms=terms, w=w, scope=scope,
+                               known=memories)  # fmt: skip
+    if aim.spans and w.dated > 0 and query_vector is not None and model is not None:
+        near = store.vector_search(tenant, model, query_vector, k=4 * w.candidates, scope=scope)
+        focused.append(("dated_vector", [(m, r) for m, r in near if aim.when(m) > 0]))
+    for source, found in focused:
         add(source, found)
 
     # Bridge (a second hop): a question that needs two messages ("the flag of the feature that
@@ -495,32 +511,28 @@ def _focused(
     terms: Sequence[str],
     w: RetrievalWeights,
     scope: ReadScope | None,
-    query_vector: npt.NDArray[np.float32] | None,
-    model: str | None,
+    known: Mapping[int, Memory],
 ) -> list[tuple[str, list[tuple[Memory, float]]]]:
-    """Candidate lists for what the query is about (:mod:`ctxwarden.focus`), by source.
+    """Candidate lists by words for what the query is about (:mod:`ctxwarden.focus`), by
+    source (``known``: the rows read so far, not read again).
 
     - ``speaker``: the named people's own turns, searched by the query's other words (the
       names left out: a turn that says the name is more often the other side's).
-    - ``dated`` / ``dated_vector``: memories created within a named time, searched by the
-      query's words (time words left out) and its vector, among four times the usual number of
-      hits (the time filter keeps few).
+    - ``dated``: memories created within a named time, searched by the query's words (time
+      words left out) among four times the usual number of hits (the time filter keeps few);
+      ``retrieve`` adds ``dated_vector``, the same by the query's vector.
     """
     out: list[tuple[str, list[tuple[Memory, float]]]] = []
     if aim.people and w.speaker > 0:
         rest = without_words(terms, aim.name_terms | aim.time_terms)
         if rest and len(rest) < len(terms):
-            found = store.search(tenant, rest, limit=2 * w.candidates, scope=scope)
+            found = store.search(tenant, rest, limit=2 * w.candidates, scope=scope, known=known)
             out.append(("speaker", [(m, r) for m, r in found if aim.speaks(m)]))
     if aim.spans and w.dated > 0:
         rest = without_words(terms, aim.time_terms)
         if rest:
-            found = store.search(tenant, rest, limit=4 * w.candidates, scope=scope)
+            found = store.search(tenant, rest, limit=4 * w.candidates, scope=scope, known=known)
             out.append(("dated", [(m, r) for m, r in found if aim.when(m) > 0]))
-        if query_vector is not None and model is not None:
-            near = store.vector_search(tenant, model, query_vector, k=4 * w.candidates,
-                                       scope=scope)  # fmt: skip
-            out.append(("dated_vector", [(m, r) for m, r in near if aim.when(m) > 0]))
     return out
 
 

@@ -3,11 +3,14 @@ PostgreSQL alike (the ``store`` fixture of the conformance suite)."""
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.parse
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxwarden.scope import ReadScope
 from ctxwarden.store import sqlite_lexical as sqlite_module
@@ -208,3 +211,54 @@ def test_a_tenants_scores_in_a_shared_file_are_those_of_the_tenant_alone() -> No
     # Scoped to a session, too.
     scope = ReadScope(kind="session", session="s")
     assert [m.id for m, _ in shared.search("B", terms, scope=scope)] == [i for i, _ in expected]
+
+
+_WORDS = ("alpha", "beta", "gamma", "delta", "kafka", "lunch")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(("s1", "s2", "s3")),
+            st.sampled_from((None, "ana", "bo")),
+            st.lists(st.sampled_from(_WORDS), min_size=1, max_size=6),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    terms=st.lists(st.sampled_from(_WORDS), min_size=1, max_size=3, unique=True),
+    session=st.sampled_from((None, "s1", "s2")),
+    user=st.sampled_from((None, "ana", "bo")),
+    limit=st.integers(min_value=1, max_value=12),
+    per_match=st.sampled_from((0, 3, 10_000)),
+)
+def test_a_scoped_search_is_the_tenants_ranking_filtered_to_the_scope(
+    rows: list[tuple[str, str | None, list[str]]],
+    terms: list[str],
+    session: str | None,
+    user: str | None,
+    limit: int,
+    per_match: int,
+) -> None:
+    # SQLite checks a scoped search's matches against the scope's rowid list or by a look-up
+    # of each match's row (SCOPE_LIST_PER_MATCH picks one: 0 always looks up, 10,000 always
+    # lists): either way, the scope's best `limit` of the tenant's own ranking, same scores.
+    if session is None and user is None:
+        return
+    store = SQLiteStore(":memory:")
+    with store.write() as w:
+        for i, (row_session, row_user, words) in enumerate(rows):
+            memory = _memory(f"m{i}", " ".join(words))
+            w.insert(dataclasses.replace(memory, session=row_session, user=row_user))
+    scope = ReadScope(kind="user" if session is None else "session", session=session, user=user)
+    everything = store.search("t", terms, limit=1000)
+    expected = [
+        (m.id, score)
+        for m, score in everything
+        if (session is None or m.session == session) and (user is None or m.user == user)
+    ][:limit]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite_module, "SCOPE_LIST_PER_MATCH", per_match)
+        found = store.search("t", terms, limit=limit, scope=scope)
+    assert [(m.id, score) for m, score in found] == expected

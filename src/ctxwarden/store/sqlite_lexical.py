@@ -21,6 +21,7 @@ from ctxwarden.types import Memory
 __all__ = [
     "COMMON_TERM_ROWS",
     "ROWS_PER_RESULT",
+    "SCOPE_LIST_PER_MATCH",
     "SEARCH_ROW_BUDGET",
     "VERY_COMMON_MIN_ROWS",
     "VERY_COMMON_SHARE",
@@ -56,6 +57,11 @@ VERY_COMMON_MIN_ROWS = 200
 #: (counting a term's every row costs ~0.2 us a row through the MATCH cursor): at most
 #: ``COMMON_TERM_ROWS`` matches are walked, as for the term's own count.
 VERY_COMMON_WINDOW = int(COMMON_TERM_ROWS / VERY_COMMON_SHARE)
+#: A scoped search checks its matches against the list of the scope's rowids while the scope
+#: holds at most this many rows per expected match (else it looks each match's row up): the
+#: list costs ~0.1 us a scope row to build, a look-up ~0.5 us a match (SQLite 3.40, a 10k-row
+#: store, ``bench/query_latency.py``), so up to ~3 rows a match the list is the cheaper.
+SCOPE_LIST_PER_MATCH = 3
 
 
 def choose_terms(
@@ -191,7 +197,10 @@ class SQLiteLexical(TenantLexical):
             floor = int(oldest[0][0]) if oldest else 0
         scope_filter, scope_params = scope_sql(scope)
         if scope_filter:
-            return self._search_scope(tenant, match, limit, scope_filter, scope_params, known)
+            expected = sum(frequency[q] for q in quoted)
+            return self._search_scope(
+                tenant, match, limit, scope_filter, scope_params, known, expected
+            )
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
         # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
@@ -286,23 +295,40 @@ class SQLiteLexical(TenantLexical):
         scope_filter: str,
         scope_params: list[Any],
         known: Mapping[int, Memory] | None,
+        expected: int = 0,
     ) -> list[tuple[Memory, float]]:
         """:meth:`search` within a session's or an end user's memories: every match of the
         scope ranked (never the tenant's newest budget, which may hold none of them), FTS5
         bounded to the scope's rowid range (a live conversation's rows are a narrow range of
-        the store, so the join reads few rows it then drops), then the best ``limit`` read."""
-        lo, hi = self._query(
-            f"SELECT min(rowid), max(rowid) FROM memories WHERE tenant = ?{scope_filter}",
+        the store), then the best ``limit`` read.
+
+        A match in the range is kept if its rowid is in the scope: checked against the list
+        of the scope's rowids (read from an index, ~0.1 us a row; ``+rowid`` keeps FTS5 from
+        being run once per listed rowid) when the scope holds at most
+        :data:`SCOPE_LIST_PER_MATCH` rows per match its terms are ``expected`` to have (the
+        sum of their counts), else by a look-up of each match's row (~0.5 us a match). In a
+        session whose rows interleave with others' (its range is most of the store), the
+        look-ups of every match in the range were 70 % of a search's time. Either way the
+        same rows and scores."""
+        lo, hi, size = self._query(
+            f"SELECT min(rowid), max(rowid), count(*) FROM memories WHERE tenant = ?{scope_filter}",
             [tenant, *scope_params],
         )[0]
         if lo is None:
             return []
-        m_scope = scope_filter.replace(" AND ", " AND m.")
+        if size <= SCOPE_LIST_PER_MATCH * expected:
+            keep = (
+                "+memories_fts.rowid IN (SELECT rowid FROM memories "
+                f"WHERE tenant = ?{scope_filter})"
+            )
+            join = ""
+        else:
+            keep = f"m.tenant = ?{scope_filter.replace(' AND ', ' AND m.')}"
+            join = "JOIN memories m ON m.rowid = memories_fts.rowid "
         ranked = self._query(
-            "SELECT memories_fts.rowid, bm25(memories_fts) AS score FROM memories_fts "
-            "JOIN memories m ON m.rowid = memories_fts.rowid WHERE memories_fts MATCH ? "
-            f"AND memories_fts.rowid BETWEEN ? AND ? AND m.tenant = ?{m_scope} "
-            "ORDER BY score, memories_fts.rowid LIMIT ?",
+            f"SELECT memories_fts.rowid, bm25(memories_fts) AS score FROM memories_fts {join}"
+            "WHERE memories_fts MATCH ? AND memories_fts.rowid BETWEEN ? AND ? "
+            f"AND {keep} ORDER BY score, memories_fts.rowid LIMIT ?",
             [match, lo, hi, tenant, *scope_params, limit],
         )
         rank: dict[int, float] = dict(ranked)
