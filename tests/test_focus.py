@@ -98,3 +98,43 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
         hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
                         now=now, cost=_cost, weights=crowded)  # fmt: skip
         assert not {"e1", "e2"} <= {h.memory.id for h in hits[:4]}
+
+
+def test_vectors_search_the_query_without_the_names_it_says(clock: Clock) -> None:
+    """A name dominates a short question's embedding: the vector searches use the query less
+    the names of the people it names (the embedder is asked for that text), and without it the
+    turns that only say the name are nearest."""
+    from ctxwarden.embed import get_embedder
+    from ctxwarden.engine import EngineConfig
+
+    embedder = get_embedder("minilm")
+    now = clock.now
+    with Engine.open(":memory:", clock=clock, config=EngineConfig(embed="sync"),
+                     embedder=embedder) as engine:  # fmt: skip
+        engine.ingest([
+            _msg("own", "ana", "researching adoption agencies for my family", now - 9 * DAY),
+            *[_msg(f"hi{i}", "bo", f"Wow, Ana! You rock, Ana. {i}", now - i * DAY)
+              for i in range(1, 6)],
+        ])  # fmt: skip
+        asked: list[str] = []
+
+        def embed(text: str) -> Any:
+            asked.append(text)
+            return embedder.embed([text])[0]
+
+        query = "What has Ana been researching?"
+        model = embedder.name
+
+        def run(**weights: Any) -> list[Any]:
+            return retrieve(engine.store, tenant="default", query=query, now=now, cost=_cost,
+                            query_vector=embedder.embed([query])[0], model=model,
+                            authors=["ana", "bo"], embed=embed,
+                            weights=RetrievalWeights(**weights))  # fmt: skip
+
+        hits = {h.memory.id: h for h in run()}
+        assert asked == ["What has   been researching?"]
+        assert hits["own"].components["vector_rank"] == 1.0
+        asked.clear()
+        plain = {h.memory.id: h for h in run(name_free=False)}
+        assert asked == []
+        assert plain["own"].components["vector_rank"] > 1.0

@@ -443,6 +443,7 @@ class Assembly:
             keep=lambda m: m.role != "tool" and not m.tool_calls,
             authors=self._authors(tenant) if usable else (),
             scope=scope,
+            embed=self._embed_text if usable else None,
         )
         candidates = []
         for hit in hits:
@@ -453,6 +454,14 @@ class Assembly:
                 Candidate((hit.memory,), line_tokens, hit.score, hit.components, text, None, group)
             )
         return candidates
+
+    def _embed_text(self, text: str) -> npt.NDArray[np.float32] | None:
+        """Another text of the query embedded (retrieval's query without names), or None."""
+        try:
+            vector: npt.NDArray[np.float32] = self.embedder.embed([text])[0]
+        except CtxwardenError:
+            return None
+        return vector
 
     def _authors(self, tenant: str) -> list[str]:
         """The tenant's authors, read from the store at most once a minute."""
