@@ -6,7 +6,7 @@ from typing import Any
 
 from conftest import Clock
 from ctxwarden.engine import Engine
-from ctxwarden.focus import focus
+from ctxwarden.focus import focus, vector_text
 from ctxwarden.retrieve import RetrievalWeights, retrieve
 
 DAY = 86400.0
@@ -101,40 +101,32 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
 
 
 def test_vectors_search_the_query_without_the_names_it_says(clock: Clock) -> None:
-    """A name dominates a short question's embedding: the vector searches use the query less
-    the names of the people it names (the embedder is asked for that text), and without it the
-    turns that only say the name are nearest."""
+    """A name dominates a short question's embedding: the query's vector is made of the query
+    less the names of the people it names (vector_text), and the assembler embeds that text;
+    with the names in, the turns that only say the name are nearest."""
     from ctxwarden.embed import get_embedder
     from ctxwarden.engine import EngineConfig
 
     embedder = get_embedder("minilm")
     now = clock.now
-    with Engine.open(":memory:", clock=clock, config=EngineConfig(embed="sync"),
-                     embedder=embedder) as engine:  # fmt: skip
-        engine.ingest([
-            _msg("own", "ana", "researching adoption agencies for my family", now - 9 * DAY),
-            *[_msg(f"hi{i}", "bo", f"Wow, Ana! You rock, Ana. {i}", now - i * DAY)
-              for i in range(1, 6)],
-        ])  # fmt: skip
-        asked: list[str] = []
+    query = "What has Ana been researching?"
+    assert vector_text(query, ["ana", "bo"]) == "What has   been researching?"
+    assert vector_text(query, ["bo"]) == query
+    records = [
+        _msg("own", "ana", "researching adoption agencies for my family", now - 9 * DAY),
+        *[
+            _msg(f"hi{i}", "bo", f"Wow, Ana! You rock, Ana. {i}", now - i * DAY)
+            for i in range(1, 6)
+        ],
+    ]
 
-        def embed(text: str) -> Any:
-            asked.append(text)
-            return embedder.embed([text])[0]
+    def vector_rank(name_free: bool) -> float:
+        config = EngineConfig(embed="sync", retrieval=RetrievalWeights(name_free=name_free))
+        with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+            engine.ingest(records)
+            context = engine.assemble(session="q", query=query, budget=2000, scope="tenant")
+            own = next(c for c in context.report.candidates if c.id == "own")
+            return own.components["vector_rank"]
 
-        query = "What has Ana been researching?"
-        model = embedder.name
-
-        def run(**weights: Any) -> list[Any]:
-            return retrieve(engine.store, tenant="default", query=query, now=now, cost=_cost,
-                            query_vector=embedder.embed([query])[0], model=model,
-                            authors=["ana", "bo"], embed=embed,
-                            weights=RetrievalWeights(**weights))  # fmt: skip
-
-        hits = {h.memory.id: h for h in run()}
-        assert asked == ["What has   been researching?"]
-        assert hits["own"].components["vector_rank"] == 1.0
-        asked.clear()
-        plain = {h.memory.id: h for h in run(name_free=False)}
-        assert asked == []
-        assert plain["own"].components["vector_rank"] > 1.0
+    assert vector_rank(True) == 1.0
+    assert vector_rank(False) > 1.0

@@ -154,6 +154,12 @@ def test_bad_embedding_config_is_a_clear_error() -> None:
         EngineConfig(embed="later")
     with pytest.raises(ConfigError, match="mmr_lambda"):
         RetrievalWeights(mmr_lambda=2.0)
+    with pytest.raises(ConfigError, match="context_share"):
+        RetrievalWeights(context_share=-0.5)
+    with pytest.raises(ConfigError, match="context_anchors"):
+        RetrievalWeights(context_anchors=-1)
+    with pytest.raises(ConfigError, match="context_pool"):
+        RetrievalWeights(context_pool=0)
 
 
 def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:

@@ -64,6 +64,7 @@ from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
+from ctxwarden.turns import in_context
 from ctxwarden.types import Memory
 from ctxwarden.vectors import _numkong
 
@@ -115,20 +116,25 @@ class RetrievalWeights:
     turns: int = 3
     replies: int = 4
     entity: float = 0.3
-    density: float = 0.5
+    #: Packing order ``score / tokens ** density``: 0.3, not 0.5, so a line twice as long
+    #: needs 23 % more score (not 41 %); a conversation's long turns hold the stories asked
+    #: about (docs/retrieval.md, step 6).
+    density: float = 0.3
     speaker: float = 1.0
     dated: float = 1.0
     in_time: float = 0.5
     coverage: float = 0.0
     list_coverage: float = 0.1
-    #: Turns in context (a turn is read with the one before it; :func:`_in_context`): RRF
-    #: weight of the list, share of the previous turn's cosine, how many of the nearest
+    #: Turns in context (a turn read with the one before it, :func:`ctxwarden.turns.in_context`):
+    #: RRF weight of the list, share of the previous turn's cosine, how many of the nearest
     #: vectors are read with their turns, and the cosines known (``context_pool`` times
     #: ``candidates`` nearest).
     context: float = 1.0
     context_share: float = 0.5
     context_anchors: int = 40
     context_pool: int = 4
+    #: The query's vector is made without the names of the people it names
+    #: (:func:`ctxwarden.focus.vector_text`; the assembler embeds that text).
     name_free: bool = True
     #: Only the query's first ``query_chars`` characters drive retrieval (search terms,
     #: entities, the query's embedding); the whole query is still sent to the model.
@@ -290,7 +296,6 @@ def retrieve(
     keep: Callable[[Memory], bool] | None = None,
     authors: Sequence[str] = (),
     scope: ReadScope | None = None,
-    embed: Callable[[str], npt.NDArray[np.float32] | None] | None = None,
 ) -> list[Hit]:
     """Related memories for ``query``, best value per token first (see the module docstring).
 
@@ -328,22 +333,16 @@ def retrieve(
     query_words = _words(query)
     if query_vector is not None and model is not None:
         named = [a for a in authors if _named(a, query_words)][:3]
-        if named and embed is not None and w.name_free:
-            # Names dominate the embedding of a short question ("What did Ana research?" is
-            # nearest to "Wow, Ana! ..."): the vector searches use the query without the
-            # names of the people it names (their own turns are searched by author below).
-            unnamed = _without_names(query, named)
-            vector = embed(unnamed) if unnamed.strip() else None
-            if vector is not None:
-                query_vector = vector
-        in_context = w.context > 0 and w.context_anchors > 0
-        if w.vector > 0 or in_context:
-            pool = w.candidates * (w.context_pool if in_context else 1)
+        contextual = w.context > 0 and w.context_anchors > 0
+        if w.vector > 0 or contextual:
+            pool = w.candidates * (w.context_pool if contextual else 1)
             near = store.vector_search(tenant, model, query_vector, k=pool, scope=scope)
             if w.vector > 0:
                 add("vector", near[: w.candidates])
-            if in_context:
-                add("context", _in_context(store, tenant, near, w, scope))
+            if contextual:
+                found = in_context(store, tenant, near, anchors=w.context_anchors,
+                                   share=w.context_share, scope=scope)  # fmt: skip
+                add("context", found)
         for name in named if w.author_vector > 0 else []:
             found = store.vector_search(
                 tenant, model, query_vector, k=w.author_candidates, author=name, scope=scope
@@ -548,63 +547,6 @@ def _focused(
                                        scope=scope)  # fmt: skip
             out.append(("dated_vector", [(m, r) for m, r in near if aim.when(m) > 0]))
     return out
-
-
-def _in_context(
-    store: Store,
-    tenant: str,
-    near: Sequence[tuple[Memory, float]],
-    w: RetrievalWeights,
-    scope: ReadScope | None,
-) -> list[tuple[Memory, float]]:
-    """The nearest vectors re-ranked with the turn before each: ``cosine(turn) +
-    context_share * cosine(previous turn)``, best first.
-
-    A turn is embedded alone, but in a conversation it is read after the one before it: "Yes,
-    three of them" answers "Do you have kids?", and the question holds the words. The
-    ``context_anchors`` nearest turns and the turn after each (found through its predecessor)
-    are scored so, in one :meth:`Store.neighbours` read (``turns=1``): the cosines are those of
-    the ``near`` list (``context_pool`` times the usual number of nearest vectors), a turn not
-    in it counts as the list's last cosine (an upper bound of its own), a turn with nothing
-    before it (a session's first) gets no context. The stored vectors are used as they are: no
-    turn is embedded again. On locomo-dev's stored MiniLM vectors (categories 1-4, vector
-    ranking alone) the evidence in the first 10 / 20 / 50 goes from 34.0 / 44.7 / 61.3 % to
-    40.3 / 52.5 / 66.5 % with 40 anchors and a share of 0.5 (0.7: 41.1 / 52.7 / 64.3; 20
-    anchors: 39.8 / 50.8 / 64.1; every turn with its own predecessor's exact cosine: 40.9 /
-    53.4 / 67.7, so 40 anchors hold most of it).
-    """
-    if not near:
-        return []
-    cosine = {memory.rowid: score for memory, score in near}
-    floor = near[-1][1]
-    anchors = [memory for memory, _ in near[: w.context_anchors]]
-    links = store.neighbours(tenant, anchors, turns=1, replies=0, scope=scope)
-    before: dict[int, Memory] = {}
-    turns: dict[int, tuple[Memory, float]] = {}  # rowid -> (memory, its previous turn's cosine)
-    for link in links:
-        anchor = anchors[link.anchor]
-        if link.relation == "before":
-            before[anchor.rowid] = link.memory
-        elif link.relation == "after" and link.memory.rowid not in turns:
-            turns[link.memory.rowid] = (link.memory, cosine.get(anchor.rowid, floor))
-    for anchor in anchors:
-        previous = before.get(anchor.rowid)
-        turns[anchor.rowid] = (
-            anchor,
-            0.0 if previous is None else cosine.get(previous.rowid, floor),
-        )
-    scored = [
-        (memory, cosine.get(rowid, floor) + w.context_share * previous)
-        for rowid, (memory, previous) in turns.items()
-    ]
-    scored.sort(key=lambda pair: (-pair[1], pair[0].rowid))
-    return scored
-
-
-def _without_names(query: str, names: Sequence[str]) -> str:
-    """``query`` less the words of ``names`` (whole words, any case)."""
-    words = {p for name in names for p in _WORDS.findall(name.casefold()) if len(p) > 1}
-    return _WORDS.sub(lambda m: " " if m.group().casefold() in words else m.group(), query)
 
 
 def _without_spans(query: str, aim: Focus) -> str:
