@@ -370,7 +370,7 @@ def test_words_of_text_without_spaces_are_its_bigrams() -> None:
     assert not _named("ana", _words("banana"))
 
 
-def test_a_turn_is_found_through_the_turn_before_it(clock: Clock) -> None:
+def test_a_turn_is_found_through_the_turn_before_it(clock: Clock, store: Any) -> None:
     """An answer that lacks the question's words ("Yes, two: Luna and Max") is ranked with the
     turn it answers (``context``): higher in the context list than by its own vector, and only
     when the context list is on."""
@@ -388,8 +388,8 @@ def test_a_turn_is_found_through_the_turn_before_it(clock: Clock) -> None:
         ("bo", "What are you cooking tonight?"),
         ("ana", "Probably pasta with whatever is left in the fridge."),
     ]
-    with Engine.open(":memory:", clock=clock, config=EngineConfig(embed="sync"),
-                     embedder=embedder) as engine:  # fmt: skip
+    with Engine(store, clock=clock, config=EngineConfig(embed="sync"),
+                embedder=embedder) as engine:  # fmt: skip
         engine.ingest([
             {"id": f"t{i}", "session": "s", "channel": "c", "author": who, "content": text,
              "created_at": now - 86400.0 + 60.0 * i}
