@@ -7,7 +7,10 @@ them):
    ``tsvector`` on PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of
    the query's embedding, when the store holds vectors of the engine's embedding model. Either
    list may be empty: without vectors retrieval is BM25 plus recency, so an engine with embedding
-   off works.
+   off works. The assembler embeds the query less the names of the people it names
+   (:func:`ctxwarden.focus.vector_text`). Context: the nearest turns and the turns after them
+   ranked by their cosine plus ``context_share`` times the turn before's
+   (:func:`ctxwarden.turns.in_context`).
    Bridge: up to four words of each of the best ``bridge_hits`` hits that the query lacks are
    searched once more with the query's terms (a second hop for questions that need two
    messages).
