@@ -8,7 +8,7 @@ import numpy as np
 
 from conftest import Clock
 from ctxwarden.engine import Engine
-from ctxwarden.focus import focus
+from ctxwarden.focus import focus, vector_text
 from ctxwarden.retrieve import RetrievalWeights, retrieve
 
 DAY = 86400.0
@@ -129,3 +129,35 @@ def test_a_person_named_only_among_the_vector_hits_gets_their_own_turns(clock: C
         assert "vector_rank" not in found["own"]
         assert "speaker_rank" in found["own"]
         assert "vector_rank" in found["near"]
+
+
+def test_vectors_search_the_query_without_the_names_it_says(clock: Clock) -> None:
+    """A name dominates a short question's embedding: the query's vector is made of the query
+    less the names of the people it names (vector_text), and the assembler embeds that text;
+    with the names in, the turns that only say the name are nearest."""
+    from ctxwarden.embed import get_embedder
+    from ctxwarden.engine import EngineConfig
+
+    embedder = get_embedder("minilm")
+    now = clock.now
+    query = "What has Ana been researching?"
+    assert vector_text(query, ["ana", "bo"]) == "What has   been researching?"
+    assert vector_text(query, ["bo"]) == query
+    records = [
+        _msg("own", "ana", "researching adoption agencies for my family", now - 9 * DAY),
+        *[
+            _msg(f"hi{i}", "bo", f"Wow, Ana! You rock, Ana. {i}", now - i * DAY)
+            for i in range(1, 6)
+        ],
+    ]
+
+    def vector_rank(name_free: bool) -> float:
+        config = EngineConfig(embed="sync", retrieval=RetrievalWeights(name_free=name_free))
+        with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+            engine.ingest(records)
+            context = engine.assemble(session="q", query=query, budget=2000, scope="tenant")
+            own = next(c for c in context.report.candidates if c.id == "own")
+            return own.components["vector_rank"]
+
+    assert vector_rank(True) == 1.0
+    assert vector_rank(False) > 1.0

@@ -154,6 +154,12 @@ def test_bad_embedding_config_is_a_clear_error() -> None:
         EngineConfig(embed="later")
     with pytest.raises(ConfigError, match="mmr_lambda"):
         RetrievalWeights(mmr_lambda=2.0)
+    with pytest.raises(ConfigError, match="context_share"):
+        RetrievalWeights(context_share=-0.5)
+    with pytest.raises(ConfigError, match="context_anchors"):
+        RetrievalWeights(context_anchors=-1)
+    with pytest.raises(ConfigError, match="context_pool"):
+        RetrievalWeights(context_pool=0)
 
 
 def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:
@@ -362,3 +368,45 @@ def test_words_of_text_without_spaces_are_its_bigrams() -> None:
     assert not _named("王小明", _words("小明明天几点到"))
     assert _named("ana", _words("what did ana say"))
     assert not _named("ana", _words("banana"))
+
+
+def test_a_turn_is_found_through_the_turn_before_it(clock: Clock, store: Any) -> None:
+    """An answer that lacks the question's words ("Yes, two: Luna and Max") is ranked with the
+    turn it answers (``context``): higher in the context list than by its own vector, and only
+    when the context list is on."""
+    from ctxwarden.embed import get_embedder
+
+    embedder = get_embedder("minilm")
+    now = clock.now
+    turns = [
+        ("bo", "How was the hike on Saturday?"),
+        ("ana", "Long but the view from the ridge was worth it."),
+        ("bo", "Do you have any pets at home?"),
+        ("ana", "Yes, two of them: Luna and Max, both very lazy."),
+        ("bo", "Did you finish the quarterly report?"),
+        ("ana", "Almost, the charts still need work."),
+        ("bo", "What are you cooking tonight?"),
+        ("ana", "Probably pasta with whatever is left in the fridge."),
+    ]
+    with Engine(store, clock=clock, config=EngineConfig(embed="sync"),
+                embedder=embedder) as engine:  # fmt: skip
+        engine.ingest([
+            {"id": f"t{i}", "session": "s", "channel": "c", "author": who, "content": text,
+             "created_at": now - 86400.0 + 60.0 * i}
+            for i, (who, text) in enumerate(turns)
+        ])  # fmt: skip
+        query = "Which animals live in the house?"
+
+        def run(**weights: Any) -> dict[str, Any]:
+            hits = retrieve(engine.store, tenant="default", query=query, now=now,
+                            cost=lambda ms: {m.rowid: 10 for m in ms},
+                            query_vector=embedder.embed([query])[0], model=embedder.name,
+                            weights=RetrievalWeights(**weights))  # fmt: skip
+            return {h.memory.id: h.components for h in hits}
+
+        found = run()
+        answer = found["t3"]
+        assert answer["context_rank"] < answer["vector_rank"]
+        # Its score in the context list: its own cosine plus half the question's.
+        assert answer["context"] > answer["vector"]
+        assert "context_rank" not in run(context=0.0)["t3"]

@@ -43,6 +43,7 @@ from ctxwarden.embed import Embedder
 from ctxwarden.embedding import PENDING_COUNTED, Embeddings
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import CtxwardenError, InputError, StoreUnavailable
+from ctxwarden.focus import vector_text
 from ctxwarden.logwriter import LogWriter
 from ctxwarden.models import ModelRegistry
 from ctxwarden.passages import summary_passages
@@ -136,7 +137,9 @@ class Assembly:
         # The query's embedding runs in the embedding flow's query thread (onnxruntime releases
         # the GIL) while the history, pinned memory and summaries are read below.
         query_vector = (
-            self.embeddings.embed_query_soon(query_text[: self.config.retrieval.query_chars])
+            self.embeddings.embed_query_soon(
+                self._vector_text(tenant, query_text[: self.config.retrieval.query_chars])
+            )
             if query_text and self.config.related_candidates and self.embeddings.may_search()
             else None
         )
@@ -420,7 +423,8 @@ class Assembly:
             try:
                 if early_vector is not None:
                     return early_vector()
-                vector: npt.NDArray[np.float32] = self.embedder.embed([query])[0]
+                text = self._vector_text(tenant, query)
+                vector: npt.NDArray[np.float32] = self.embedder.embed([text])[0]
                 return vector
             except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
                 notes.append(f"query not embedded ({exc}); related memory found by words only")
@@ -460,6 +464,13 @@ class Assembly:
                 Candidate((hit.memory,), line_tokens, hit.score, hit.components, text, None, group)
             )
         return candidates
+
+    def _vector_text(self, tenant: str, query: str) -> str:
+        """What the query's vector is made of: the query less the names of the tenant's
+        authors it names (:func:`~ctxwarden.focus.vector_text`), when ``name_free``."""
+        if not self.config.retrieval.name_free:
+            return query
+        return vector_text(query, self._authors(tenant))
 
     def _authors(self, tenant: str) -> list[str]:
         """The tenant's authors, read from the store at most once a minute."""

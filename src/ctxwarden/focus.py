@@ -24,13 +24,13 @@ it asks for a list. Pure; used by :mod:`ctxwarden.retrieve`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.timeref import TimeSpan, time_spans
 from ctxwarden.types import Memory
 
-__all__ = ["Focus", "focus", "name_words", "without_words"]
+__all__ = ["Focus", "focus", "name_words", "vector_text", "without_words"]
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 # "both", "in common", quantifiers and enumerations: grammar, not topics.
@@ -110,3 +110,26 @@ def focus(query: str, *, now: float, authors: Iterable[str | None]) -> Focus:
         name_terms=frozenset(name_terms),
         time_terms=time_terms,
     )
+
+
+def vector_text(query: str, authors: Sequence[str]) -> str:
+    """The text a query's vector is made of: ``query`` less the words of the ``authors`` it
+    names (at most 3, as the author-restricted searches; whole words, any case), or ``query``
+    itself when it names none or is nothing but names.
+
+    A name dominates the embedding of a short question: "What did Ana research?" was nearest
+    to the other side's "Wow, Ana! ..." turns, not to what Ana said (docs/retrieval.md). The
+    people's own turns are found by the author-restricted and speaker searches.
+
+    >>> vector_text("What did Ana Li research?", ["Ana Li", "Bo"])
+    'What did     research?'
+    >>> vector_text("Ana?", ["Ana"])
+    'Ana?'
+    """
+    asked = frozenset(_WORDS.findall(query.casefold()))
+    named = [a for a in dict.fromkeys(authors) if a and name_words(a) & asked][:3]
+    if not named:
+        return query
+    words = {p for name in named for p in name_words(name)}
+    unnamed = _WORDS.sub(lambda m: " " if m.group().casefold() in words else m.group(), query)
+    return unnamed if unnamed.strip(" ?!.,;:") else query

@@ -7,7 +7,10 @@ them):
    ``tsvector`` on PostgreSQL) for the query's terms. Vector: the store's nearest neighbours of
    the query's embedding, when the store holds vectors of the engine's embedding model. Either
    list may be empty: without vectors retrieval is BM25 plus recency, so an engine with embedding
-   off works.
+   off works. The assembler embeds the query less the names of the people it names
+   (:func:`ctxwarden.focus.vector_text`). Context: the nearest turns and the turns after them
+   ranked by their cosine plus ``context_share`` times the turn before's
+   (:func:`ctxwarden.turns.in_context`).
    Bridge: up to four words of each of the best ``bridge_hits`` hits that the query lacks are
    searched once more with the query's terms (a second hop for questions that need two
    messages).
@@ -64,6 +67,7 @@ from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
+from ctxwarden.turns import in_context
 from ctxwarden.types import Memory
 from ctxwarden.vectors import _numkong
 
@@ -78,8 +82,9 @@ _WORDS = re.compile(r"\w+", re.UNICODE)
 #: ``ranks`` entry keys of each candidate source, made once (not an f-string per row).
 _RANK_KEYS = {
     s: f"{s}_rank"
-    for s in ("bm25", "vector", "author_vector", "bridge", "speaker", "dated", "dated_vector")
-}
+    for s in ("bm25", "vector", "author_vector", "bridge", "speaker", "dated", "dated_vector",
+              "context")
+}  # fmt: skip
 _RANK_KEY_SET = frozenset(_RANK_KEYS.values())
 
 
@@ -114,12 +119,26 @@ class RetrievalWeights:
     turns: int = 3
     replies: int = 4
     entity: float = 0.3
-    density: float = 0.5
+    #: Packing order ``score / tokens ** density``: 0.3, not 0.5, so a line twice as long
+    #: needs 23 % more score (not 41 %); a conversation's long turns hold the stories asked
+    #: about (docs/retrieval.md, step 6).
+    density: float = 0.3
     speaker: float = 1.0
     dated: float = 1.0
     in_time: float = 0.5
     coverage: float = 0.0
     list_coverage: float = 0.1
+    #: Turns in context (a turn read with the one before it, :func:`ctxwarden.turns.in_context`):
+    #: RRF weight of the list, share of the previous turn's cosine, how many of the nearest
+    #: vectors are read with their turns, and the cosines known (``context_pool`` times
+    #: ``candidates`` nearest).
+    context: float = 1.0
+    context_share: float = 0.5
+    context_anchors: int = 40
+    context_pool: int = 4
+    #: The query's vector is made without the names of the people it names
+    #: (:func:`ctxwarden.focus.vector_text`; the assembler embeds that text).
+    name_free: bool = True
     #: Only the query's first ``query_chars`` characters drive retrieval (search terms,
     #: entities, the query's embedding); the whole query is still sent to the model.
     query_chars: int = 4_000
@@ -129,7 +148,8 @@ class RetrievalWeights:
     def __post_init__(self) -> None:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
                      "thread", "neighbour_decay", "entity", "density", "speaker", "dated",
-                     "in_time", "coverage", "list_coverage"):  # fmt: skip
+                     "in_time", "coverage", "list_coverage", "context",
+                     "context_share"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
         if self.rrf_k <= 0 or self.half_life_days <= 0:
@@ -140,8 +160,10 @@ class RetrievalWeights:
             raise ConfigError(
                 "retrieval candidates and bridge_candidates must be >= 1 and expand >= 0"
             )
-        if self.turns < 0 or self.replies < 0:
-            raise ConfigError("retrieval turns and replies must be >= 0")
+        if self.turns < 0 or self.replies < 0 or self.context_anchors < 0:
+            raise ConfigError("retrieval turns, replies and context_anchors must be >= 0")
+        if self.context_pool < 1:
+            raise ConfigError(f"retrieval context_pool: {self.context_pool} must be >= 1")
         if self.query_chars < 1 or self.max_entities < 0:
             raise ConfigError(
                 f"retrieval query_chars ({self.query_chars}) must be >= 1 and max_entities "
@@ -324,12 +346,17 @@ def retrieve(
     query_vector = query_vector() if callable(query_vector) else query_vector
     query_words = _words(query)
     if query_vector is not None and model is not None:
-        if w.vector > 0:
-            add(
-                "vector",
-                store.vector_search(tenant, model, query_vector, k=w.candidates, scope=scope),
-            )
         named = [a for a in authors if _named(a, query_words)][:3]
+        contextual = w.context > 0 and w.context_anchors > 0
+        if w.vector > 0 or contextual:
+            pool = w.candidates * (w.context_pool if contextual else 1)
+            near = store.vector_search(tenant, model, query_vector, k=pool, scope=scope)
+            if w.vector > 0:
+                add("vector", near[: w.candidates])
+            if contextual:
+                found = in_context(store, tenant, near, anchors=w.context_anchors,
+                                   share=w.context_share, scope=scope)  # fmt: skip
+                add("context", found)
         for name in named if w.author_vector > 0 else []:
             found = store.vector_search(
                 tenant, model, query_vector, k=w.author_candidates, author=name, scope=scope
@@ -382,6 +409,7 @@ def retrieve(
         ("speaker", w.speaker),
         ("dated", w.dated),
         ("dated_vector", w.dated),
+        ("context", w.context),
     )
     keyed = [(_RANK_KEYS[source], weight) for source, weight in sources]
     fused = {  # sum of a list, not a generator: the same terms in the same order, sooner
