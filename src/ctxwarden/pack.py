@@ -20,16 +20,20 @@ data set:
   row and the full-text document-size row (~20-25).
 - ``TEXT_FACTOR`` (2.0): a text byte is stored in the row and, as postings (a document id and
   a position per token of four to five bytes), about once more in the full-text index.
-- ``TOMBSTONE_BYTES`` (140): a compacted original's tombstone (tenant, id, deletion time,
-  summary id, 32-character hash, time range, reason: ~100) and its entry in the tombstones'
-  summary index (~40).
+- ``TOMBSTONE_BYTES`` (60): what a compacted original leaves behind since tombstones are one
+  row per summary (:mod:`ctxwarden.store.tombstones`): its id, 32-character hash and time
+  range in the group's compressed list (~25-35 bytes), its 32-bit key row in
+  ``tombstone_keys`` (~12) and its share of the group's shared columns (~64 a group); the
+  store measures 49-52 bytes a retired id (docs/benchmarks.md), rounded up. (It was 140 with a
+  row per id: tenant, id, deletion time, summary id, hash, time range and reason, ~100, and
+  its entry in the tombstones' summary index, ~40.)
 
 ``min_pack_saving`` (:class:`~ctxwarden.compact.CompactionPolicy`, default 0.3) is the share
 of its cluster's estimated bytes a pack must save. The estimate counts record bytes; pages hold
 records at a fill between ln 2 (about 0.69, a B-tree after random inserts) and nearly 1 (after
 VACUUM), so an estimate is uncertain by about 30 %: a pack that saves less might save nothing.
 A message of ``t`` text bytes saves ``ROW_BYTES - TOMBSTONE_BYTES - TEXT_FACTOR x prefix``
-(~380 bytes) of its ``ROW_BYTES + TEXT_FACTOR x t``, so clusters of messages under ~350 bytes
+(~460 bytes) of its ``ROW_BYTES + TEXT_FACTOR x t``, so clusters of messages under ~490 bytes
 of text pack and clusters of long messages, whose text is most of their cost, do not.
 
 A pack's lines are ``- [id] HH:MM author: text`` in input order under one ``Events:`` title:
@@ -59,7 +63,7 @@ __all__ = [
 
 ROW_BYTES = 560
 TEXT_FACTOR = 2.0
-TOMBSTONE_BYTES = 140
+TOMBSTONE_BYTES = 60
 
 
 @dataclass(frozen=True, kw_only=True)
