@@ -138,7 +138,7 @@ class Assembly:
         # the GIL) while the history, pinned memory and summaries are read below.
         query_vector = (
             self.embeddings.embed_query_soon(
-                self._vector_text(tenant, query_text[: self.config.retrieval.query_chars])
+                _vector_text(self, tenant, query_text[: self.config.retrieval.query_chars])
             )
             if query_text and self.config.related_candidates and self.embeddings.may_search()
             else None
@@ -423,7 +423,7 @@ class Assembly:
             try:
                 if early_vector is not None:
                     return early_vector()
-                text = self._vector_text(tenant, query)
+                text = _vector_text(self, tenant, query)
                 vector: npt.NDArray[np.float32] = self.embedder.embed([text])[0]
                 return vector
             except CtxwardenError as exc:  # a remote embedder down: retrieve without vectors
@@ -465,20 +465,28 @@ class Assembly:
             )
         return candidates
 
-    def _vector_text(self, tenant: str, query: str) -> str:
-        """What the query's vector is made of: the query less the names of the tenant's
-        authors it names (:func:`~ctxwarden.focus.vector_text`), when ``name_free``."""
-        if not self.config.retrieval.name_free:
-            return query
-        return vector_text(query, self._authors(tenant))
-
     def _authors(self, tenant: str) -> list[str]:
-        """The tenant's authors, read from the store at most once a minute."""
-        cached = self.authors.get(tenant)
-        if cached is None or time.monotonic() - cached[0] > 60.0:
-            cached = (time.monotonic(), self.store.authors(tenant))
-            self.authors[tenant] = cached
-        return cached[1]
+        return _tenant_authors(self.store, self.authors, tenant)
+
+
+def _vector_text(assembly: Assembly, tenant: str, query: str) -> str:
+    """What the query's vector is made of: the query less the names of the tenant's authors
+    it names (:func:`~ctxwarden.focus.vector_text`), when ``name_free``."""
+    if not assembly.config.retrieval.name_free:
+        return query
+    return vector_text(query, _tenant_authors(assembly.store, assembly.authors, tenant))
+
+
+def _tenant_authors(
+    store: Store, cache: dict[str, tuple[float, list[str]]], tenant: str
+) -> list[str]:
+    """The tenant's authors, read from the store at most once a minute (``cache``, shared
+    with ingest, which adds new ones)."""
+    cached = cache.get(tenant)
+    if cached is None or time.monotonic() - cached[0] > 60.0:
+        cached = (time.monotonic(), store.authors(tenant))
+        cache[tenant] = cached
+    return cached[1]
 
 
 def _block_message_cost(
