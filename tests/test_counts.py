@@ -299,3 +299,27 @@ def test_a_related_line_count_follows_the_memory_at_its_rowid() -> None:
     ):
         assert counts.entries([other], tok) == {7: tok.count(render.entry_text(other))}
     assert len(counts._entries) == 4
+
+
+def test_the_text_counter_counts_each_text_once_and_exactly() -> None:
+    tok = tokens.get_tokenizer("o200k_base")
+    calls: list[str] = []
+
+    class Counting:
+        name = tok.name
+
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return tok.count(text)
+
+    counter = MemoryCounts(SQLiteStore(":memory:"), 2)
+    count = counter.text_counter(Counting())  # type: ignore[arg-type]
+    lines = ["- [m1] 08:00 ana: demo moved to Thursday\n", "- [m2] 08:01 bo: ok\n"]
+    assert [count(t) for t in lines * 3] == [tok.count(t) for t in lines * 3]
+    assert calls == lines  # counted once each
+    assert all(isinstance(k, tuple) and "ana" not in repr(k) for k in counter._texts)
+    count("a third text")  # over the bound: the cache starts again, the count stays exact
+    assert len(counter._texts) == 1
+    counter.clear()
+    assert counter._texts == {}
+    assert count(lines[0]) == tok.count(lines[0])

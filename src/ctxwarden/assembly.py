@@ -239,7 +239,9 @@ class Assembly:
         if query_text and material.related:  # a summary's lines compete as passages
             w = self.config.retrieval
             asked = query_text[: w.query_chars]
-            material.related = summary_passages(material.related, asked, tok.count, w, limit=wanted)
+            material.related = summary_passages(
+                material.related, asked, self.counter.text_counter(tok), w, limit=wanted
+            )
         plan = fill(policy, limits, fixed=fixed, material=material)
         _write_lines(policy, plan)
         notes.extend(plan.notes)

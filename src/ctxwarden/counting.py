@@ -9,8 +9,9 @@ other count is made here on first use.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ctxwarden import render, tokens
 from ctxwarden.counts import CountCache, fingerprint
@@ -42,12 +43,37 @@ class MemoryCounts:
         # every field rendered; like the count cache, it holds no text): not stored (the
         # store keeps the full line's count), counted on first use.
         self._entries: dict[int, int] = {}
+        # Counts of other texts assembly counts each turn (a summary's lines offered as
+        # passages), by tokenizer and a digest of the text: holds no text either.
+        self._texts: dict[tuple[str, bytes], int] = {}
         self._size = max(1, size)
 
     def clear(self) -> None:
         """Forget every cached count (after an erasure: its rows' counts must not outlive it)."""
         self.cache.clear()
         self._entries.clear()
+        self._texts.clear()
+
+    def text_counter(self, tok: tokens.Tokenizer) -> Callable[[str], int]:
+        """``tok.count`` with the counts kept in this process by a digest of the text, for
+        texts that recur turn after turn without being memories of their own (a summary's
+        lines: counting up to a hundred of them was most of what passages cost a turn)."""
+        cache = self._texts
+        name = tok.name
+
+        def count(text: str) -> int:
+            key = (
+                name,
+                hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+            )
+            value = cache.get(key)
+            if value is None:
+                if len(cache) >= self._size:
+                    cache.clear()
+                value = cache[key] = tok.count(text)
+            return value
+
+        return count
 
     def entries(self, memories: Sequence[Memory], tok: tokens.Tokenizer) -> dict[int, int]:
         """The token counts of these memories' related-block lines
