@@ -485,8 +485,13 @@ def compact(
     ] = False,
     apply_it: Annotated[bool, typer.Option("--apply", help="Compact now.")] = False,
     older_than: Annotated[
-        str, typer.Option("--older-than", help="Only memories older than this (14d, 36h).")
-    ] = "14d",
+        str | None,
+        typer.Option(
+            "--older-than",
+            help="Only memories older than this (14d, 36h; default: the compact_older_than "
+            "setting, 14d).",
+        ),
+    ] = None,
     keep_originals: Annotated[
         str | None,
         typer.Option(
@@ -500,13 +505,15 @@ def compact(
         typer.Option("--archive-days", help="Days archived originals are kept (default 30)."),
     ] = None,
     lossless_packs: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--lossless-packs/--no-lossless-packs",
             help="A cluster whose facts cannot be summarised smaller is kept whole in one "
-            "summary when that saves 30 % of its store bytes (default), or left alone.",
+            "summary when that saves compact_min_pack_saving (30 %) of its store bytes, or "
+            "left alone (default: the compact_lossless_packs setting, on).",
+            show_default=False,
         ),
-    ] = True,
+    ] = None,
     summarizer: Annotated[
         str | None,
         typer.Option(help="extractive (offline) or llm (default: the summarizer setting)."),
@@ -533,18 +540,18 @@ def compact(
     ] = None,
 ) -> None:
     """Compact old, rarely used memories into summaries, leaving tombstones (plan or apply)."""
-    from ctxwarden.compact import CompactionPolicy
 
     if every is not None:
         apply_it = not plan_only  # --every applies
     if plan_only == apply_it:
         raise InputError("pass exactly one of --plan or --apply (or --every)", field="compact")
     settings = _settings()
-    policy = CompactionPolicy(
-        older_than=parse_duration(older_than),
-        # checked by the policy (a ConfigError naming compact.keep_originals)
-        keep_originals=keep_originals or settings.keep_originals,  # type: ignore[arg-type]
-        archive_days=archive_days if archive_days is not None else settings.archive_days,
+    # The settings' policy with the flags given in place (keep_originals is checked by the
+    # policy: a ConfigError naming compact.keep_originals).
+    policy = settings.compaction_policy(
+        older_than=None if older_than is None else parse_duration(older_than),
+        keep_originals=keep_originals,
+        archive_days=archive_days,
         lossless_packs=lossless_packs,
     )
     chosen: Summarizer = _summarizer(settings, kind=summarizer, url=llm_url, model=llm_model)

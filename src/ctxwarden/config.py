@@ -27,6 +27,7 @@ A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
@@ -181,8 +182,18 @@ class Settings(BaseSettings):
     #: ``off``; unset: every 6 hours in ``serve``, ``proxy`` and ``mcp``
     #: (:data:`SERVER_COMPACT_EVERY`), never in one-shot commands (:mod:`ctxwarden.scheduler`).
     compact_every: str | None = None
-    #: What scheduled compaction takes: memories older than this duration (and rarely used).
+    #: What compaction takes: memories older than this duration (and rarely used). The
+    #: ``compact_*`` settings, ``keep_originals`` and ``archive_days`` are the policy of
+    #: scheduled runs, of ``ctxwarden compact`` and of the HTTP compact endpoints; a CLI flag
+    #: or a request field overrides one for that call (:meth:`compaction_policy`).
     compact_older_than: str = "14d"
+    #: The most of its cluster's tokens a summary may keep; a cluster whose facts need more
+    #: is packed or left alone.
+    compact_max_summary_share: float = Field(default=CompactionPolicy.max_summary_share, gt=0, lt=1)
+    #: Whether a cluster whose facts need more is kept whole in one summary (a lossless pack,
+    #: :mod:`ctxwarden.pack`) when that saves ``compact_min_pack_saving`` of its store bytes.
+    compact_lossless_packs: bool = CompactionPolicy.lossless_packs
+    compact_min_pack_saving: float = Field(default=CompactionPolicy.min_pack_saving, gt=0, lt=1)
     #: Window summaries of sessions near their recent block (90 %): ``off``, ``sync`` (in
     #: ingest) or ``background`` (a thread; ingest and assemble never wait on a summariser);
     #: unset: ``background`` in the servers, ``off`` in one-shot commands.
@@ -272,12 +283,28 @@ class Settings(BaseSettings):
             max_query_chars=self.max_query_chars,
             retrieval=RetrievalWeights(query_chars=self.retrieval_query_chars),
             compact_every=compact_every,
-            compact_policy=CompactionPolicy(
-                older_than=_duration(self.compact_older_than, "compact_older_than")
-            ),
+            compact_policy=self.compaction_policy(),
             auto_summarize=windows != "off",
             window_summaries="sync" if windows == "off" else windows,
         )
+
+    def compaction_policy(self, **overrides: Any) -> CompactionPolicy:
+        """The compaction policy these settings configure, with ``overrides`` (a CLI flag's or
+        a request's fields; ``None`` values are ignored) in place of the settings.
+
+        >>> Settings().compaction_policy(keep_originals="archive").keep_originals
+        'archive'
+        """
+        policy = CompactionPolicy(
+            older_than=_duration(self.compact_older_than, "compact_older_than"),
+            max_summary_share=self.compact_max_summary_share,
+            keep_originals=self.keep_originals,
+            archive_days=self.archive_days,
+            lossless_packs=self.compact_lossless_packs,
+            min_pack_saving=self.compact_min_pack_saving,
+        )
+        given = {name: value for name, value in overrides.items() if value is not None}
+        return dataclasses.replace(policy, **given) if given else policy
 
 
 def _duration(text: str, name: str) -> float:

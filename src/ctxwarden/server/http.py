@@ -61,7 +61,7 @@ from pydantic import Field
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ctxwarden.compact import DAY, CompactionPolicy
+from ctxwarden.compact import CompactionPolicy
 from ctxwarden.engine import Engine
 from ctxwarden.errors import CtxwardenError, InputError
 from ctxwarden.models import remote_tokenizer
@@ -270,33 +270,29 @@ class EditBody(StrictBody):
 
 
 class CompactBody(StrictBody):
-    """Which memories compaction takes: older than ``older_than`` seconds (default 14 days) and
-    with a decayed access score below ``access_threshold``; a summary may keep at most
-    ``max_summary_share`` of its cluster's tokens (a cluster whose facts need more is left
-    alone, or with ``lossless_packs`` (default) kept whole in one summary when that saves
-    ``min_pack_saving`` of its estimated store bytes). ``keep_originals="archive"`` keeps the
-    originals compressed for ``archive_days`` (``GET /v1/memories/{id}/sources`` returns
-    them); ``"delete"`` (default) removes them."""
+    """Which memories compaction takes: older than ``older_than`` seconds and with a decayed
+    access score below ``access_threshold``; a summary may keep at most ``max_summary_share``
+    of its cluster's tokens (a cluster whose facts need more is left alone, or with
+    ``lossless_packs`` kept whole in one summary when that saves ``min_pack_saving`` of its
+    estimated store bytes). ``keep_originals="archive"`` keeps the originals compressed for
+    ``archive_days`` (``GET /v1/memories/{id}/sources`` returns them); ``"delete"`` removes
+    them. A field left out is the server's setting (``compact_older_than``, ``keep_originals``,
+    ``archive_days``, ``compact_*``; the library's :class:`CompactionPolicy` defaults when
+    unset: 14 days, delete, lossless packs on)."""
 
-    older_than: float = Field(default=14 * DAY, ge=0)
-    access_threshold: float = Field(default=0.5, ge=0)
-    max_summary_share: float = Field(default=CompactionPolicy.max_summary_share, gt=0, lt=1)
-    keep_originals: Literal["delete", "archive"] = "delete"
-    archive_days: float = Field(default=CompactionPolicy.archive_days, gt=0)
-    lossless_packs: bool = CompactionPolicy.lossless_packs
-    min_pack_saving: float = Field(default=CompactionPolicy.min_pack_saving, gt=0, lt=1)
+    older_than: float | None = Field(default=None, ge=0)
+    access_threshold: float | None = Field(default=None, ge=0)
+    max_summary_share: float | None = Field(default=None, gt=0, lt=1)
+    keep_originals: Literal["delete", "archive"] | None = None
+    archive_days: float | None = Field(default=None, gt=0)
+    lossless_packs: bool | None = None
+    min_pack_saving: float | None = Field(default=None, gt=0, lt=1)
 
-    def policy(self) -> CompactionPolicy:
-        """The :class:`CompactionPolicy` this body asks for."""
-        return CompactionPolicy(
-            older_than=self.older_than,
-            access_threshold=self.access_threshold,
-            max_summary_share=self.max_summary_share,
-            keep_originals=self.keep_originals,
-            archive_days=self.archive_days,
-            lossless_packs=self.lossless_packs,
-            min_pack_saving=self.min_pack_saving,
-        )
+    def policy(self, base: CompactionPolicy | None = None) -> CompactionPolicy:
+        """The :class:`CompactionPolicy` this body asks for: ``base`` (the server's) with the
+        fields given in place."""
+        given = self.model_dump(exclude_none=True)
+        return dataclasses.replace(base or CompactionPolicy(), **given)
 
 
 #: orjson refuses what ``json.dumps`` would write differently or refuse (subclasses of str,
@@ -749,11 +745,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
             lambda p: engine.stats(tenant=p.tenant, session=session, user=user, scope=scope),
         )
 
+    # A compact request's unset fields are the server's settings (Settings.compaction_policy).
+    server_policy = engine.config.compact_policy
+
     @app.post("/v1/compact/plan")
     async def compact_plan(body: CompactBody, caller: CallerCredentials) -> dict[str, Any]:
         """What compaction would do now in the caller's tenant (reads only)."""
         return await caller.run(
-            "read", lambda p: engine.compact_plan(policy=body.policy(), tenant=p.tenant).to_dict()
+            "read",
+            lambda p: engine.compact_plan(
+                policy=body.policy(server_policy), tenant=p.tenant
+            ).to_dict(),
         )
 
     @app.post("/v1/compact/apply")
@@ -764,7 +766,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
 
         def work(principal: Principal) -> dict[str, Any]:
             with engine.compactor.lease():
-                plan = engine.compact_plan(policy=body.policy(), tenant=principal.tenant)
+                plan = engine.compact_plan(
+                    policy=body.policy(server_policy), tenant=principal.tenant
+                )
                 result = engine.compact(plan)
             metrics.observe_compaction(len(result.summaries), result.compacted)
             return {
