@@ -146,3 +146,19 @@ def test_cli_compaction_follows_the_settings_and_the_flag_wins(tmp_path: Path) -
 def test_bad_compaction_settings_name_the_field(tmp_path: Path, line: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         load_settings(_settings(tmp_path, line + "\n")).engine_config()
+
+
+def test_the_engines_configured_policy_is_its_default(tmp_path: Path) -> None:
+    """``engine.compact()`` without a policy follows ``EngineConfig.compact_policy``."""
+    from ctxwarden import EngineConfig
+    from ctxwarden.compact import CompactionPolicy
+
+    policy = CompactionPolicy(max_summary_share=0.9, keep_originals="archive")
+    clock = Clock()
+    config = EngineConfig(embed="off", compact_policy=policy)
+    with Engine.open(tmp_path / "e.db", config=config, clock=clock) as engine:
+        engine.ingest(_records(clock.now - 20 * DAY))
+        result = engine.compact()
+        assert result.archived == len(CHAT)
+        (summary_id,) = result.summaries
+        assert [m.content for m in engine.expand(summary_id)] == CHAT

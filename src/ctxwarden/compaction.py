@@ -54,7 +54,7 @@ class Compaction:
     ) -> compaction.CompactionPlan:
         """What :meth:`compact` would do now, read only (see :meth:`Engine.compact_plan`)."""
         tenant = tenant or self.config.tenant
-        policy = policy or compaction.CompactionPolicy()
+        policy = policy or self.config.compact_policy or compaction.CompactionPolicy()
         tok = tokens.get_tokenizer(
             self.registry.resolve(model or self.config.default_model, tokenizer=tokenizer).tokenizer
         )

@@ -315,6 +315,9 @@ class Engine(ScopedReads, ErasureFaces, ExpansionFaces):
     ) -> compaction.CompactionPlan:
         """What :meth:`compact` would do now (reads only). See :mod:`ctxwarden.compact`.
 
+        ``policy`` defaults to :attr:`EngineConfig.compact_policy`, else
+        :class:`~ctxwarden.compact.CompactionPolicy`'s defaults.
+
         Token sizes are counted with ``model``'s tokenizer (default model by default), or
         ``tokenizer`` when named; ``embeddings`` (memory id to vector) enable topic clustering.
         """

@@ -126,7 +126,8 @@ class EngineConfig:
     #: Seconds between scheduled compaction runs (:mod:`ctxwarden.scheduler`); None (the
     #: library's default) schedules none. ``ctxwarden serve`` defaults to 6 hours.
     compact_every: float | None = None
-    #: What scheduled runs compact (default :class:`~ctxwarden.compact.CompactionPolicy`).
+    #: What scheduled runs and :meth:`Engine.compact` / :meth:`Engine.compact_plan` without a
+    #: ``policy`` compact (default :class:`~ctxwarden.compact.CompactionPolicy`).
     compact_policy: CompactionPolicy | None = None
     #: How long a SQLite compaction lease lasts unless renewed (after each cluster), in
     #: seconds: a killed compactor blocks others at most this long.
