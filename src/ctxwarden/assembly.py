@@ -620,7 +620,11 @@ def _line(
         text = (
             text[:-1]
             + render.volume_note(
-                memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+                memory.dup_count,
+                memory.created_at,
+                memory.last_seen_at,
+                memory.latest_content,
+                untrusted=is_untrusted(memory.metadata),
             )
             + "\n"
         )
@@ -768,7 +772,11 @@ class _RecentWalk:
             text = render.message_text(memory)
             if memory.dup_count > 1:
                 text += render.volume_note(
-                    memory.dup_count, memory.created_at, memory.last_seen_at, memory.latest_content
+                    memory.dup_count,
+                    memory.created_at,
+                    memory.last_seen_at,
+                    memory.latest_content,
+                    untrusted=is_untrusted(memory.metadata),
                 )
             texts.append(text)
             cached = counts.get(memory.rowid)

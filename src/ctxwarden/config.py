@@ -290,11 +290,7 @@ class Settings(BaseSettings):
 
     def compaction_policy(self, **overrides: Any) -> CompactionPolicy:
         """The compaction policy these settings configure, with ``overrides`` (a CLI flag's or
-        a request's fields; ``None`` values are ignored) in place of the settings.
-
-        >>> Settings().compaction_policy(keep_originals="archive").keep_originals
-        'archive'
-        """
+        a request's fields; ``None`` values are ignored) in place of the settings."""
         policy = CompactionPolicy(
             older_than=_duration(self.compact_older_than, "compact_older_than"),
             max_summary_share=self.compact_max_summary_share,

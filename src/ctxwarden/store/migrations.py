@@ -111,6 +111,11 @@ Migration 21 (``tombstone_groups``) replaces ``tombstones`` (a row per retired i
 ``tombstone_keys`` (a 32-bit hash of each id, to find its group); the old rows are moved into
 groups and the table dropped (:mod:`ctxwarden.store.tombstones`,
 :mod:`ctxwarden.store.tombstone_migration`).
+
+Migration 22 (``quoted_breaks``) drops the cached token counts of the rows whose rendering
+changed when quoted text began to escape every line break (U+0085, U+2028 and U+2029 in quoted
+content; an untrusted author holding any line break): content holding one of the three, an
+author holding any (each is counted again when assembly needs it).
 """
 
 from __future__ import annotations
@@ -192,6 +197,18 @@ _ATTACHMENT_SEARCH = (
     # Attachments are now rendered after the content: their rows' cached counts are stale.
     "DELETE FROM token_counts WHERE memory_rowid IN "
     "(SELECT rowid FROM memories WHERE attachments IS NOT NULL)",
+)
+
+#: The line breaks :meth:`str.splitlines` knows, as SQL ``char()`` code points.
+_BREAK_CODES = (10, 13, 11, 12, 28, 29, 30, 133, 8232, 8233)
+
+#: Migration 22 (``quoted_breaks``): the rows whose quoted rendering now escapes more breaks.
+_QUOTED_BREAKS = (
+    "DELETE FROM token_counts WHERE memory_rowid IN (SELECT rowid FROM memories WHERE "
+    + " OR ".join(f"instr(content, char({c})) > 0" for c in (133, 8232, 8233))
+    + " OR "
+    + " OR ".join(f"instr(author, char({c})) > 0" for c in _BREAK_CODES)
+    + ")",
 )
 
 #: Migration 20 (``script_bigrams``).
@@ -725,6 +742,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=tombstone_migration.SQLITE_STATEMENTS,
         fill=_fill_tombstone_groups,
     ),
+    Migration(version=22, name="quoted_breaks", statements=_QUOTED_BREAKS),
 )
 
 

@@ -49,6 +49,8 @@ The tables mirror the SQLite schema, with these PostgreSQL counterparts:
 - Migration 19 (``tombstone_groups``) replaces ``tombstones`` by ``tombstone_groups`` and
   ``tombstone_keys``, as SQLite's migration 21 (:mod:`ctxwarden.store.tombstones`), moving the
   old rows into groups.
+- Migration 20 (``quoted_breaks``) drops the cached token counts whose quoted rendering now
+  escapes more line breaks, as SQLite's migration 22.
 """
 
 from __future__ import annotations
@@ -530,6 +532,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         name="tombstone_groups",
         statements=tombstone_migration.PG_STATEMENTS,
         fill=_fill_tombstone_groups,
+    ),
+    Migration(
+        version=20,
+        name="quoted_breaks",
+        statements=(
+            # See SQLite's migration 22: quoted text now escapes every line break, so the
+            # counts of rows with U+0085/U+2028/U+2029 in their content, or any break in their
+            # author, are stale.
+            "DELETE FROM token_counts WHERE memory_rowid IN (SELECT rowid FROM memories WHERE "
+            + " OR ".join(f"strpos(content, chr({c})) > 0" for c in (133, 8232, 8233))
+            + " OR "
+            + " OR ".join(
+                f"strpos(author, chr({c})) > 0"
+                for c in (10, 13, 11, 12, 28, 29, 30, 133, 8232, 8233)
+            )
+            + ")",
+        ),
     ),
 )
 
