@@ -5,7 +5,8 @@
     python3 dev.py test    # the same set-up, then ruff, ruff format --check, mypy --strict,
                            # lint-imports (the layering contracts in pyproject.toml),
                            # mkdocs build --strict (the docs site), pytest (one worker
-                           # a core, at most 4: pytest-xdist; `-n 0` runs in one process)
+                           # a core, at most 4: pytest-xdist; `-n 0` runs in one process),
+                           # and, with no arguments, the docstrings' examples in src
     python3 dev.py bench   # the benchmarks under bench/ (long)
 
 The environment is exactly the lock file's (`uv sync --frozen --all-extras`: the library with its
@@ -188,6 +189,8 @@ def main(argv: list[str]) -> None:
         quiet = {**env, "NO_MKDOCS_2_WARNING": "1"}  # Material's end-of-life banner
         run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", site, env=quiet)
         run(BIN / "python", "-m", "pytest", *test_workers(rest), *rest, env=env)
+        if not rest:  # the whole suite: the docstrings' examples too (~15 s)
+            run(BIN / "python", "-m", "pytest", "-q", "--doctest-modules", "src", env=env)
     elif task == "bench":
         for script in sorted((ROOT / "bench").glob("*.py")):
             if not script.name.startswith("_"):

@@ -109,10 +109,10 @@ class SemanticConfig:
     - ``window_seconds``: how long after Y was last seen X may arrive (default 1 h, like layer B).
     - ``fold_bot_values``: a bot's differing volatile values fold (layer B's rule 6).
 
-    >>> SemanticConfig(threshold=1.5)  # doctest: +ELLIPSIS
+    >>> SemanticConfig(threshold=1.5)
     Traceback (most recent call last):
     ...
-    ctxwarden.errors.ConfigError: semantic.threshold: 1.5 must be in (0, 1] ...
+    ctxwarden.errors.ConfigError: semantic.threshold: 1.5 must be in (0, 1], e.g. 0.985 (a cosine)
     """
 
     enabled: bool = False
