@@ -17,17 +17,9 @@ from ctxwarden import ConfigError, Engine
 from ctxwarden.config import load_settings
 from ctxwarden.server.http import ServerConfig, create_app
 from serving import serve
+from test_archive import CHAT  # a week's chat with two facts in small talk
 
 DAY = 86400.0
-CHAT = [
-    "the release train for the mobile app leaves on Thursday at 10:00",
-    "sounds good to me, let us talk about it later",
-    "sure, i will take a look when i get a chance",
-    "Rosa owns the billing migration, due on the 14th",
-    "thanks for the update, that makes sense",
-    "ok, no strong opinion from my side",
-    "great, talk soon then",
-]
 
 
 def _records(start: float) -> list[dict[str, Any]]:
