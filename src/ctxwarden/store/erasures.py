@@ -18,6 +18,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from ctxwarden.pack import PACK_FORMAT, PACK_FORMAT_KEY, without_lines
 from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.store.reads import bigram_column
@@ -340,11 +341,16 @@ class ErasureWrites(_SessionUnfold):
             frontier = []
             for rowid in found:
                 row = self._rows(
-                    "SELECT id, content, source_ids FROM memories WHERE rowid = ?", (rowid,)
+                    "SELECT id, content, source_ids, metadata FROM memories WHERE rowid = ?",
+                    (rowid,),
                 )[0]
                 sources = [str(s) for s in json.loads(row[2] or "[]")]
-                kept_sources = [s for s in sources if s not in gone]
-                content = without_sources(str(row[1]), gone, len(kept_sources))
+                if _metadata(row[3]).get(PACK_FORMAT_KEY) == PACK_FORMAT:
+                    # A stored pack: line n is source n's (ctxwarden.pack).
+                    content, kept_sources = without_lines(str(row[1]), sources, gone)
+                else:
+                    kept_sources = [s for s in sources if s not in gone]
+                    content = without_sources(str(row[1]), gone, len(kept_sources))
                 if content is None or not kept_sources:
                     removed.add(rowid)
                     rewritten.pop(rowid, None)
