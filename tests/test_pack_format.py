@@ -4,6 +4,7 @@ of one compacted id takes its line out; an unknown format is an error, never a m
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -138,6 +139,9 @@ def test_erasing_one_compacted_id_takes_its_line_out_everywhere(store: Store, cl
     records = _dense(clock.now - 20 * DAY)
     engine, summary_id = _compacted(store, clock, records)
     gone = records[3]  # "CI moves to rack 13 in Lyon"
+    whole = pack(_items(records), TOK)
+    assert whole is not None
+    assert engine.get(summary_id).content == whole.text  # read (and its times kept) before
     receipt = engine.delete(gone["id"])
     assert gone["id"] in receipt.ids
     assert summary_id in receipt.summaries_rewritten
@@ -146,6 +150,10 @@ def test_erasing_one_compacted_id_takes_its_line_out_everywhere(store: Store, cl
     expected = pack(_items(kept), TOK)
     assert expected is not None
     assert shown.content == expected.text  # the others keep their ids, times and authors
+    # The rewritten pack's hash is of its text as shown (times included), as compaction's is.
+    assert (
+        shown.content_hash == "summary-" + hashlib.sha256(expected.text.encode()).hexdigest()[:32]
+    )
     assert gone["content"] not in shown.content
     assert "Summary of 5 messages" in shown.content
     stored, _ = _raw(store, "default", summary_id)

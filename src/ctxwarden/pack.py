@@ -42,10 +42,25 @@ left out when the header states it exactly (every message in one minute) and car
 (``MM-DD HH:MM``) when the messages span several UTC days. A message that spans several lines
 (code, a list) cannot be one line of a pack without losing its layout: a cluster holding one
 is not packed.
+
+What the store keeps (:attr:`Pack.stored`, metadata ``{PACK_FORMAT_KEY: PACK_FORMAT}``) is
+only what the rest of the store does not already hold: the lines' ``author: text``, one a
+line. The id of line ``n`` is the summary's ``source_ids[n]`` and its time the tombstone the
+same compaction writes for that id (:mod:`ctxwarden.store.tombstones`, which keeps each
+retired id's time range anyway); the header and the ``Events:`` title follow from those.
+:func:`unpack` renders it again, byte for byte what :func:`pack` rendered, and the stores do
+so on every read (:mod:`ctxwarden.store.pack_reads`), so nothing that shows a pack sees the
+stored form. Storing ids and times a second time in the text cost ~14 tokens a LoCoMo line
+(``- [D10:13] 13:56 ``): 38,860 tokens for 89,671 of messages (docs/benchmarks.md). A pack
+whose ids repeat or whose messages lack a time is stored rendered, as are packs written before
+this format (no format key: read as they are). Erasing an id drops line ``n`` with
+``source_ids[n]`` (:func:`without_lines`); a pack erased down to other line times shows them
+in the format its remaining lines call for.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -107,18 +122,24 @@ def store_saving(texts: Sequence[str], packed: str) -> float:
     return 1.0 - after / before if before else 0.0
 
 
+@functools.lru_cache(maxsize=8192)
+def _minute(time: float) -> str:
+    """``time`` to the minute (the stores render packs on every read: the same times again)."""
+    return format_time(time, precision="minutes")
+
+
 def _render(ids: Sequence[str], times: Sequence[float | None], rests: Sequence[str]) -> str:
     """The shown text of a pack whose line ``n`` is source ``ids[n]``, created at
     ``times[n]`` (None: unknown), saying ``rests[n]`` (``author: text``)."""
     known = [t for t in times if t is not None]
-    stamps = {format_time(t, precision="minutes") for t in known}
+    minutes = [None if t is None else _minute(t) for t in times]
+    stamps = {m for m in minutes if m is not None}
     one_minute = len(stamps) == 1 and len(known) == len(times)
     one_day = len({s[:10] for s in stamps}) <= 1
     lines = []
-    for id_, time, rest in zip(ids, times, rests, strict=True):
+    for id_, stamp, rest in zip(ids, minutes, rests, strict=True):
         when = ""
-        if time is not None and not one_minute:
-            stamp = format_time(time, precision="minutes")
+        if stamp is not None and not one_minute:
             when = (stamp[11:16] if one_day else stamp[5:16].replace("T", " ")) + " "
         lines.append(f"[{id_}] {when}{rest}")
     start, end = (format_time(min(known)), format_time(max(known))) if known else (None, None)

@@ -30,12 +30,15 @@ from ctxwarden.errors import StoreError
 from ctxwarden.pack import PACK_FORMAT, PACK_FORMAT_KEY, unpack
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Link
-from ctxwarden.store.tombstones import find_tombstones
+from ctxwarden.store.tombstones import decode_members, find_tombstones
 from ctxwarden.types import Memory
 
-__all__ = ["PackReads", "is_stored_pack", "shown"]
+__all__ = ["CACHE_LIMIT", "PackReads", "TimesCache", "is_stored_pack", "shown"]
 
 _T = TypeVar("_T")
+
+#: Summary ids per ``IN`` list (SQLite binds each value).
+_CHUNK = 400
 
 
 def is_stored_pack(memory: Memory) -> bool:
@@ -52,33 +55,83 @@ def is_stored_pack(memory: Memory) -> bool:
     return True
 
 
+#: A pack's source times by (tenant, summary id, content hash). The hash is of the text as
+#: shown, ids and times included (compaction's, and erasure's when it rewrites a pack), so an
+#: entry is never stale; it holds times only, no text (an erased pack's text is kept nowhere).
+TimesCache = dict[tuple[str, str, str], dict[str, float]]
+
+#: Entries kept per store at most (the cache is emptied when full).
+CACHE_LIMIT = 4096
+
+
 def shown(
-    memories: Sequence[Memory], read: Callable[[str, Sequence[Any]], list[Any]]
+    memories: Sequence[Memory],
+    read: Callable[[str, Sequence[Any]], list[Any]],
+    cache: TimesCache | None = None,
 ) -> list[Memory]:
     """``memories`` with every stored pack rendered (see the module doc); ``read`` runs a
-    statement with ``?`` placeholders."""
+    statement with ``?`` placeholders; ``cache`` keeps the packs' source times."""
     packs = [m for m in memories if is_stored_pack(m)]
     if not packs:
         return list(memories)
-    by_tenant: dict[str, set[str]] = {}
+    cache = {} if cache is None else cache
+    if len(cache) > CACHE_LIMIT:
+        cache.clear()
+    found: dict[tuple[str, str, str], dict[str, float]] = {}
+    missing: dict[str, list[Memory]] = {}
     for m in packs:
-        by_tenant.setdefault(m.tenant, set()).update(m.source_ids)
-    times: dict[tuple[str, str], float] = {}
-    for tenant, ids in by_tenant.items():
-        for id_, found in find_tombstones(read, tenant, ids).items():
-            if found.member.time_start is not None:
-                times[tenant, id_] = found.member.time_start
+        key = (m.tenant, m.id, m.content_hash)
+        known = cache.get(key)
+        if known is None:
+            missing.setdefault(m.tenant, []).append(m)
+        else:
+            found[key] = known
+    for tenant, group in missing.items():
+        times = _times(read, tenant, group)
+        for m in group:
+            own = {i: times[i] for i in m.source_ids if i in times}
+            found[m.tenant, m.id, m.content_hash] = cache[m.tenant, m.id, m.content_hash] = own
     marked = {id(m) for m in packs}
     out = []
     for m in memories:
         if id(m) in marked:
-            own = {i: times[m.tenant, i] for i in m.source_ids if (m.tenant, i) in times}
             metadata = {k: v for k, v in m.metadata.items() if k != PACK_FORMAT_KEY}
             m = m._replace(
-                content=unpack(m.content, m.source_ids, own),
+                content=unpack(m.content, m.source_ids, found[m.tenant, m.id, m.content_hash]),
                 metadata=metadata,
             )
         out.append(m)
+    return out
+
+
+def _times(
+    read: Callable[[str, Sequence[Any]], list[Any]], tenant: str, packs: Sequence[Memory]
+) -> dict[str, float]:
+    """The creation time of each source of ``packs`` (of ``tenant``), from its tombstone: the
+    group each pack's compaction wrote (found by its summary id, one index look-up for all),
+    then, for an id not there (a pack compacted again, whose groups now name the summary
+    above it), through :func:`find_tombstones`."""
+    wanted = {i for m in packs for i in m.source_ids}
+    out: dict[str, float] = {}
+    named = sorted({m.id for m in packs})
+    for start in range(0, len(named), _CHUNK):
+        chunk = named[start : start + _CHUNK]
+        rows = read(
+            "SELECT codec, record FROM tombstone_groups WHERE tenant = ? AND summary_id IN "
+            f"({','.join('?' * len(chunk))})",
+            [tenant, *chunk],
+        )
+        for codec, record in rows:
+            out.update(
+                (member.id, member.time_start)
+                for member in decode_members(record, codec)
+                if member.id in wanted and member.time_start is not None
+            )
+    missing = wanted - out.keys()
+    if missing:
+        for id_, found in find_tombstones(read, tenant, missing).items():
+            if found.member.time_start is not None:
+                out[id_] = found.member.time_start
     return out
 
 
@@ -88,8 +141,13 @@ class PackReads:
     def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
         raise NotImplementedError
 
+    #: This store's :data:`TimesCache` (made on first use: the mixin has no constructor).
+    _pack_times: TimesCache | None = None
+
     def _shown(self, memories: Sequence[Memory]) -> list[Memory]:
-        return shown(memories, self._read)
+        if self._pack_times is None:
+            self._pack_times = {}
+        return shown(memories, self._read, self._pack_times)
 
     def _shown_pairs(self, pairs: Sequence[tuple[Memory, _T]]) -> list[tuple[Memory, _T]]:
         if not any(is_stored_pack(m) for m, _ in pairs):
