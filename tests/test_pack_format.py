@@ -243,3 +243,16 @@ def test_unpack_gives_what_pack_rendered(
 def test_lines_and_ids_that_disagree_are_an_error() -> None:
     with pytest.raises(StoreError, match="2 lines for 1 source ids"):
         unpack("ana: a\nbo: b", ["m1"], {})
+
+
+def test_an_edited_pack_keeps_its_shown_text_as_the_version(store: Store, clock: Clock) -> None:
+    records = _dense(clock.now - 20 * DAY)
+    engine, summary_id = _compacted(store, clock, records)
+    before = engine.get(summary_id).content
+    assert engine.update(summary_id, before).status == "known"  # the same text: no edit
+    assert engine.update(summary_id, "ops moved everything to Ghent").status == "edited"
+    assert engine.get(summary_id).content == "ops moved everything to Ghent"
+    assert [v.content for v in engine.versions(summary_id)] == [before]
+    content, metadata = _raw(store, "default", summary_id)
+    assert content == "ops moved everything to Ghent"
+    assert PACK_FORMAT_KEY not in metadata

@@ -417,6 +417,14 @@ class ErasureWrites(_SessionUnfold):
             rowids=tuple(ordered),
         )
 
+    def _shown_text(self, tenant: str, content: str, source_ids: Any, metadata: Any) -> str:
+        """A row's ``content`` as reads show it: a stored pack (:mod:`ctxwarden.pack`)
+        rendered with its ids and times, any other text as it is."""
+        if _metadata(metadata).get(PACK_FORMAT_KEY) != PACK_FORMAT:
+            return content
+        sources = [str(s) for s in json.loads(source_ids or "[]")]
+        return unpack(content, sources, self._source_times(tenant, sources))
+
     def _source_times(self, tenant: str, ids: Sequence[str]) -> dict[str, float]:
         """The creation time of each of ``ids`` (compacted), from its tombstone."""
         return {
