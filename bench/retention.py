@@ -42,6 +42,7 @@ from ctxwarden.attachments import with_note
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.engine import EngineConfig
 from ctxwarden.errors import StoreError
+from ctxwarden.pack import PACK_FORMAT_KEY
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.tokens import get_tokenizer
 from ctxwarden.types import parse_time
@@ -204,20 +205,36 @@ def run(
             tok.count(str(m.get("content") or "")) for c in data.cases for m in c.messages
         )
         # A lossless pack (CompactionPolicy.lossless_packs) keeps its originals' text: what it
-        # adds to the store is its line prefixes and header, not a summary's worth of text.
+        # adds to the store is what it keeps per line beside that text, not a summary's worth.
+        # Counted as stored (the column, not the rendering reads return: a pack in
+        # ctxwarden.pack's stored format keeps `author: text` lines, its ids and times being
+        # the summary's source_ids and the tombstones'), plus the metadata that names the
+        # format, as the JSON it is stored as.
         summary_tokens = packs = pack_tokens = pack_sources = 0
         for c in data.cases:
             said = {
                 str(m["id"]): with_note(str(m.get("content") or ""), m.get("attachments"))
                 for m in c.messages
             }
+            stored = {
+                str(id_): (str(content), json.loads(metadata or "{}"))
+                for id_, content, metadata in store._query(
+                    "SELECT id, content, metadata FROM memories WHERE tenant = ? "
+                    "AND kind = 'summary'",
+                    (c.tenant,),
+                )
+            }
             for s in store.summaries(c.tenant):
-                if s.metadata.get("lossless"):
+                text, metadata = stored[s.id]
+                if metadata.get("lossless"):
                     packs += 1
-                    pack_tokens += tok.count(s.content)
+                    pack_tokens += tok.count(text)
+                    if PACK_FORMAT_KEY in metadata:
+                        marker = {PACK_FORMAT_KEY: metadata[PACK_FORMAT_KEY]}
+                        pack_tokens += tok.count(json.dumps(marker))
                     pack_sources += sum(tok.count(said.get(i, "")) for i in s.source_ids)
                 else:
-                    summary_tokens += tok.count(s.content)
+                    summary_tokens += tok.count(text)
     print(f"## {data.name}: {events} events in {len(data.cases)} tenant(s), {questions} "
           f"questions, budget {budget} tokens (gpt-4, cl100k); {data.note}")  # fmt: skip
     print()
@@ -237,7 +254,7 @@ def run(
     growth = summary_tokens + max(0, pack_tokens - pack_sources)
     print(
         f"summary growth: {summary_tokens:,} summary tokens + {pack_tokens - pack_sources:,} "
-        f"of {packs} lossless packs ({pack_tokens:,} tokens for their originals' "
+        f"of {packs} lossless packs ({pack_tokens:,} tokens stored for their originals' "
         f"{pack_sources:,}, attachments' text included) = {growth / raw_tokens:.1%} of the raw "
         f"log's {raw_tokens:,} (cl100k)"
     )

@@ -68,6 +68,9 @@ class ClusterSummary:
     #: of the cluster's estimated store bytes it saves.
     lossless: bool = False
     saving: float = 0.0
+    #: What the store keeps of a lossless pack's text (:attr:`ctxwarden.pack.Pack.stored`:
+    #: its lines without ids and times); None: the text itself.
+    stored: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready view."""
@@ -182,4 +185,5 @@ def _packed(
         summary_id=cluster.summary_id, text=found.text, tokens=found.tokens, facts=facts,
         reason=f"lossless pack: {reason}; every message kept, {found.saving:.0%} of the "
         "cluster's store bytes saved", fallback=fallback, lossless=True, saving=found.saving,
+        stored=found.stored,
     )  # fmt: skip

@@ -46,7 +46,7 @@ from ctxwarden.background import TERMS_KEY, Background, term_corrections
 from ctxwarden.cluster_summary import ClusterSummary, summarise_cluster, summary_limit
 from ctxwarden.dedupe import exact_key
 from ctxwarden.errors import ConfigError, NotFound
-from ctxwarden.pack import pack
+from ctxwarden.pack import PACK_FORMAT, PACK_FORMAT_KEY, pack
 from ctxwarden.store.base import NewMemory, Store, TokenCount
 from ctxwarden.summarize import (
     Summarizer,
@@ -517,8 +517,13 @@ def write_summary(
     user: str | None = None,
     archive_until: float | None = None,
     metadata: Mapping[str, object] | None = None,
+    stored: str | None = None,
 ) -> bool:
     """Write one summary memory and (``retire``) retire its sources, in one transaction.
+
+    ``stored`` is what the store keeps instead of ``content`` when given (a lossless pack's
+    lines without their ids and times, :mod:`ctxwarden.pack`; ``metadata`` then names its
+    format and the store shows ``content`` again when read); ``content`` is what is counted.
 
     With ``archive_until`` the retired sources are kept in the store's archive until then;
     ``metadata`` goes into the summary's metadata beside ``reason`` and ``source_tokens``.
@@ -544,7 +549,7 @@ def write_summary(
         author=None,
         author_kind="agent",
         role="system",
-        content=content,
+        content=content if stored is None else stored,
         created_at=created,
         thread_id=thread_id,
         reply_to=None,
@@ -630,6 +635,8 @@ def _metadata(
     """What a compaction summary keeps beside its text: the background's corrections (see
     :mod:`ctxwarden.background`) and whether it is a lossless pack."""
     out: dict[str, object] = {"lossless": True} if summary.lossless else {}
+    if summary.lossless and summary.stored is not None:
+        out[PACK_FORMAT_KEY] = PACK_FORMAT
     if compaction.background is not None and summary.text is not None:
         texts = {m.id: SummaryItem.of(m).content for m in sources}
         out[TERMS_KEY] = term_corrections(texts, summary.text, compaction.background)
@@ -709,6 +716,7 @@ def apply(
                 user=cluster.user,
                 archive_until=archive_until,
                 metadata=_metadata(compaction, sources, summary),
+                stored=summary.stored if summary.lossless else None,
             )
             outcome = "compacted" if done else "stale"
         if outcome == "compacted":

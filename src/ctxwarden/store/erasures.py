@@ -18,6 +18,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from ctxwarden.pack import PACK_FORMAT, PACK_FORMAT_KEY, unpack, without_lines
 from ctxwarden.store.archive import ArchiveWrites
 from ctxwarden.store.base import ErasureReceipt
 from ctxwarden.store.reads import bigram_column
@@ -340,11 +341,21 @@ class ErasureWrites(_SessionUnfold):
             frontier = []
             for rowid in found:
                 row = self._rows(
-                    "SELECT id, content, source_ids FROM memories WHERE rowid = ?", (rowid,)
+                    "SELECT id, content, source_ids, metadata FROM memories WHERE rowid = ?",
+                    (rowid,),
                 )[0]
                 sources = [str(s) for s in json.loads(row[2] or "[]")]
-                kept_sources = [s for s in sources if s not in gone]
-                content = without_sources(str(row[1]), gone, len(kept_sources))
+                shown: str | None = None
+                if _metadata(row[3]).get(PACK_FORMAT_KEY) == PACK_FORMAT:
+                    # A stored pack: line n is source n's (ctxwarden.pack); its hash is of
+                    # the text as shown, times included, as compaction's is.
+                    content, kept_sources = without_lines(str(row[1]), sources, gone)
+                    if content is not None:
+                        times = self._source_times(tenant, kept_sources)
+                        shown = unpack(content, kept_sources, times)
+                else:
+                    kept_sources = [s for s in sources if s not in gone]
+                    content = without_sources(str(row[1]), gone, len(kept_sources))
                 if content is None or not kept_sources:
                     removed.add(rowid)
                     rewritten.pop(rowid, None)
@@ -352,7 +363,7 @@ class ErasureWrites(_SessionUnfold):
                     gone.update(summary_ids)
                     frontier.extend(summary_ids)
                 elif content != row[1] or kept_sources != sources:
-                    self._rewrite_summary(rowid, content, kept_sources)
+                    self._rewrite_summary(rowid, content, kept_sources, shown=shown)
                     rewritten[rowid] = str(row[0])
                     # A summary of this summary may quote the dropped lines: its lines citing
                     # this one go too (the id stays: the summary does).
@@ -406,10 +417,29 @@ class ErasureWrites(_SessionUnfold):
             rowids=tuple(ordered),
         )
 
-    def _rewrite_summary(self, rowid: int, content: str, sources: Sequence[str]) -> None:
+    def _shown_text(self, tenant: str, content: str, source_ids: Any, metadata: Any) -> str:
+        """A row's ``content`` as reads show it: a stored pack (:mod:`ctxwarden.pack`)
+        rendered with its ids and times, any other text as it is."""
+        if _metadata(metadata).get(PACK_FORMAT_KEY) != PACK_FORMAT:
+            return content
+        sources = [str(s) for s in json.loads(source_ids or "[]")]
+        return unpack(content, sources, self._source_times(tenant, sources))
+
+    def _source_times(self, tenant: str, ids: Sequence[str]) -> dict[str, float]:
+        """The creation time of each of ``ids`` (compacted), from its tombstone."""
+        return {
+            i: f.member.time_start
+            for i, f in self._tombstone_find(tenant, ids).items()
+            if f.member.time_start is not None
+        }
+
+    def _rewrite_summary(
+        self, rowid: int, content: str, sources: Sequence[str], *, shown: str | None = None
+    ) -> None:
         """Replace a summary's text and sources; what was derived from its old text (token
         counts, its vector) goes, to be computed again from the new. Its search bigrams are
-        those of the new text: the erased text's must leave the index too."""
+        those of the new text: the erased text's must leave the index too. Its hash is of
+        ``shown`` when given (a stored pack's text as reads show it)."""
         attached = self._rows("SELECT attachment_text FROM memories WHERE rowid = ?", (rowid,))
         self._run(
             "UPDATE memories SET content = ?, latest_content = NULL, source_ids = ?, "
@@ -417,7 +447,7 @@ class ErasureWrites(_SessionUnfold):
             (
                 content,
                 json.dumps(list(sources)),
-                "summary-" + hashlib.sha256(content.encode()).hexdigest()[:32],
+                "summary-" + hashlib.sha256((shown or content).encode()).hexdigest()[:32],
                 bigram_column(content, attached[0][0] if attached else None),
                 rowid,
             ),

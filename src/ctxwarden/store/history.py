@@ -223,6 +223,17 @@ def health(
         [*grid, tenant, *context_params],
     ):
         heat.setdefault(str(channel), _series(count))[index(bucket)] += int(n)
+    rows = reads._read(
+        "SELECT id, channel, kind, access_count, access_score, last_accessed_at, "
+        f"substr(content, 1, 120), rowid FROM memory_rows WHERE tenant = ?{scope_filter} "
+        "AND access_count > 0 ORDER BY access_count DESC, rowid LIMIT ?",
+        [tenant, *scope_params, top],
+    )
+    # A summary's text as shown (a lossless pack is stored without its ids and times).
+    shown = {
+        m.rowid: m.content[:120]
+        for m in reads.memories_at([int(r[7]) for r in rows if r[2] == "summary"])
+    }
     hottest = [
         {
             "id": r[0],
@@ -231,14 +242,9 @@ def health(
             "access_count": int(r[3]),
             "access_score": float(r[4]),
             "last_accessed_at": format_time(r[5]) if r[5] is not None else None,
-            "content": r[6],
+            "content": shown.get(int(r[7]), r[6]),
         }
-        for r in reads._read(
-            "SELECT id, channel, kind, access_count, access_score, last_accessed_at, "
-            f"substr(content, 1, 120) FROM memory_rows WHERE tenant = ?{scope_filter} "
-            "AND access_count > 0 ORDER BY access_count DESC, rowid LIMIT ?",
-            [tenant, *scope_params, top],
-        )
+        for r in rows
     ]
     return {
         "session": session,

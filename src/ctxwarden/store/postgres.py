@@ -39,6 +39,7 @@ from ctxwarden.store.base import (
     ContextLog,
     TokenCount,
 )
+from ctxwarden.store.pack_reads import PackReads
 from ctxwarden.store.pg_lexical import Lexical
 from ctxwarden.store.pg_vectors import PostgresVectors
 from ctxwarden.store.pg_writer import Conn, _PostgresWriter, store_failure, timeout_settings
@@ -82,7 +83,7 @@ def _unlock(conn: Conn, name: str) -> None:
         conn.close()
 
 
-class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
+class PostgresStore(PackReads, PostgresVectors, MemoryReads, ArchiveReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).
@@ -298,7 +299,7 @@ class PostgresStore(PostgresVectors, MemoryReads, ArchiveReads):
         if plan is None:
             return []
         rows = self._query(*plan)
-        return [(memory_of(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows]
+        return self._shown_pairs([(memory_of(r[:-1]), max(float(r[-1]), 1e-9)) for r in rows])
 
     def token_counts(self, rowids: Sequence[int], tokenizer: str) -> dict[int, TokenCount]:
         """Cached counts for these rowids under ``tokenizer``."""

@@ -44,6 +44,7 @@ from ctxwarden.errors import ConfigError, ConflictError, StoreError, StoreUnavai
 from ctxwarden.store import migrations
 from ctxwarden.store.archive import ArchiveReads
 from ctxwarden.store.base import ApiKey, ContextLog, TokenCount
+from ctxwarden.store.pack_reads import PackReads
 from ctxwarden.store.reads import CONTEXT_COLUMNS, MemoryReads, context_row
 from ctxwarden.store.sqlite_connection import (
     CHECKPOINT_INTERVAL_SECONDS,
@@ -120,7 +121,7 @@ def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
     return True
 
 
-class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
+class SQLiteStore(PackReads, SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
     ``timeout``: how long a call waits for the write lock (another process's or another

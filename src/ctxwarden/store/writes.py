@@ -137,12 +137,15 @@ class MemoryWrites(ErasureWrites):
         self._before_delete()
         rows = self._rows(
             "SELECT rowid, content, content_hash, created_at, role, author, kind, channel, "
-            f"attachments FROM memories WHERE tenant = ? AND id = ?{self._LOCK_ROWS}",
+            f"attachments, source_ids, metadata FROM memories WHERE tenant = ? AND id = ?"
+            f"{self._LOCK_ROWS}",
             (edit.tenant, edit.id),
         )
         if not rows:
             return None
-        rowid, content, content_hash, created_at, role, author, kind, channel, stored = rows[0]
+        rowid, content, content_hash, created_at, role, author, kind, channel, stored = rows[0][:9]
+        # A stored pack's text as reads show it: what the edit replaces (and its version keeps).
+        content = self._shown_text(edit.tenant, content, rows[0][9], rows[0][10])
         attachments = json.dumps(list(edit.attachments)) if edit.attachments else None
         attachment_text = search_text(edit.attachments) or None
         if content == edit.content and stored == attachments:
