@@ -256,3 +256,21 @@ def test_an_edited_pack_keeps_its_shown_text_as_the_version(store: Store, clock:
     content, metadata = _raw(store, "default", summary_id)
     assert content == "ops moved everything to Ghent"
     assert PACK_FORMAT_KEY not in metadata
+
+
+def test_a_pack_whose_tombstones_name_another_summary_reads_the_same(
+    store: Store, clock: Clock
+) -> None:
+    """A pack compacted in turn: its sources' tombstone groups then name the summary above it
+    (Store.retire), and its archived record is read through the ids' keys instead."""
+    records = _dense(clock.now - 20 * DAY)
+    _, summary_id = _compacted(store, clock, records)
+    expected = pack(_items(records), TOK)
+    assert expected is not None
+    with store.write() as writer:
+        writer._run(  # type: ignore[attr-defined]
+            "UPDATE tombstone_groups SET summary_id = ? WHERE summary_id = ?",
+            ("above", summary_id),
+        )
+    store._pack_times = {}  # type: ignore[attr-defined]  # nothing read before
+    assert [m.content for m in store.summaries("default")] == [expected.text]

@@ -9,8 +9,10 @@ every read that returns memories: a pack leaves the store rendered as :func:`ctx
 rendered it (``- [id] HH:MM author: text`` lines under its header), its metadata without the
 format key, so every caller (assembly, passages, expand, exports, MCP) sees what it saw when
 packs were stored rendered, and a memory passed through twice (a search's ``known``) is left
-as it is. One look-up per call reads the tombstones of all the packs it returns
-(:func:`~ctxwarden.store.tombstones.find_tombstones`: two indexed statements).
+as it is. The times of the packs a call returns are read in one statement (their tombstone
+groups by summary id, ``tombstone_groups_summary``; an id found elsewhere through
+:func:`~ctxwarden.store.tombstones.find_tombstones`) and kept per store (:data:`TimesCache`:
+times only), so a pack read again costs its rendering, ~50 us for 20 lines.
 
 Packs stored rendered (before this format) have no format key and are returned unchanged; a
 format this code does not know is a :class:`~ctxwarden.errors.StoreError`, never a pack shown

@@ -359,22 +359,28 @@ class MemoryReads:
             }.get(status)
             if layer is not None and channel in channels:
                 channels[channel][layer] += int(count)
+        rows = self._read(
+            "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
+            "substr(latest_content, 1, 120), rowid, kind FROM memories "
+            f"WHERE tenant = ?{extra} AND dup_count > 1 ORDER BY dup_count DESC, rowid "
+            "LIMIT 10",
+            [tenant, *extra_params],
+        )
+        # A summary's text as shown (a lossless pack is stored without its ids and times).
+        shown = {
+            m.rowid: m.content[:120]
+            for m in self.memories_at([int(r[6]) for r in rows if r[7] == "summary"])
+        }
         top = [
             {
                 "id": r[0],
                 "channel": r[1],
                 "author": r[2],
                 "count": r[3],
-                "content": r[4],
+                "content": shown.get(int(r[6]), r[4]),
                 "latest": r[5],
             }
-            for r in self._read(
-                "SELECT id, channel, author, dup_count, substr(content, 1, 120), "
-                "substr(latest_content, 1, 120) FROM memories "
-                f"WHERE tenant = ?{extra} AND dup_count > 1 ORDER BY dup_count DESC, rowid "
-                "LIMIT 10",
-                [tenant, *extra_params],
-            )
+            for r in rows
         ]
         if scope is not None and scope.session is not None:
             contexts = self._read(
