@@ -111,7 +111,7 @@ def store_saving(texts: Sequence[str], packed: str) -> float:
     with stored text ``packed`` (and a tombstone per message) saves (see the module doc).
 
     >>> round(store_saving(["x" * 100] * 10, "y" * 1200), 2)
-    0.43
+    0.53
     """
     before = sum(ROW_BYTES + TEXT_FACTOR * len(t.encode("utf-8", "surrogatepass")) for t in texts)
     after = (
