@@ -257,9 +257,17 @@ def test_summary_passages_are_exactly_counted_and_never_over_budget(
         assert _exact(context, model) == context.tokens
     assert len(context.included) == len(set(context.included))
     shown = _data(context)
-    source = text.splitlines()
-    mine = [line for line in shown.splitlines() if line in source[1:]]
-    assert len(mine) == len(set(mine))
+    events_shown = [line for line in shown.splitlines() if line in events_text(text)]
+    # Two summaries shown whole (a query that matches none of their lines) repeat each other's
+    # lines here by construction: this test gives both the same ones, which compaction never
+    # does (it cites an id once). The rule is for lines offered one by one.
+    if not (text in shown and _summary(events[::-1]) in shown):
+        assert len(events_shown) == len(set(events_shown))
+
+
+def events_text(text: str) -> set[str]:
+    """The event lines of a summary's text (not its header or section titles)."""
+    return {line for line in text.splitlines() if line.startswith("- [")}
 
 
 @settings(max_examples=500)
