@@ -714,6 +714,20 @@ class Store(Protocol):
         scope-filtered in the query (rule 6); ``k`` are returned whenever the scope holds ``k``
         vectors (a backend whose index cannot filter searches the scope's rows exactly)."""
 
+    def vector_nearest(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        author: str | None = None,
+        scope: ReadScope | None = None,
+    ) -> list[tuple[int, float]]:
+        """:meth:`vector_search` as ``(rowid, cosine)`` pairs, the same in the same order,
+        without reading the memories: a caller that needs the cosines of many and the
+        memories of a few reads those (:meth:`memories_at`; a row read costs ~10 us)."""
+
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""
 
