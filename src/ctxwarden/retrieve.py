@@ -361,7 +361,8 @@ def retrieve(
                 add("vector", near[: w.candidates])
             if contextual:
                 found = in_context(store, tenant, near, anchors=w.context_anchors,
-                                   share=w.context_share, scope=scope, pool=pool_hits)  # fmt: skip
+                                   share=w.context_share, scope=scope, pool=pool_hits,
+                                   known=_read_so_far(memories, focused))  # fmt: skip
                 add("context", found)
         for name in named if w.author_vector > 0 else []:
             found = store.vector_search(
@@ -491,7 +492,9 @@ def retrieve(
     expanding = w.neighbours + w.answer + w.thread > 0
     anchors = [memories[r] for r in picked[: w.expand]] if expanding else []
     links = (
-        store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies, scope=scope)
+        store.neighbours(
+            tenant, anchors, turns=w.turns, replies=w.replies, scope=scope, known=memories
+        )
         if anchors
         else []
     )

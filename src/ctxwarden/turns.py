@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Store
@@ -21,6 +21,7 @@ def in_context(
     share: float,
     scope: ReadScope | None = None,
     pool: Sequence[tuple[int, float]] | None = None,
+    known: Mapping[int, Memory] | None = None,
 ) -> list[tuple[Memory, float]]:
     """The nearest vectors (``near``: memory and cosine, best first) re-ranked with the turn
     before each: ``cosine(turn) + share * cosine(previous turn)``, best first.
@@ -40,7 +41,7 @@ def in_context(
 
     ``pool``: the ``(rowid, cosine)`` pairs of the whole pool when ``near`` holds only its
     first memories (at least ``anchors``; :meth:`Store.vector_nearest`): the memories of the
-    others are never used.
+    others are never used. ``known``: memories read already (by rowid), not read again.
     """
     if not near:
         return []
@@ -49,7 +50,7 @@ def in_context(
     cosine = dict(pool)
     floor = pool[-1][1]
     first = [memory for memory, _ in near[:anchors]]
-    links = store.neighbours(tenant, first, turns=1, replies=0, scope=scope)
+    links = store.neighbours(tenant, first, turns=1, replies=0, scope=scope, known=known)
     before: dict[int, Memory] = {}
     turns: dict[int, tuple[Memory, float]] = {}  # rowid -> (memory, its previous turn's cosine)
     for link in links:

@@ -67,6 +67,7 @@ from ctxwarden.store.sqlite_lexical import (
     row_budget,
     very_common_rows,
 )
+from ctxwarden.store.sqlite_neighbours import SQLiteNeighbours
 from ctxwarden.store.sqlite_vectors import SQLiteVectors, VectorCache
 from ctxwarden.store.sqlite_writer import _SQLiteWriter, bucket_of
 from ctxwarden.store.writes import ACCESS_TAU_SECONDS, ACCESS_UPSERT, access_bump
@@ -120,7 +121,7 @@ def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
     return True
 
 
-class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
+class SQLiteStore(SQLiteLexical, SQLiteVectors, SQLiteNeighbours, MemoryReads, ArchiveReads):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
     ``timeout``: how long a call waits for the write lock (another process's or another
@@ -130,13 +131,6 @@ class SQLiteStore(SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
     >>> store.stats("default")["memories"]
     0
     """
-
-    # One neighbours statement per anchor (its text fixed by the anchor's shape, so compiled
-    # once): a UNION ALL over a retrieval's anchors has a new text whenever their mix of
-    # threads, replies and channels changes, and compiling 32 branches costs ~10 times running
-    # them (200 retrievals among threads: ~5 ms CPU a call against 0.7). Where every anchor has
-    # one shape (a chat server's) the two cost the same (0.26 ms).
-    _NEIGHBOURS_PER_ANCHOR = True
 
     def __init__(self, path: str | Path, *, timeout: float = STORE_TIMEOUT_SECONDS) -> None:
         self.path = str(path)
