@@ -365,9 +365,10 @@ def retrieve(
                                    known=_read_so_far(memories, focused))  # fmt: skip
                 add("context", found)
         for name in named if w.author_vector > 0 else []:
-            found = store.vector_search(
+            hits = store.vector_nearest(
                 tenant, model, query_vector, k=w.author_candidates, author=name, scope=scope
-            )
+            )  # the memories of those not read yet are read
+            found = _memories_of(store, hits, _read_so_far(memories, focused), tenant, scope)
             add("author_vector", found)
     if not memories:
         return []

@@ -529,10 +529,14 @@ def _neighbour_statement(
     anchors: Sequence[list[tuple[str, str, list[Any], str, int]]],
     *,
     scope: ReadScope | None = None,
+    columns: str = MEMORY_COLUMNS,
+    rows: str = "memory_rows",
 ) -> tuple[str, list[Any]]:
     """One ``UNION ALL`` of these anchors' branches (:func:`_neighbour_branches`), each row led
     by its anchor's position in ``anchors`` and its relation; ("", []) without branches. Each
-    branch is filtered by ``scope`` before its limit (a thread shared with other sessions)."""
+    branch is filtered by ``scope`` before its limit (a thread shared with other sessions).
+    ``columns`` of ``rows`` (a memory row by default; ``"rowid"`` of ``memories`` for the
+    rowids alone)."""
     branches: list[str] = []
     params: list[Any] = []
     scope_filter, scope_params = scope_sql(scope)
@@ -542,7 +546,7 @@ def _neighbour_statement(
             alias = f"b{len(branches)}"
             branches.append(
                 f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
-                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where}"
+                f"(SELECT {columns} FROM {rows} WHERE tenant = ? AND {where}"
                 f"{scope_filter} ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
             )
             params.extend((tenant, *args, *scope_params))

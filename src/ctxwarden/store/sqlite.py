@@ -17,11 +17,11 @@ docs/serving.md "Load").
 By concern: the connection's pragmas and the :class:`Checkpointer` are in
 :mod:`~ctxwarden.store.sqlite_connection`, the write transaction (:class:`_SQLiteWriter` and its
 de-dup lookups) in :mod:`~ctxwarden.store.sqlite_writer`, FTS5 search in
-:mod:`~ctxwarden.store.sqlite_lexical` and vectors in :mod:`~ctxwarden.store.sqlite_vectors`
-(mixins over this store's connection, lock and ``_query``, as the shared reads of
-:mod:`~ctxwarden.store.reads` are); the schema in :mod:`~ctxwarden.store.migrations`. This module
-keeps the store: opening, the write lock and transactions, the inclusion log, API keys and
-maintenance.
+:mod:`~ctxwarden.store.sqlite_lexical`, vectors in :mod:`~ctxwarden.store.sqlite_vectors` and
+neighbours in :mod:`~ctxwarden.store.sqlite_neighbours` (mixins over this store's connection,
+lock and ``_query``, as the shared reads of :mod:`~ctxwarden.store.reads` are); the schema in
+:mod:`~ctxwarden.store.migrations`. This module keeps the store: opening, the write lock and
+transactions, the inclusion log, API keys and maintenance.
 """
 
 from __future__ import annotations

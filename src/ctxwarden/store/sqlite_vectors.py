@@ -462,8 +462,9 @@ class SQLiteVectors:
             ids = list(score)
             if rowids_only and allowed is not None and named is None:
                 # The allowed rowids were read from the table by this call's filter: no
-                # second look (~1.5 us a rowid); a caller reads the memories it uses.
-                found, ids = [(int(r), c) for r, c in hits], []
+                # second look (~1.5 us a rowid); a caller reads the memories it uses. The
+                # index's order is already (-cosine, rowid).
+                return [(int(r), c) for r, c in hits][:k]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
