@@ -2,8 +2,8 @@
 
 Usage (from a checkout's root; the checkout's own ``src`` and ``bench`` are used)::
 
-    PYTHONPATH=src python scripts/context_dump.py locomo OUT [--limit 20] [--db PREPARED]
-    PYTHONPATH=src python scripts/context_dump.py store10k OUT [--db /tmp/prof10k.db]
+    PYTHONPATH=src python scripts/context_dump.py locomo OUT [--limit 20] [--db DB] [--data JSON]
+    PYTHONPATH=src python scripts/context_dump.py store10k OUT [--db PRISTINE]
     diff <(main's OUT) <(branch's OUT)
 
 ``locomo``: bench/evidence_recall.py's run over ../shared/data/locomo-dev (default
@@ -12,12 +12,13 @@ context written as JSON lines (question, budget, messages, included ids, tokens)
 store that run prepared (copied first, so every run starts from the same file; the
 conversations' vectors are then not embedded again).
 
-``store10k``: bench/query_latency.py's 10k-memory store (as /work/notes/s7/prof.py builds it,
-random vectors under MiniLM's name), 80 questions at budget 2,000 with the inclusion log on
-(each context's inclusions change the access scores the next one sees, flushed before the
-next), the clock fixed. Session-scoped reads only: a tenant-wide read's vector pool (an
-approximate index search over 10k random vectors) differed between two runs of the same
-checkout.
+``store10k``: bench/query_latency.py's 10k-memory store (built at ``--db`` when missing, random
+vectors under MiniLM's name; never assemble on that file itself, as every assembly's inclusion
+log changes the access scores: it is copied), 80 questions (the first 20 at 1k, 2k and 8k, the
+rest at 2k; 120 contexts) with the inclusion log on (each context's inclusions change the access
+scores the next one sees, flushed before the next), the clock fixed. Session-scoped reads only:
+a tenant-wide read's vector pool (an approximate index search over 10k random vectors) differed
+between two runs of the same checkout.
 A refactoring of assembly that must not change what is assembled diffs empty.
 """
 
@@ -53,7 +54,7 @@ def _record(out: Any, label: dict[str, Any], context: Any) -> None:
     )
 
 
-def locomo(out: Any, limit: int, db: str | None) -> None:
+def locomo(out: Any, limit: int, db: str | None, data: Path | None) -> None:
     import evidence_recall as er
 
     seen: list[dict[str, Any]] = []
@@ -67,8 +68,7 @@ def locomo(out: Any, limit: int, db: str | None) -> None:
         return context
 
     Engine.assemble = recording  # type: ignore[method-assign]
-    data = Path("/work/shared/data/locomo-dev/locomo-dev.json")
-    conversations = er.read(data if data.exists() else er.DEFAULT_DATA[0])
+    conversations = er.read(data or er.DEFAULT_DATA[0])
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "store.db")
         if db is not None and not Path(db).exists():
@@ -148,10 +148,13 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--db", default=None)
+    parser.add_argument(
+        "--data", type=Path, default=None, help="locomo-dev.json (default: the bench's)"
+    )
     args = parser.parse_args()
     with args.out.open("w") as out:
         if args.what == "locomo":
-            locomo(out, args.limit, args.db)
+            locomo(out, args.limit, args.db, args.data)
         else:
             store10k(out, args.db or str(Path(tempfile.gettempdir()) / "prof10k.db"))
 
