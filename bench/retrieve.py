@@ -94,8 +94,10 @@ def _tenant(row: int, others: int) -> str:
 
 def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None:
     """Wrap the store's searches to add up their CPU time (bridge hops ask for 10 results, the
-    main lexical search for ``RetrievalWeights.candidates``, 100)."""
+    main lexical search for ``RetrievalWeights.candidates``, 100; a vector search's step is its
+    rowids and cosines, the memories then read apart)."""
     search, vector_search = store.search, store.vector_search
+    vector_nearest = store.vector_nearest  # retrieval's own vector searches (rowids first)
 
     def timed_search(
         tenant: str, terms: Any, *, limit: int = 100, require: Any = (), **rest: Any
@@ -113,8 +115,16 @@ def _time_store_calls(store: SQLiteStore, spent: dict[str, list[float]]) -> None
         spent.setdefault(step, []).append((time.process_time() - began) * 1000)
         return found
 
+    def timed_vector_nearest(*args: Any, **kwargs: Any) -> Any:
+        began = time.process_time()
+        found = vector_nearest(*args, **kwargs)
+        step = "vector search (author)" if kwargs.get("author") else "vector search"
+        spent.setdefault(step, []).append((time.process_time() - began) * 1000)
+        return found
+
     store.search = timed_search  # type: ignore[method-assign]
     store.vector_search = timed_vector_search  # type: ignore[method-assign]
+    store.vector_nearest = timed_vector_nearest  # type: ignore[method-assign]
 
 
 def exact_check(

@@ -64,7 +64,7 @@ from ctxwarden.assemble import query_terms
 from ctxwarden.attachments import search_text
 from ctxwarden.errors import ConfigError, InputError
 from ctxwarden.focus import Focus, focus, without_words
-from ctxwarden.scope import ReadScope
+from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
 from ctxwarden.turns import in_context
@@ -345,22 +345,30 @@ def retrieve(
     )
     query_vector = query_vector() if callable(query_vector) else query_vector
     query_words = _words(query)
+    pool_hits: list[tuple[int, float]] | None = None
     if query_vector is not None and model is not None:
         named = [a for a in authors if _named(a, query_words)][:3]
         contextual = w.context > 0 and w.context_anchors > 0
         if w.vector > 0 or contextual:
             pool = w.candidates * (w.context_pool if contextual else 1)
-            near = store.vector_search(tenant, model, query_vector, k=pool, scope=scope)
+            pool_hits = store.vector_nearest(tenant, model, query_vector, k=pool, scope=scope)
+            # Only the memories used are read (the pool's others give their cosines).
+            read = max(w.candidates if w.vector > 0 else 0, w.context_anchors if contextual else 0)
+            near = _memories_of(
+                store, pool_hits[:read], _read_so_far(memories, focused), tenant, scope
+            )
             if w.vector > 0:
                 add("vector", near[: w.candidates])
             if contextual:
                 found = in_context(store, tenant, near, anchors=w.context_anchors,
-                                   share=w.context_share, scope=scope)  # fmt: skip
+                                   share=w.context_share, scope=scope, pool=pool_hits,
+                                   known=_read_so_far(memories, focused))  # fmt: skip
                 add("context", found)
         for name in named if w.author_vector > 0 else []:
-            found = store.vector_search(
+            hits = store.vector_nearest(
                 tenant, model, query_vector, k=w.author_candidates, author=name, scope=scope
-            )
+            )  # the memories of those not read yet are read
+            found = _memories_of(store, hits, _read_so_far(memories, focused), tenant, scope)
             add("author_vector", found)
     if not memories:
         return []
@@ -371,7 +379,10 @@ def retrieve(
             focused = _focused(store, aim, tenant=tenant, terms=terms, w=w, scope=scope,
                                known=memories)  # fmt: skip
     if aim.spans and w.dated > 0 and query_vector is not None and model is not None:
-        near = store.vector_search(tenant, model, query_vector, k=4 * w.candidates, scope=scope)
+        if pool_hits is not None and pool == 4 * w.candidates:  # the same search: not again
+            near = _memories_of(store, pool_hits, _read_so_far(memories, focused), tenant, scope)
+        else:
+            near = store.vector_search(tenant, model, query_vector, k=4 * w.candidates, scope=scope)
         focused.append(("dated_vector", [(m, r) for m, r in near if aim.when(m) > 0]))
     for source, found in focused:
         add(source, found)
@@ -482,7 +493,9 @@ def retrieve(
     expanding = w.neighbours + w.answer + w.thread > 0
     anchors = [memories[r] for r in picked[: w.expand]] if expanding else []
     links = (
-        store.neighbours(tenant, anchors, turns=w.turns, replies=w.replies, scope=scope)
+        store.neighbours(
+            tenant, anchors, turns=w.turns, replies=w.replies, scope=scope, known=memories
+        )
         if anchors
         else []
     )
@@ -529,6 +542,41 @@ def retrieve(
         ordered.append((-density, rowid, Hit(memories[rowid], score, tokens, components)))
     ordered.sort()
     return [hit for _, _, hit in ordered]
+
+
+def _memories_of(
+    store: Store,
+    nearest: Sequence[tuple[int, float]],
+    known: Mapping[int, Memory],
+    tenant: str,
+    scope: ReadScope | None,
+) -> list[tuple[Memory, float]]:
+    """The memories of :meth:`Store.vector_nearest`'s ``(rowid, cosine)`` pairs, in their order
+    (those ``known``, read earlier in the same retrieval, not read again; a row deleted since,
+    or whose rowid another tenant's or scope's row took since, is left out)."""
+    unread = [rowid for rowid, _ in nearest if rowid not in known]
+    read = {
+        m.rowid: m
+        for m in (store.memories_at(unread) if unread else ())
+        if m.tenant == tenant and in_scope(m, scope)
+    }
+    out = []
+    for rowid, cosine in nearest:
+        memory = known.get(rowid) or read.get(rowid)
+        if memory is not None:
+            out.append((memory, cosine))
+    return out
+
+
+def _read_so_far(
+    memories: Mapping[int, Memory], focused: Sequence[tuple[str, list[tuple[Memory, float]]]]
+) -> dict[int, Memory]:
+    """The memories a retrieval has read so far: its candidates and its focused lists'."""
+    out = dict(memories)
+    for _, found in focused:
+        for memory, _ in found:
+            out.setdefault(memory.rowid, memory)
+    return out
 
 
 def _focused(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Store
@@ -20,6 +20,8 @@ def in_context(
     anchors: int,
     share: float,
     scope: ReadScope | None = None,
+    pool: Sequence[tuple[int, float]] | None = None,
+    known: Mapping[int, Memory] | None = None,
 ) -> list[tuple[Memory, float]]:
     """The nearest vectors (``near``: memory and cosine, best first) re-ranked with the turn
     before each: ``cosine(turn) + share * cosine(previous turn)``, best first.
@@ -36,13 +38,19 @@ def in_context(
     40.3 / 52.5 / 66.5 % with 40 anchors and a share of 0.5 (0.7: 41.1 / 52.7 / 64.3; 20
     anchors: 39.8 / 50.8 / 64.1; every turn with its own predecessor's exact cosine: 40.9 /
     53.4 / 67.7, so 40 anchors hold most of it).
+
+    ``pool``: the ``(rowid, cosine)`` pairs of the whole pool when ``near`` holds only its
+    first memories (at least ``anchors``; :meth:`Store.vector_nearest`): the memories of the
+    others are never used. ``known``: memories read already (by rowid), not read again.
     """
     if not near:
         return []
-    cosine = {memory.rowid: score for memory, score in near}
-    floor = near[-1][1]
+    if pool is None:
+        pool = [(memory.rowid, score) for memory, score in near]
+    cosine = dict(pool)
+    floor = pool[-1][1]
     first = [memory for memory, _ in near[:anchors]]
-    links = store.neighbours(tenant, first, turns=1, replies=0, scope=scope)
+    links = store.neighbours(tenant, first, turns=1, replies=0, scope=scope, known=known)
     before: dict[int, Memory] = {}
     turns: dict[int, tuple[Memory, float]] = {}  # rowid -> (memory, its previous turn's cosine)
     for link in links:

@@ -417,4 +417,5 @@ class SideCopy:
             mask = scores >= threshold
             ids, scores = ids[mask], scores[mask]
         order = np.lexsort((ids, -scores))[:k]
-        return [(int(ids[i]), float(scores[i])) for i in order]
+        # tolist: the same Python ints and floats as int() and float() of each, ~4x sooner
+        return list(zip(ids[order].tolist(), scores[order].tolist(), strict=True))

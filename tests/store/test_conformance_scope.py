@@ -107,6 +107,36 @@ def test_scoped_vector_search_returns_k_of_the_scope(store: Store) -> None:
     assert {m.user for m, _ in store.vector_search("t", "m1", query, k=5)} == {"bob"}
 
 
+def test_vector_nearest_is_vector_search_without_the_memories(store: Store) -> None:
+    # The same (rowid, cosine) pairs in the same order, for every scope, author and k: retrieval
+    # reads the memories of the first few and keeps the cosines of the rest.
+    rowids: list[int] = []
+    with store.write() as w:
+        for i in range(60):
+            user = ("alice", "bob", None)[i % 3]
+            session = "a" if i % 2 else "b"
+            rowids.append(w.insert(_memory(f"m{i}", user=user, session=session, at=float(i))))
+        rowids.append(w.insert(_memory("other", user="alice", session="a", tenant="u")))
+    vectors = np.vstack([_unit(7 + i) for i in range(len(rowids))]).astype(np.float32)
+    vectors[5] = vectors[6]  # a tie: broken by rowid on both sides
+    assert store.put_vectors("m1", rowids, vectors) == len(rowids)
+    for seed in (0, 6 + 7):
+        query = _unit(seed)
+        for scope in (None, SESSION_A, USER_ALICE):
+            for author in (None, "ana", "nobody"):
+                for k in (1, 5, 60, 100):
+                    found = store.vector_search("t", "m1", query, k=k, author=author, scope=scope)
+                    nearest = store.vector_nearest(
+                        "t", "m1", query, k=k, author=author, scope=scope
+                    )
+                    assert nearest == [(m.rowid, cosine) for m, cosine in found]
+                    assert all(isinstance(r, int) for r, _ in nearest)
+    assert store.vector_nearest("u", "m1", _unit(0), k=5) == [(rowids[-1], pytest.approx(
+        store.vector_search("u", "m1", _unit(0), k=5)[0][1]))]  # fmt: skip
+    assert store.vector_nearest("t", "m2", _unit(0), k=5) == []
+    assert store.vector_nearest("t", "m1", _unit(0), k=0) == []
+
+
 def test_pins_show_where_they_were_pinned_for(store: Store) -> None:
     with store.write() as w:
         w.insert(_memory("own", user="alice", session="a"))

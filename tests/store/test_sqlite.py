@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxwarden.errors import StoreError
 from ctxwarden.store import migrations
@@ -112,23 +114,25 @@ def test_search_leaves_out_terms_too_common_to_rank() -> None:
     store.close()
 
 
-def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path) -> None:
+def test_neighbours_reads_rowids_per_anchor_then_the_rows_not_read_yet(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "x.db")
     with store.write() as w:
         w.insert(_memory("a", content="a question?", at=1.0))
         w.insert(dataclasses.replace(_memory("b", content="an answer", at=2.0), reply_to="a",
                                      thread_id="a"))  # fmt: skip
         w.insert(_memory("n", content="no channel", at=3.0, channel=None))
+        for i in range(30):
+            w.insert(_memory(f"c{i}", content=f"turn {i}", at=10.0 + i))
     statements: list[str] = []
     plan: list[str] = []
-    read = store._read
+    query = store._query
 
     def explained(sql: str, params: Any) -> list[Any]:
         statements.append(sql)
-        plan.extend(r[-1] for r in store._query("EXPLAIN QUERY PLAN " + sql, params))
-        return read(sql, params)
+        plan.extend(r[-1] for r in query("EXPLAIN QUERY PLAN " + sql, params))
+        return query(sql, params)
 
-    store._read = explained  # type: ignore[method-assign]
+    store._query = explained  # type: ignore[method-assign]
     anchors = [store.get("t", i) for i in ("a", "b", "n")]
     statements.clear()
     plan.clear()
@@ -136,21 +140,26 @@ def test_neighbours_is_one_statement_per_anchor_of_index_searches(tmp_path: Path
     assert {(link.anchor, link.relation, link.memory.id) for link in links} >= {
         (0, "reply", "b"), (1, "parent", "a")
     }  # fmt: skip
-    assert len(statements) == 3
     touching = [step for step in plan if " memories " in f"{step} " or " aliases " in step]
     assert touching
     assert all(step.startswith("SEARCH") for step in touching), plan
-    # Each anchor's statement text depends on its shape only (the statement cache keeps it
-    # compiled): an anchor of the same shape as one seen before runs the same text.
-    with store.write() as w:
-        w.insert(_memory("m", content="other", at=4.0, channel=None))
-    other = store.get("t", "m")
+    # One statement per anchor whose text depends on its shape only (the statement cache keeps
+    # it compiled), selecting rowids; then one read of the rows.
+    assert len(statements) == 4
+    assert len(set(statements)) == 4
+    turns = [store.get("t", f"c{i}") for i in range(30)]
     statements.clear()
-    store.neighbours("t", [anchors[2], anchors[0]])
-    again = list(statements)
+    store.neighbours("t", turns, turns=1, replies=0)
+    assert len(statements) == 31
+    assert len(set(statements[:-1])) == 1
+    # The rows of memories the caller has read already are not read again.
+    every = {m.rowid: m for m in store.iter_memories("t")}
     statements.clear()
-    store.neighbours("t", [other])
-    assert statements == again[:1]
+    links = store.neighbours("t", turns, turns=1, replies=0, known=every)
+    assert len(statements) == 30
+    assert [link.memory for link in links] == [
+        link.memory for link in store.neighbours("t", turns, turns=1, replies=0)
+    ]
     store.close()
 
 
@@ -360,3 +369,72 @@ def test_migration_22_drops_the_counts_of_rows_whose_quoted_rendering_changed(
     finally:
         store.close()
     assert kept == {rowids["plain"], rowids["lf"]}
+
+
+def _conversation(seed: int) -> SQLiteStore:
+    """A store of 60 messages (and a few facts) in two sessions and three places, with
+    threads, replies (some to an id folded into another memory), equal times and end users."""
+    import random
+
+    from ctxwarden.store.base import Alias
+
+    rng = random.Random(seed)
+    store = SQLiteStore(":memory:")
+    ids: list[str] = []
+    with store.write() as w:
+        for i in range(60):
+            thread = rng.choice(ids) if ids and rng.random() < 0.3 else None
+            reply = rng.choice([*ids, "folded"]) if ids and rng.random() < 0.3 else None
+            memory = dataclasses.replace(
+                _memory(f"m{i}", content=f"text {i}", at=float(rng.randrange(20)),
+                        session=rng.choice(["s0", "s1"]), channel=rng.choice([None, "c", "d"])),
+                thread_id=thread, reply_to=reply, user=rng.choice([None, "alice", "bob"]),
+                kind="fact" if rng.random() < 0.1 else "message",
+            )  # fmt: skip
+            w.insert(memory)
+            ids.append(memory.id)
+        w.insert(_memory("elsewhere", tenant="u", session="s0", at=5.0))
+    with store.write() as w:
+        w.add_aliases([Alias(tenant="t", id="folded", rowid=store.get("t", "m3").rowid,
+                             status="duplicate", created_at=30.0)])  # fmt: skip
+    return store
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    picks=st.lists(st.integers(0, 59), max_size=12),
+    turns=st.integers(0, 3),
+    replies=st.integers(0, 4),
+    scope=st.sampled_from([None, ("s0", None), ("s1", "alice"), (None, "bob")]),
+    known_share=st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_neighbours_by_kind_of_branch_are_the_union_statements_links(
+    seed: int,
+    picks: list[int],
+    turns: int,
+    replies: int,
+    scope: tuple[str | None, str | None] | None,
+    known_share: float,
+) -> None:
+    # SQLite's neighbours (a statement per kind of branch, rows read after) give the links of
+    # the one-statement path the PostgreSQL backend runs, in the same order.
+    from ctxwarden.scope import ReadScope
+    from ctxwarden.store.reads import MemoryReads
+
+    store = _conversation(seed)
+    every = list(store.iter_memories("t"))
+    by_id = {m.id: m for m in every}
+    anchors = [by_id[f"m{i}"] for i in picks]
+    read_scope = (
+        None
+        if scope is None
+        else ReadScope(kind="session" if scope[0] else "user", session=scope[0], user=scope[1])
+    )
+    known = {m.rowid: m for m in every[: int(len(every) * known_share)]}
+    expected = MemoryReads.neighbours(store, "t", anchors, turns=turns, replies=replies,
+                                      scope=read_scope)  # fmt: skip
+    got = store.neighbours("t", anchors, turns=turns, replies=replies, scope=read_scope,
+                           known=known)  # fmt: skip
+    assert got == expected
+    store.close()

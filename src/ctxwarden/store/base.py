@@ -714,6 +714,20 @@ class Store(Protocol):
         scope-filtered in the query (rule 6); ``k`` are returned whenever the scope holds ``k``
         vectors (a backend whose index cannot filter searches the scope's rows exactly)."""
 
+    def vector_nearest(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        author: str | None = None,
+        scope: ReadScope | None = None,
+    ) -> list[tuple[int, float]]:
+        """:meth:`vector_search` as ``(rowid, cosine)`` pairs, the same in the same order,
+        without reading the memories: a caller that needs the cosines of many and the
+        memories of a few reads those (:meth:`memories_at`; a row read costs ~10 us)."""
+
     def authors(self, tenant: str) -> list[str]:
         """The distinct authors of ``tenant``'s memories, sorted (to match names in a query)."""
 
@@ -725,13 +739,16 @@ class Store(Protocol):
         turns: int = 3,
         replies: int = 4,
         scope: ReadScope | None = None,
+        known: Mapping[int, Memory] | None = None,
     ) -> list[Link]:
         """The conversation around each anchor, in indexed statements: up to ``turns``
         ``message`` memories before and after it in its place (its thread when it replies in
         one, else its session and channel), its parent (through an alias if the parent was
         folded) and thread root, and the first ``replies`` replies to it and to its parent
         (siblings). An anchor is never its own neighbour; a memory may come in several links.
-        Only memories in ``scope`` (the tenant's when None), filtered before each limit."""
+        Only memories in ``scope`` (the tenant's when None), filtered before each limit.
+        Memories in ``known`` (this tenant's, by rowid, read earlier by the caller) need not be
+        read again: a backend may return those objects."""
 
     # -- semantic de-dup (ctxwarden.semantic) ------------------------------------------------
 

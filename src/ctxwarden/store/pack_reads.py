@@ -197,9 +197,10 @@ class PackReads:
         turns: int = 3,
         replies: int = 4,
         scope: ReadScope | None = None,
+        known: Mapping[int, Memory] | None = None,
     ) -> list[Link]:
         links: list[Link] = super().neighbours(  # type: ignore[misc]
-            tenant, anchors, turns=turns, replies=replies, scope=scope
+            tenant, anchors, turns=turns, replies=replies, scope=scope, known=known
         )
         if not any(is_stored_pack(link.memory) for link in links):
             return links

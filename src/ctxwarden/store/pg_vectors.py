@@ -182,7 +182,40 @@ class PostgresVectors:
         author: str | None = None,
         scope: ReadScope | None = None,
     ) -> list[tuple[Memory, float]]:
-        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (session, author).
+        """The memories nearest ``vector`` (:meth:`_nearest`)."""
+        return self._nearest(
+            tenant, model, vector, k=k, session=session, author=author, scope=scope
+        )
+
+    def vector_nearest(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int = 100,
+        author: str | None = None,
+        scope: ReadScope | None = None,
+    ) -> list[tuple[int, float]]:
+        """:meth:`vector_search`'s rowids and cosines, no memory read."""
+        return self._nearest(
+            tenant, model, vector, k=k, author=author, scope=scope, rowids_only=True
+        )
+
+    def _nearest(
+        self,
+        tenant: str,
+        model: str,
+        vector: npt.NDArray[np.float32],
+        *,
+        k: int,
+        session: str | None = None,
+        author: str | None = None,
+        scope: ReadScope | None = None,
+        rowids_only: bool = False,
+    ) -> list[tuple[Any, float]]:
+        """pgvector cosine ``<=>`` over the HNSW index, filtered by tenant (session, author):
+        the memories (their rowids when ``rowids_only``) and their cosines, best first.
 
         A read scope narrower than the tenant (a session's, an end user's rows) is searched
         exactly over its rows (a materialised set of rowids first): the HNSW iterative scan
@@ -206,7 +239,12 @@ class PostgresVectors:
             extra += " AND m.author = %s"
             params.append(author)
         params.extend([literal, k])
-        cols = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+        cols = (
+            "m.rowid"
+            if rowids_only
+            else ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+        )
+        rows_of = "memories" if rowids_only else "memory_rows"
         read_filter, read_params = scope_sql(scope)
         if read_filter:
             extra += read_filter.replace("?", "%s")
@@ -215,13 +253,11 @@ class PostgresVectors:
                 f"WITH s AS MATERIALIZED (SELECT rowid FROM memories WHERE tenant = %s"
                 f"{narrowed}) SELECT {cols}, 1 - (v.embedding <=> %s::vector) AS score "
                 "FROM s JOIN memory_vectors v ON v.memory_rowid = s.rowid AND v.model = %s "
-                "JOIN memory_rows m ON m.rowid = s.rowid "
+                f"JOIN {rows_of} m ON m.rowid = s.rowid "
                 "ORDER BY v.embedding <=> %s::vector, m.rowid LIMIT %s",
                 [tenant, *params[3:-2], *read_params, literal, model, literal, k],
             )
-            found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
-            found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
-            return found
+            return _found(rows, rowids_only)
         self._check_open()
         try:
             with self._pool.connection() as conn, conn.transaction():
@@ -230,16 +266,14 @@ class PostgresVectors:
                 conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 rows = conn.execute(
                     f"SELECT {cols}, 1 - (v.embedding <=> %s::vector) AS score "
-                    "FROM memory_vectors v JOIN memory_rows m ON m.rowid = v.memory_rowid "
+                    f"FROM memory_vectors v JOIN {rows_of} m ON m.rowid = v.memory_rowid "
                     f"WHERE v.model = %s AND m.tenant = %s{extra} "
                     "ORDER BY v.embedding <=> %s::vector, m.rowid LIMIT %s",
                     params,
                 ).fetchall()
         except psycopg.Error as exc:
             raise store_failure(exc, "vector search", self.timeout) from exc
-        found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
-        found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
-        return found
+        return _found(rows, rowids_only)
 
     def vector_window(
         self,
@@ -280,3 +314,14 @@ def _claim_space(model: str) -> str:
 
 def _literal(vector: npt.NDArray[np.float32]) -> str:
     return "[" + ",".join(f"{float(x):.7g}" for x in vector) + "]"
+
+
+def _found(rows: Sequence[Sequence[Any]], rowids_only: bool) -> list[tuple[Any, float]]:
+    """A vector search's rows as (memory or rowid, cosine), best first, ties by rowid."""
+    if rowids_only:
+        nearest = [(int(r[0]), float(r[-1])) for r in rows]
+        nearest.sort(key=lambda pair: (-pair[1], pair[0]))
+        return nearest
+    found = [(memory_of(r[:-1]), float(r[-1])) for r in rows]
+    found.sort(key=lambda pair: (-pair[1], pair[0].rowid))
+    return found

@@ -426,10 +426,6 @@ class MemoryReads:
             out.extend(memory_of(r) for r in rows)
         return out
 
-    #: Neighbours as one statement per anchor rather than one for all (see :meth:`neighbours`).
-    #: A server backend sends one: one round trip beats several.
-    _NEIGHBOURS_PER_ANCHOR = False
-
     def neighbours(
         self,
         tenant: str,
@@ -438,17 +434,18 @@ class MemoryReads:
         turns: int = 3,
         replies: int = 4,
         scope: ReadScope | None = None,
+        known: Mapping[int, Memory] | None = None,
     ) -> list[Link]:
         """The conversation around each anchor (see :meth:`Store.neighbours`): a ``UNION ALL``
         of small index range scans (``memories_channel_recent``, ``memories_thread``,
         ``memories_reply``, the ``(tenant, id)`` key), each bounded by its own ``LIMIT``, so a
         message with thousands of replies costs ``replies`` rows. One statement for every
-        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT); with
-        :attr:`_NEIGHBOURS_PER_ANCHOR`, one per anchor, whose text depends only on that
-        anchor's shape (thread, channel, reply) and so stays in a statement cache. The same
-        rows in the same order either way."""
+        anchor, or one per 40 (SQLite allows 500 terms in a compound SELECT): a server
+        backend's one round trip. ``known`` is not used (every row comes in that statement);
+        SQLite reads neighbours its own way
+        (:class:`~ctxwarden.store.sqlite_neighbours.SQLiteNeighbours`)."""
         per_anchor = [_neighbour_branches(tenant, a, turns, replies) for a in anchors]
-        size = 1 if self._NEIGHBOURS_PER_ANCHOR else 40
+        size = 40
         links: list[Link] = []
         for start in range(0, len(anchors), size):
             group = range(start, min(start + size, len(anchors)))
@@ -538,10 +535,14 @@ def _neighbour_statement(
     anchors: Sequence[list[tuple[str, str, list[Any], str, int]]],
     *,
     scope: ReadScope | None = None,
+    columns: str = MEMORY_COLUMNS,
+    rows: str = "memory_rows",
 ) -> tuple[str, list[Any]]:
     """One ``UNION ALL`` of these anchors' branches (:func:`_neighbour_branches`), each row led
     by its anchor's position in ``anchors`` and its relation; ("", []) without branches. Each
-    branch is filtered by ``scope`` before its limit (a thread shared with other sessions)."""
+    branch is filtered by ``scope`` before its limit (a thread shared with other sessions).
+    ``columns`` of ``rows`` (a memory row by default; ``"rowid"`` of ``memories`` for the
+    rowids alone)."""
     branches: list[str] = []
     params: list[Any] = []
     scope_filter, scope_params = scope_sql(scope)
@@ -551,7 +552,7 @@ def _neighbour_statement(
             alias = f"b{len(branches)}"
             branches.append(
                 f"SELECT {number} AS anchor, '{relation}' AS relation, {alias}.* FROM "
-                f"(SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE tenant = ? AND {where}"
+                f"(SELECT {columns} FROM {rows} WHERE tenant = ? AND {where}"
                 f"{scope_filter} ORDER BY {order} LIMIT {int(limit)}) AS {alias}"
             )
             params.extend((tenant, *args, *scope_params))

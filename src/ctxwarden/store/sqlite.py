@@ -17,11 +17,11 @@ docs/serving.md "Load").
 By concern: the connection's pragmas and the :class:`Checkpointer` are in
 :mod:`~ctxwarden.store.sqlite_connection`, the write transaction (:class:`_SQLiteWriter` and its
 de-dup lookups) in :mod:`~ctxwarden.store.sqlite_writer`, FTS5 search in
-:mod:`~ctxwarden.store.sqlite_lexical` and vectors in :mod:`~ctxwarden.store.sqlite_vectors`
-(mixins over this store's connection, lock and ``_query``, as the shared reads of
-:mod:`~ctxwarden.store.reads` are); the schema in :mod:`~ctxwarden.store.migrations`. This module
-keeps the store: opening, the write lock and transactions, the inclusion log, API keys and
-maintenance.
+:mod:`~ctxwarden.store.sqlite_lexical`, vectors in :mod:`~ctxwarden.store.sqlite_vectors` and
+neighbours in :mod:`~ctxwarden.store.sqlite_neighbours` (mixins over this store's connection,
+lock and ``_query``, as the shared reads of :mod:`~ctxwarden.store.reads` are); the schema in
+:mod:`~ctxwarden.store.migrations`. This module keeps the store: opening, the write lock and
+transactions, the inclusion log, API keys and maintenance.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from ctxwarden.store.sqlite_lexical import (
     row_budget,
     very_common_rows,
 )
+from ctxwarden.store.sqlite_neighbours import SQLiteNeighbours
 from ctxwarden.store.sqlite_vectors import SQLiteVectors, VectorCache
 from ctxwarden.store.sqlite_writer import _SQLiteWriter, bucket_of
 from ctxwarden.store.writes import ACCESS_TAU_SECONDS, ACCESS_UPSERT, access_bump
@@ -121,7 +122,9 @@ def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
     return True
 
 
-class SQLiteStore(PackReads, SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveReads):
+class SQLiteStore(
+    PackReads, SQLiteLexical, SQLiteVectors, SQLiteNeighbours, MemoryReads, ArchiveReads
+):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
     ``timeout``: how long a call waits for the write lock (another process's or another
@@ -131,13 +134,6 @@ class SQLiteStore(PackReads, SQLiteLexical, SQLiteVectors, MemoryReads, ArchiveR
     >>> store.stats("default")["memories"]
     0
     """
-
-    # One neighbours statement per anchor (its text fixed by the anchor's shape, so compiled
-    # once): a UNION ALL over a retrieval's anchors has a new text whenever their mix of
-    # threads, replies and channels changes, and compiling 32 branches costs ~10 times running
-    # them (200 retrievals among threads: ~5 ms CPU a call against 0.7). Where every anchor has
-    # one shape (a chat server's) the two cost the same (0.26 ms).
-    _NEIGHBOURS_PER_ANCHOR = True
 
     def __init__(self, path: str | Path, *, timeout: float = STORE_TIMEOUT_SECONDS) -> None:
         self.path = str(path)

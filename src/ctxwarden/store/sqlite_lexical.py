@@ -183,6 +183,12 @@ class SQLiteLexical(TenantLexical):
         if require and not any(_quote(t) in quoted for t in require):
             return []
         match = " OR ".join(quoted)
+        scope_filter, scope_params = scope_sql(scope)
+        if scope_filter:  # every match of the scope ranked: no bound by the newest rows
+            expected = sum(frequency[q] for q in quoted)
+            return self._search_scope(
+                tenant, match, limit, scope_filter, scope_params, known, expected
+            )
         floor = 0
         if any(frequency[q] >= COMMON_TERM_ROWS for q in quoted) or (
             sum(frequency[q] for q in quoted) > budget
@@ -195,12 +201,6 @@ class SQLiteLexical(TenantLexical):
                 (match, budget - 1),
             )
             floor = int(oldest[0][0]) if oldest else 0
-        scope_filter, scope_params = scope_sql(scope)
-        if scope_filter:
-            expected = sum(frequency[q] for q in quoted)
-            return self._search_scope(
-                tenant, match, limit, scope_filter, scope_params, known, expected
-            )
         # Rank inside FTS5 first (no join per matching row), then read the rows of the best,
         # filtered by tenant; the joined query only when other tenants crowd the page.
         # bm25() sorted by SQLite's top-k sorter: the same scores as FTS5's "ORDER BY rank",
