@@ -273,6 +273,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
     from collections.abc import Callable
 
     import ctxwarden.assembly as assembly_module
+    import ctxwarden.recent_walk as recent_walk_module
     from ctxwarden import Engine
     from ctxwarden.store.sqlite import SQLiteStore
 
@@ -296,7 +297,7 @@ def breakdown(args: argparse.Namespace, rng: random.Random, text: Text) -> None:
     if not hasattr(costs, "_block_message_cost"):
         costs = assembly_module  # type: ignore[assignment]
     phases = [
-        (assembly_module._RecentWalk, "take", "recent (history walk, counts)"),
+        (recent_walk_module.RecentWalk, "take", "recent (history walk, counts)"),
         (assembly_module.Assembly, "_related", "related (retrieval + line costs)"),
         (assembly_module, "retrieve", "  retrieve"),
         (SQLiteStore, "search", "    store.search (FTS5)"),
