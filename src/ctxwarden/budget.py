@@ -320,7 +320,7 @@ def chat_policy(**overrides: Any) -> BudgetPolicy:
                 priority=40,
                 title="Related earlier messages",
             ),
-            Block(name="recent", share=15, source="recent", floor=256, priority=90),
+            Block(name="recent", share=15, source="recent", floor=160, priority=90),
             Block(name="scratch", share=5, source="items", priority=30, title="Scratch"),
         ),
         "ratios": (("related", "recent", 1.5),),
