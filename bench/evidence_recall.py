@@ -460,14 +460,20 @@ def show(
             print(f"| {budget} | {method} | " + " | ".join(cells) + " |")
 
 
-def _policy(recent_share: int | None) -> BudgetPolicy | None:
-    if recent_share is None:
+def _policy(recent_share: int | None, recent_floor: int | None = None) -> BudgetPolicy | None:
+    if recent_share is None and recent_floor is None:
         return None
     base = chat_policy()
-    shares = {"recent": recent_share, "related": 75 - recent_share}
-    blocks = tuple(
-        dataclasses.replace(b, share=shares[b.name]) if b.name in shares else b for b in base.blocks
-    )
+    blocks = base.blocks
+    if recent_share is not None:
+        shares = {"recent": recent_share, "related": 75 - recent_share}
+        blocks = tuple(
+            dataclasses.replace(b, share=shares[b.name]) if b.name in shares else b for b in blocks
+        )
+    if recent_floor is not None:
+        blocks = tuple(
+            dataclasses.replace(b, floor=recent_floor) if b.name == "recent" else b for b in blocks
+        )
     return chat_policy(blocks=blocks)
 
 
@@ -489,6 +495,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="what-if: the chat policy with this share (%%) for recent, the rest of the two "
         "blocks' 75 to related (default: the policy as it is)",
+    )
+    parser.add_argument(
+        "--recent-floor",
+        type=int,
+        default=None,
+        help="what-if: the chat policy with this floor (tokens) for recent (default: its own)",
     )
     parser.add_argument(
         "--weights", default="", help="RetrievalWeights fields to change: name=value,..."
@@ -529,12 +541,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             db=args.db,
             timings=timings,
             retrieval=retrieval,
-            policy=_policy(args.recent_share),
+            policy=_policy(args.recent_share, args.recent_floor),
             change_window=window,
             where=where,
         )
         vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
         vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
+        vectors += f", recent floor {args.recent_floor}" if args.recent_floor is not None else ""
         vectors += f" ({args.embedder})" if embed != "off" else ""
         changes_on = window if window is not None else EngineConfig().change_window
         vectors += f", change window {changes_on / 86400:g} days"

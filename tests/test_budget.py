@@ -135,10 +135,13 @@ def test_allocation_never_exceeds_available_demand_or_cap(
 
 def test_a_floor_is_part_of_the_share_not_added_to_it() -> None:
     # Issue 18: at 1k, recent's 256-token floor plus 30 % of the rest (then the 1.5x ratio)
-    # left related 588 of 980 tokens. The floor is what recent gets at least, not a bonus.
+    # left related 588 of 980 tokens. The floor is what recent gets at least, not a bonus;
+    # at 1k recent holds its share (20 % of the two blocks), the floor (160) only below it.
     both = {"related": 10**6, "recent": 10**6}
     alloc = allocate(chat_policy(), available=980, demand=both)
-    assert alloc == {**alloc, "recent": 256, "related": 724}
+    assert alloc == {**alloc, "recent": 196, "related": 784}
+    alloc = allocate(chat_policy(), available=600, demand=both)
+    assert alloc == {**alloc, "recent": 160, "related": 440}
     # Past the floor, recent holds its share: 15 of the 75 % of the two blocks with material.
     alloc = allocate(chat_policy(), available=7980, demand=both)
     assert alloc["recent"] == 1596

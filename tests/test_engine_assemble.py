@@ -425,7 +425,7 @@ def test_the_top_up_offers_related_memory_before_more_recent_history() -> None:
     def plan(related: list[int]) -> Any:
         material = Material(count=lambda text: len(text.split()))
         material.recent = [
-            Candidate(memories=(_memory(i, "r"),), tokens=100, text="r") for i in range(20)
+            Candidate(memories=(_memory(i, "r"),), tokens=90, text="r") for i in range(20)
         ]
         material.related = [
             Candidate(memories=(_memory(100 + i, "x"),), tokens=cost, score=1.0 - i / 100)
@@ -433,21 +433,81 @@ def test_the_top_up_offers_related_memory_before_more_recent_history() -> None:
         ]
         return fill(policy, limits, fixed=20, material=material)
 
-    # Related's 724 tokens hold the two 300-token lines; the 150-token one waits for the
-    # top-up, where recent's gap (56) and related's (~120) make room for it: it goes in
+    # Related's 784 tokens hold the two 300-token lines; the 190-token one waits for the
+    # top-up, where recent's gap (16) and related's (184) make room for it: it goes in
     # before a third recent unit (which the old order, recent first, would have taken).
-    many = plan([300, 300, 150])
-    assert many.budgets["recent"] == 256
-    assert many.budgets["related"] == 724
+    many = plan([300, 300, 190])
+    assert many.budgets["recent"] == 196
+    assert many.budgets["related"] == 784
     assert len(many.chosen["related"]) == 3
-    assert len(many.chosen["recent"]) == 2  # its floor's worth of 100-token units
+    assert len(many.chosen["recent"]) == 2  # its share's worth of 90-token units
     top_ups = [row for row in many.candidates if row[3].startswith("top-up")]
     assert [row[1] for row in top_ups] == ["related"]
     assert sum(many.used.values()) <= 980
     few = plan([300])  # retrieval has little: the rest becomes recent history
     assert len(few.chosen["related"]) == 1
-    assert len(few.chosen["recent"]) == 6
+    assert len(few.chosen["recent"]) == 7
     assert sum(few.used.values()) <= 980
+
+
+@given(
+    lines=st.lists(
+        st.tuples(st.integers(min_value=1, max_value=300), st.integers(min_value=-1, max_value=9)),
+        min_size=1,
+        max_size=10,
+    ),
+    budget=st.integers(min_value=300, max_value=3000),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_neighbour_is_never_shown_without_its_anchor(
+    lines: list[tuple[int, int]], budget: int
+) -> None:
+    # A retrieval neighbour (Candidate.anchor: the rowid of the hit it is context for) goes in
+    # only with its anchor, whatever the costs and order; left out, its report says why.
+    from ctxwarden.assemble import Candidate, Material, fill
+    from ctxwarden.budget import chat_policy
+
+    policy = chat_policy()
+    limits = policy.limits(window=128_000, budget=budget)
+    material = Material(count=lambda text: len(text.split()))
+    material.recent = [Candidate(memories=(_memory(900, "r"),), tokens=50, text="r")]
+    material.related = []
+    for i, (cost, anchor) in enumerate(lines):
+        cand = Candidate(memories=(_memory(100 + i, f"x{i}"),), tokens=cost, score=1.0 - i / 100)
+        cand.anchor = 100 + anchor if 0 <= anchor < len(lines) and anchor != i else -1
+        material.related.append(cand)
+    plan = fill(policy, limits, fixed=20, material=material)
+    shown = {m.rowid for c in plan.chosen["related"] for m in c.memories} | {900}
+    for cand in plan.chosen["related"]:
+        assert cand.anchor < 0 or cand.anchor in shown
+    for row in plan.candidates:
+        cand = next((c for c in material.related if c.ids[0] == row[0]), None)
+        if cand is not None and not row[2] and cand.anchor >= 0 and cand.anchor not in shown:
+            assert row[3] == "neighbour of a hit that is not in this context"
+    assert sum(plan.used.values()) <= limits.cap - 20
+
+
+def test_a_neighbour_is_packed_after_its_anchor(engine: Engine) -> None:
+    # Retrieval orders a neighbour after its anchor (its value per token at most the
+    # anchor's): the question before an answer is shown only with that answer.
+    engine.ingest([
+        {"id": "q", "session": "s", "author": "bo", "content": "What did you bring?",
+         "created_at": 1_700_000_000},
+        {"id": "a", "session": "s", "author": "ana", "content":
+         "I brought the violin and my old sheet music for the recital, plus the stand, two "
+         "spare strings, the rosin my teacher gave me last spring and a folding chair for the "
+         "long rehearsal", "created_at":
+         1_700_000_060},
+        *[{"id": f"n{i}", "session": "s", "author": "cy", "content": f"unrelated note {i}",
+           "created_at": 1_700_000_120 + i} for i in range(30)],
+    ])  # fmt: skip
+    context = engine.assemble(session="s", query="violin recital", budget=4000, scope="tenant")
+    rows = [c for c in context.report.candidates if c.block == "related"]
+    density = {c.id: c.components["density"] for c in rows}
+    question = next(c for c in rows if c.id == "q")
+    assert any(k.startswith("neighbour_") for k in question.components)
+    assert density["q"] <= density["a"]
+    assert {"q", "a"} <= set(context.included)
 
 
 def test_retrieval_is_sized_by_the_related_block() -> None:
@@ -457,7 +517,8 @@ def test_retrieval_is_sized_by_the_related_block() -> None:
 
     material = Material(count=len)
     material.recent = [Candidate(memories=(_memory(1, "r"),), tokens=10**6, text="r")]
-    assert related_budget(chat_policy(), material, 980) == 724  # recent keeps its floor
+    assert related_budget(chat_policy(), material, 980) == 784  # recent keeps its share
+    assert related_budget(chat_policy(), material, 600) == 440  # recent keeps its floor
     assert related_budget(chat_policy(), material, 7980) == 6384
     material.recent = []  # a new session: all of it may be related memory
     assert related_budget(chat_policy(), material, 7980) == 7980

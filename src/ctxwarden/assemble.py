@@ -199,6 +199,11 @@ class Candidate:
     #: line's position in the summary's text plus one (0: the candidate is a whole memory).
     #: Fill takes several parts of one memory in one block, each once; they render in order.
     part: int = 0
+    #: A retrieval neighbour's anchor (:attr:`ctxwarden.retrieve.Hit.anchor`: the rowid of the
+    #: hit it is context for), -1 for none: :func:`fill` takes it only once its anchor is in
+    #: the context, since a question without its answer (or the turn after a hit without the
+    #: hit) tells the model nothing.
+    anchor: int = -1
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -513,6 +518,9 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             ):
                 reports.append(_report(cand, name, False, "already in another block"))
                 continue
+            if cand.anchor >= 0 and cand.anchor not in taken_rows:
+                left.append(index)  # its anchor may still come (the top-up), else reported
+                continue
             if cand.superseded is not None and not cand.superseded[0].isdisjoint(taken_rows):
                 _, successor, day = cand.superseded
                 reason = f"superseded by {successor} (in this context) on {day}"
@@ -589,10 +597,17 @@ def fill(policy: BudgetPolicy, limits: Limits, *, fixed: int, material: Material
             if spec.source == "recent"
             else "over the block's budget"
         )
-        reports.extend(_report(source[i], name, False, why) for i in left_out)
+        for i in left_out:
+            cand = source[i]
+            alone = cand.anchor >= 0 and cand.anchor not in taken_rows
+            reports.append(_report(cand, name, False, _ALONE if alone else why))
         if left_out and not chosen[name]:
             notes.append(f"{name}: no room for any of {len(left_out)} candidate(s) (overflow)")
     return Plan(chosen=chosen, budgets=budgets, used=used, candidates=reports, notes=notes)
+
+
+#: Why a retrieval neighbour was left out when its anchor was (:attr:`Candidate.anchor`).
+_ALONE = "neighbour of a hit that is not in this context"
 
 
 def _report(cand: Candidate, block: str, included: bool, reason: str) -> CandidateRow:

@@ -461,11 +461,11 @@ class Assembly:
         candidates = []
         for hit in hits:
             text, line_tokens, group = lines[hit.memory.rowid]
-            # Positional (memories, tokens, score, components, text, superseded, group): ~150 a
-            # turn, and keyword arguments cost ~2.5x on CPython 3.11.
-            candidates.append(
-                Candidate((hit.memory,), line_tokens, hit.score, hit.components, text, None, group)
-            )
+            # Positional (memories, tokens, score, components, text): ~150 a turn, and keyword
+            # arguments cost ~2.5x on CPython 3.11.
+            cand = Candidate((hit.memory,), line_tokens, hit.score, hit.components, text)
+            cand.group, cand.anchor = group, hit.anchor
+            candidates.append(cand)
         return candidates
 
     def _authors(self, tenant: str) -> list[str]:

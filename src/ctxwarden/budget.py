@@ -226,8 +226,8 @@ def allocate(policy: BudgetPolicy, *, available: int, demand: Mapping[str, int])
         left -= give
     # 3. Shares, floors included: every block with a share is raised to one common level,
     # ``min(limit, max(floor given, share * level))``, the highest level the tokens allow. A
-    # block's floor counts toward its share (recent gets 256 tokens or its share of the window,
-    # whichever is more; not 256 plus a share of the rest), and what a block cannot use (no
+    # block's floor counts toward its share (recent gets 160 tokens or its share of the window,
+    # whichever is more; not 160 plus a share of the rest), and what a block cannot use (no
     # demand, or its cap) stays with the others by their shares ("water-filling").
     shares = {b.name: b.share for b in policy.blocks}
     sharing = [n for n in alloc if shares[n] > 0 and alloc[n] < limit[n]]
@@ -288,12 +288,15 @@ def _by_priority(policy: BudgetPolicy, names: Iterable[str]) -> list[str]:
 def chat_policy(**overrides: Any) -> BudgetPolicy:
     """The chat agent's policy: persistent, summaries, related, recent, scratch.
 
-    The system prompt is a fixed cost, not a block. Recent history gets 15 % (its floor of 256
-    tokens at small budgets: the newest turns stay), related memory 60 %: the question is
-    answered from related memory far more often than from the last few turns (issue 18: at 2k,
-    39 % of the budget on the newest turns held 2 % of the evidence), and the seeds keep recent
-    at 12-22 % of the context. Related gets at least 1.5x recent when both have more material
-    than fits; recent keeps at least two messages and is shortened last.
+    The system prompt is a fixed cost, not a block. Recent history gets 15 % (its floor of 160
+    tokens at small budgets, four chat turns of ~40 tokens: the newest turns stay), related
+    memory 60 %: the question is answered from related memory far more often than from the last
+    few turns (issue 18: at 2k, 39 % of the budget on the newest turns held 2 % of the
+    evidence), and the seeds keep recent at 12-22 % of the context. With history and related
+    memory alone recent holds 20 % (15 of 75) from a 1k budget on: the floor is below that
+    share there (256, until issue 18's second pass, made it 26 % of a 1k budget, over the
+    seeds' 22 %). Related gets at least 1.5x recent when both have more material than fits;
+    recent keeps at least two messages and is shortened last.
     """
     fields: dict[str, Any] = {
         "name": "chat",
@@ -320,7 +323,7 @@ def chat_policy(**overrides: Any) -> BudgetPolicy:
                 priority=40,
                 title="Related earlier messages",
             ),
-            Block(name="recent", share=15, source="recent", floor=256, priority=90),
+            Block(name="recent", share=15, source="recent", floor=160, priority=90),
             Block(name="scratch", share=5, source="items", priority=30, title="Scratch"),
         ),
         "ratios": (("related", "recent", 1.5),),

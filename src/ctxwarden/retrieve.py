@@ -111,7 +111,7 @@ class RetrievalWeights:
     author: float = 0.3
     mmr_lambda: float = 0.7
     mmr_top: int = 100
-    expand: int = 8
+    expand: int = 4
     neighbours: float = 0.5
     answer: float = 0.8
     thread: float = 0.3
@@ -196,6 +196,9 @@ class Hit:
     score: float
     tokens: int
     components: dict[str, float] = field(default_factory=dict)
+    #: A neighbour's anchor (the hit it is a neighbour of, by rowid), -1 for a direct hit: a
+    #: neighbour is context for its anchor, so it is packed after it and only with it.
+    anchor: int = -1
 
 
 def _words(text: str) -> frozenset[str]:
@@ -503,6 +506,7 @@ def retrieve(
     for link in links:
         grouped.setdefault(link.anchor, {}).setdefault(link.relation, []).append(link.memory)
     extra: dict[int, tuple[Memory, dict[str, float]]] = {}
+    anchor_of: dict[int, int] = {}  # neighbour rowid -> the anchor whose share it holds
     for index, anchor in enumerate(anchors):
         parent = scored[anchor.rowid]["score"]
         for neighbour, kind, weight in _relations(anchor, grouped.get(index, {}), w):
@@ -520,6 +524,7 @@ def retrieve(
             if entities:
                 components["entity"] = entity
             extra[neighbour.rowid] = (neighbour, components)
+            anchor_of[neighbour.rowid] = anchor.rowid
     for rowid, (memory, components) in extra.items():
         memories.setdefault(rowid, memory)
         if rowid in scored:  # a weak direct hit raised by its neighbour: keep both stories
@@ -531,15 +536,22 @@ def retrieve(
     # For speed (~150 hits a turn): sorted as (-density, rowid, hit) tuples, not with a key
     # function (rowids are unique, so a Hit is never compared); Hit made with positional
     # arguments (keywords cost ~2.5x on CPython 3.11); max() spelled as an if.
+    densities: dict[int, float] = {}
+    for rowid, components in scored.items():
+        tokens = int(costs.get(rowid, 1))
+        densities[rowid] = components["score"] / (tokens if tokens > 1 else 1) ** w.density
     ordered = []
     for rowid, components in scored.items():
         tokens = int(costs.get(rowid, 1))
         if tokens < 1:
             tokens = 1
-        score = components["score"]
-        density = score / tokens**w.density
+        density = densities[rowid]
+        anchor_row = anchor_of.get(rowid, -1)
+        if anchor_row >= 0 and density > densities[anchor_row]:
+            density = densities[anchor_row]  # a neighbour comes after its anchor (fill: with it)
         components["density"] = density
-        ordered.append((-density, rowid, Hit(memories[rowid], score, tokens, components)))
+        hit = Hit(memories[rowid], components["score"], tokens, components, anchor_row)
+        ordered.append((-density, rowid, hit))
     ordered.sort()
     return [hit for _, _, hit in ordered]
 
