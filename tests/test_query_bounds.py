@@ -20,10 +20,11 @@ import pytest
 from ctxwarden.assemble import _summary_line_keys
 from ctxwarden.embed import StaticEmbedder
 from ctxwarden.engine import Engine, EngineConfig
+from ctxwarden.entities import entities as _entities
 from ctxwarden.errors import ConfigError, InputError
 from ctxwarden.llm import LLMClient
 from ctxwarden.models import ModelSpec
-from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights, _entities, _is_question
+from ctxwarden.retrieve import MAX_QUERY_CHARS, RetrievalWeights, _is_question
 from ctxwarden.server.http import ServerConfig, create_app
 from ctxwarden.server.proxy import ProxyConfig, create_proxy_app
 from ctxwarden.server.served import _NUM_CTX

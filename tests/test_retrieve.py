@@ -284,7 +284,7 @@ def test_neighbours_pay_their_tokens(clock: Clock) -> None:
 
 
 def test_entities_of_the_query_are_matched_verbatim(clock: Clock) -> None:
-    from ctxwarden.retrieve import _entities
+    from ctxwarden.entities import entities as _entities
 
     assert _entities("When did Caroline visit Lake Tahoe with the SSO team?") == [
         "Caroline", "Lake Tahoe", "SSO"

@@ -10,7 +10,7 @@ candidate of its own, scored against the query with the signals retrieval gives 
   more letters also matching the words it begins (a crude stem: ``adopt`` finds ``adoption``;
   the same rule for every script, CJK by character pairs);
 - **entities**: the share of the query's names, numbers and identifiers the line names
-  verbatim (:func:`~ctxwarden.retrieve._entity_patterns`, retrieval's ``entity`` weight);
+  verbatim (:func:`~ctxwarden.entities.entity_patterns`, retrieval's ``entity`` weight);
 - **speaker**: the line's author is a person the query names (retrieval's ``author`` weight);
 - **neighbours**: the line after a matching one (``neighbours``), the answers after a question
   by others until the asker speaks again (``answer``, ``neighbour_decay`` per turn), the line
@@ -34,9 +34,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ctxwarden.assemble import _STOPWORDS, _WORD, Candidate, query_terms
+from ctxwarden.entities import entity_patterns, entity_share
 from ctxwarden.focus import name_words
 from ctxwarden.provenance import is_untrusted
-from ctxwarden.retrieve import RetrievalWeights, _entity_patterns, _entity_share
+from ctxwarden.retrieve import RetrievalWeights
 from ctxwarden.segment import has_run
 
 __all__ = ["summary_passages"]
@@ -247,14 +248,14 @@ def summary_passages(
     best = max(fused)
     if best <= 0:
         return related
-    entities = _entity_patterns(query, limit=weights.max_entities)
+    entities = entity_patterns(query, limit=weights.max_entities)
     for n, line in enumerate(every):
         relevance = fused[n] / best
         if relevance <= 0:
             continue
         boost = 1.0 + (weights.author if line.speaker in named else 0.0)
         if entities:
-            boost += weights.entity * _entity_share(entities, line.said)
+            boost += weights.entity * entity_share(entities, line.said)
         line.score = relevance * boost
 
     offered: list[tuple[float, int, int, _Line]] = []  # (score, summary, line index, line)

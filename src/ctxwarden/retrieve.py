@@ -22,9 +22,9 @@ them):
    author * [the memory's author is named in the query] * relevance + entity * share *
    relevance``, where ``a`` is the memory's time-decayed access score (kept from the inclusion
    log) and ``share`` the part of the query's entities (names, acronyms, identifiers, numbers;
-   :func:`_entities`) the memory names verbatim. Newer wins among equals (an updated decision
-   over the first one); memories assembled often before weigh a little more; a message by the
-   person the question names ("what does omar use?") is preferred.
+   :func:`~ctxwarden.entities.entities`) the memory names verbatim. Newer wins among equals
+   (an updated decision over the first one); memories assembled often before weigh a little
+   more; a message by the person the question names ("what does omar use?") is preferred.
 4. **Diversity.** Maximal marginal relevance over word sets: each pick pays
    ``(1 - mmr_lambda) * max Jaccard(similar picked memory)``, so near-identical memories do not
    crowd the block.
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import math
 import re
 import zlib
@@ -59,9 +58,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.assemble import _STOPWORDS as _STOP
 from ctxwarden.assemble import query_terms
 from ctxwarden.attachments import search_text
+from ctxwarden.entities import entity_patterns, entity_share
 from ctxwarden.errors import ConfigError, InputError
 from ctxwarden.focus import Focus, focus, without_words
 from ctxwarden.scope import ReadScope, in_scope
@@ -431,7 +430,7 @@ def retrieve(
         for rowid, entry in ranks.items()
     }
     best = max(fused.values()) or 1.0
-    entities = _entity_patterns(_without_spans(query, aim), limit=w.max_entities)
+    entities = entity_patterns(_without_spans(query, aim), limit=w.max_entities)
     scored: dict[int, dict[str, float]] = {}
     named_author: dict[str | None, float] = {}  # a few authors among hundreds of candidates
     for rowid, entry in ranks.items():
@@ -448,7 +447,7 @@ def retrieve(
         components = {**entry, "relevance": relevance, "recency": recency, "access": access,
                       "author": author, "value": value}  # fmt: skip
         if entities:
-            entity = _entity_share(entities, _said(memory, aim))
+            entity = entity_share(entities, _said(memory, aim))
             components["entity"] = entity
             components["value"] = value + w.entity * entity * relevance
         if aim.spans:
@@ -512,7 +511,7 @@ def retrieve(
         for neighbour, kind, weight in _relations(anchor, grouped.get(index, {}), w):
             if keep is not None and not keep(neighbour):
                 continue
-            entity = _entity_share(entities, neighbour.content) if entities else 0.0
+            entity = entity_share(entities, neighbour.content) if entities else 0.0
             score = weight * parent * (1.0 + w.entity * entity)
             known = extra.get(neighbour.rowid)
             direct = scored.get(neighbour.rowid)
@@ -739,62 +738,6 @@ def _relations(
     return out
 
 
-# Names of people and things in a query: runs of capitalised words not opening a sentence
-# ("Lake Tahoe"), acronyms ("SSO"), words with digits ("v2.3", "p99", "10gb"), numbers of two
-# or more digits, code identifiers (snake_case, camelCase, dotted.names, paths), quoted text.
-_QUOTED = re.compile(r"[\"`\u201c]([^\"`\u201d]{2,60})[\"`\u201d]")
-_TOKEN = re.compile(r"[\w][\w.\-/:@#+]*[\w+#]|\w", re.UNICODE)
-_SENTENCE_ENDS = frozenset(".!?:;")
-
-
-def _entities(query: str) -> list[str]:
-    """The query's names of people and things, as phrases (see the comment above). Pure.
-
-    >>> _entities("Did Ana move the deploy to Lake Tahoe after the v2.3 SSO outage?")
-    ['Ana', 'Lake Tahoe', 'v2.3', 'SSO']
-    """
-    found: dict[str, str] = {}
-
-    def add(phrase: str) -> None:
-        phrase = phrase.strip(".-/:")
-        if phrase:
-            found.setdefault(phrase.casefold(), phrase)
-
-    for match in _QUOTED.finditer(query):
-        if len(match.group(1).split()) <= 5:
-            add(match.group(1))
-    run: list[str] = []
-    # Whether a token opens a sentence: the last non-space character before it ends one. Only
-    # the gap since the previous token is looked at (a token never ends in ".!?:;"), so the
-    # scan is linear in the query: rescanning the text before every token was quadratic.
-    previous_end = -1  # no token yet
-    for match in _TOKEN.finditer(query):
-        token = match.group()
-        start = match.start()
-        gap = query[max(previous_end, 0) : start].rstrip()
-        opens = start == 0 or (gap[-1:] in _SENTENCE_ENDS if gap else False)
-        previous_end = match.end()
-        has_digit = any(c.isdigit() for c in token)
-        code = (
-            "_" in token
-            or any(c in token[1:-1] for c in "./:@#")
-            or any(a.islower() and b.isupper() for a, b in itertools.pairwise(token))
-        )
-        acronym = len(token) > 1 and token.isupper() and token.isalpha()
-        capital = token[:1].isupper() and token[1:2].islower()
-        if capital and not opens and token.casefold() not in _STOP:
-            run.append(token)
-            continue
-        if run:
-            add(" ".join(run))
-            run = []
-        if acronym or code or (has_digit and (len(token) > 1 or not token.isdigit())):
-            add(token)
-    if run:
-        add(" ".join(run))
-    return list(found.values())
-
-
 def bridge_terms(memory: Memory, asked: Collection[str], *, limit: int = 4) -> list[str]:
     """The words of a first-hop hit that the second hop searches: the first ``limit`` terms of
     its text, then of its attachments' words (:func:`ctxwarden.attachments.search_text`), that
@@ -808,21 +751,6 @@ def bridge_terms(memory: Memory, asked: Collection[str], *, limit: int = 4) -> l
     if memory.attachments:
         terms += query_terms(search_text(memory.attachments))
     return [t for t in dict.fromkeys(terms) if t not in asked][:limit]
-
-
-def _entity_patterns(query: str, *, limit: int = 32) -> list[re.Pattern[str]]:
-    """One case-insensitive, whole-word pattern per entity of the query, the first ``limit``
-    (each is searched in every candidate: the bound keeps that cost independent of the query)."""
-    patterns = []
-    for entity in _entities(query)[:limit]:
-        body = r"\s+".join(re.escape(part) for part in entity.split())
-        patterns.append(re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE))
-    return patterns
-
-
-def _entity_share(patterns: Sequence[re.Pattern[str]], text: str) -> float:
-    """The share of the query's entities that ``text`` names verbatim."""
-    return sum(1 for p in patterns if p.search(text)) / len(patterns) if patterns else 0.0
 
 
 def describe(weights: RetrievalWeights) -> dict[str, Any]:
