@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,21 +46,8 @@ def main() -> None:
     parser.add_argument("--repeat", action="store_true", help="ask each question twice")
     args = parser.parse_args()
     rng = random.Random(7)
-    records = [
-        {
-            "id": f"m{i}",
-            "session": f"s{i % 20}",
-            "author": rng.choice(["ana", "bo", "cy", "dee"]),
-            "content": " ".join(rng.choice(WORDS) for _ in range(40)),
-            "created_at": 1_700_000_000 + i,
-        }
-        for i in range(args.memories)
-    ]
-    questions = [
-        f"what did {rng.choice(['ana', 'bo', 'cy'])} say about the {rng.choice(WORDS)} "
-        f"and the {rng.choice(WORDS)} {i}?"
-        for i in range(args.runs)
-    ]
+    records = make_records(rng, args.memories)
+    questions = make_questions(rng, args.runs)
     if args.repeat:
         questions = [q for q in questions[: args.runs // 2] for _ in range(2)]
     embedder = MiniLMEmbedder()
@@ -109,6 +97,29 @@ def main() -> None:
             f"| {label} | {_ms(walls, 0.5)} | {_ms(walls, 0.95)} | {_ms(cpus, 0.5)} "
             f"| {_ms(cpus, 0.95)} | {_ms(own, 0.5)} |"
         )
+
+
+def make_records(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """``n`` chat messages in 20 sessions, 40 words each from :data:`WORDS`."""
+    return [
+        {
+            "id": f"m{i}",
+            "session": f"s{i % 20}",
+            "author": rng.choice(["ana", "bo", "cy", "dee"]),
+            "content": " ".join(rng.choice(WORDS) for _ in range(40)),
+            "created_at": 1_700_000_000 + i,
+        }
+        for i in range(n)
+    ]
+
+
+def make_questions(rng: random.Random, n: int) -> list[str]:
+    """``n`` different questions naming an author and two words of :data:`WORDS`."""
+    return [
+        f"what did {rng.choice(['ana', 'bo', 'cy'])} say about the {rng.choice(WORDS)} "
+        f"and the {rng.choice(WORDS)} {i}?"
+        for i in range(n)
+    ]
 
 
 def _ms(samples: list[float], q: float) -> str:

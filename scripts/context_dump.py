@@ -96,24 +96,11 @@ def store10k(out: Any, db: str) -> None:
     import numpy as np
 
     from ctxwarden.embed import MiniLMEmbedder
-    from query_latency import WORDS
+    from query_latency import make_questions, make_records
 
     rng = random.Random(7)  # noqa: S311 (made-up bench data, as bench/query_latency.py)
-    records = [
-        {
-            "id": f"m{i}",
-            "session": f"s{i % 20}",
-            "author": rng.choice(["ana", "bo", "cy", "dee"]),
-            "content": " ".join(rng.choice(WORDS) for _ in range(40)),
-            "created_at": 1_700_000_000 + i,
-        }
-        for i in range(10000)
-    ]
-    questions = [
-        f"what did {rng.choice(['ana', 'bo', 'cy'])} say about the {rng.choice(WORDS)} "
-        f"and the {rng.choice(WORDS)} {i}?"
-        for i in range(80)
-    ]
+    records = make_records(rng, 10000)
+    questions = make_questions(rng, 80)
     embedder = MiniLMEmbedder()
     if not Path(db).exists():
         with Engine.open(db, config=EngineConfig(embed="off")) as engine:
