@@ -3,10 +3,13 @@ sliding-window summaries and summaries of summaries."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from click.testing import Result
 
 from conftest import Clock
 from ctxwarden import ConfigError, Engine, NotFound, render
@@ -14,6 +17,27 @@ from ctxwarden.compact import CompactionPolicy, decayed_score, plan, summary_id
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import ExtractiveSummarizer
 from ctxwarden.types import format_time
+
+
+def cli_on(tmp_path: Any, records: list[dict[str, Any]], *options: str) -> Callable[..., Result]:
+    """``ctxwarden`` on a fresh database in ``tmp_path`` that ``ctxwarden ingest`` filled with
+    ``records``: call it with a command's arguments (``options``, such as ``--config F``, go
+    before each command)."""
+    from typer.testing import CliRunner
+
+    from ctxwarden.cli import app
+
+    data = tmp_path / "m.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
+    base = ["--db", str(tmp_path / "c.db"), *options]
+    runner = CliRunner()
+
+    def run(*args: str, **invoke: Any) -> Result:
+        return runner.invoke(app, [*base, *args], **invoke)
+
+    assert run("ingest", str(data)).exit_code == 0
+    return run
+
 
 DAY = 86400.0
 WORDS = [
@@ -356,56 +380,35 @@ def test_integrity_on_file(tmp_path: Any, clock: Clock) -> None:
 
 
 def test_cli_compact_plan_then_apply(tmp_path: Any) -> None:
-    import json
-
-    from typer.testing import CliRunner
-
-    from ctxwarden.cli import app, parse_duration
+    from ctxwarden.cli import parse_duration
 
     assert parse_duration("14d") == 14 * DAY
     assert parse_duration("90m") == 5400
-    data = tmp_path / "m.jsonl"
-    data.write_text(
-        "\n".join(json.dumps(r) for r in _messages(1_700_000_000.0, days=2, per_day=6)),
-        encoding="utf-8",
-    )
-    db = str(tmp_path / "c.db")
-    runner = CliRunner()
-    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
-    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--older-than", "1d"])
+    cli = cli_on(tmp_path, _messages(1_700_000_000.0, days=2, per_day=6))
+    shown = cli("compact", "--plan", "--json", "--older-than", "1d")
     assert shown.exit_code == 0, shown.output
     plan = json.loads(shown.output)
     assert plan["memories"] == 12
     assert len(plan["clusters"]) == 2
-    done = runner.invoke(app, ["--db", db, "compact", "--apply", "--json"])
+    done = cli("compact", "--apply", "--json")
     assert done.exit_code == 0, done.output
     result = json.loads(done.output.strip().splitlines()[-1])
     assert result["compacted"] == 12
     assert len(result["summaries"]) == 2
-    again = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    again = cli("compact", "--plan", "--json")
     assert json.loads(again.output)["clusters"] == []
 
 
 def test_cli_compact_plan_shows_each_summary_and_what_it_drops(tmp_path: Any) -> None:
-    import json
-
-    from typer.testing import CliRunner
-
-    from ctxwarden.cli import app
-
     records = _messages(1_700_000_000.0, days=1, per_day=6)
-    data = tmp_path / "m.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
-    db = str(tmp_path / "c.db")
-    runner = CliRunner()
-    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
-    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    cli = cli_on(tmp_path, records)
+    shown = cli("compact", "--plan", "--json")
     [summary] = json.loads(shown.output)["summaries"]
     assert summary["facts"] == 2
     assert "[dev-0] 22:13 ana: dev: we moved the deploy to version 0" in summary["text"]
     assert summary["lost"] == []
     assert ["dev-1", records[1]["content"]] in summary["dropped"]
-    text = runner.invoke(app, ["--db", db, "compact", "--plan"], env={"COLUMNS": "200"})
+    text = cli("compact", "--plan", env={"COLUMNS": "200"})
     assert text.exit_code == 0, text.output
     assert "we moved the deploy to version 0" in text.output
     assert "drops " in text.output

@@ -26,6 +26,7 @@ from ctxwarden.store.base import Store
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.summarize import SummaryItem, lost_facts
 from ctxwarden.tokens import get_tokenizer
+from test_compact import cli_on
 
 DAY = 86400.0
 
@@ -231,23 +232,15 @@ def test_a_resumed_run_decides_every_remaining_cluster_as_the_uncut_run(
 
 
 def test_cli_compact_plan_shows_a_lossless_pack(tmp_path: Any) -> None:
-    from typer.testing import CliRunner
-
-    from ctxwarden.cli import app
-
     records = _dense(1_700_000_000.0)
-    data = tmp_path / "m.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in records), encoding="utf-8")
-    db = str(tmp_path / "c.db")
-    runner = CliRunner()
-    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
-    shown = runner.invoke(app, ["--db", db, "compact", "--plan", "--json"])
+    cli = cli_on(tmp_path, records)
+    shown = cli("compact", "--plan", "--json")
     [summary] = json.loads(shown.output)["summaries"]
     assert summary["lossless"] is True
     assert summary["dropped"] == []
     assert summary["lost"] == []
     assert f"[ops-2] 22:15 ana: {records[2]['content']}" in summary["text"]
-    text = runner.invoke(app, ["--db", db, "compact", "--plan"], env={"COLUMNS": "200"})
+    text = cli("compact", "--plan", env={"COLUMNS": "200"})
     assert text.exit_code == 0, text.output
     assert "lossless pack" in text.output
     assert "every message kept" in text.output
@@ -275,21 +268,14 @@ def test_lines_leave_out_the_time_when_the_header_states_the_one_minute() -> Non
 
 
 def test_the_http_compact_body_and_the_cli_turn_packs_off(tmp_path: Any) -> None:
-    from typer.testing import CliRunner
-
-    from ctxwarden.cli import app
     from ctxwarden.server.http import CompactBody
 
     assert CompactBody().policy().lossless_packs is True
     assert CompactBody(lossless_packs=False, min_pack_saving=0.5).policy().min_pack_saving == 0.5
     with pytest.raises(ValueError, match="min_pack_saving"):
         CompactBody(min_pack_saving=1.0)
-    data = tmp_path / "m.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in _dense(1_700_000_000.0)), encoding="utf-8")
-    db = str(tmp_path / "c.db")
-    runner = CliRunner()
-    assert runner.invoke(app, ["--db", db, "ingest", str(data)]).exit_code == 0
-    off = runner.invoke(app, ["--db", db, "compact", "--plan", "--json", "--no-lossless-packs"])
+    cli = cli_on(tmp_path, _dense(1_700_000_000.0))
+    off = cli("compact", "--plan", "--json", "--no-lossless-packs")
     assert json.loads(off.output)["clusters"] == []
     assert json.loads(off.output)["skipped"]["facts"] == 6
 

@@ -18,6 +18,8 @@ from ctxwarden.config import load_settings
 from ctxwarden.server.http import ServerConfig, create_app
 from serving import serve
 from test_archive import CHAT  # a week's chat with two facts in small talk
+from test_compact import cli_on
+from test_compact_pack import _dense  # a day where every message is a fact
 
 DAY = 86400.0
 
@@ -27,18 +29,6 @@ def _records(start: float) -> list[dict[str, Any]]:
         {"id": f"a{i}", "session": "s1", "author": ["ana", "bo"][i % 2], "content": text,
          "created_at": start + i * 60}
         for i, text in enumerate(CHAT)
-    ]  # fmt: skip
-
-
-def _dense(start: float) -> list[dict[str, Any]]:
-    """A day where every message is a fact: compaction packs it or leaves it alone."""
-    places = ["Ghent", "Lyon", "Oslo", "Porto", "Riga", "Turin"]
-    systems = ["Atlas", "the db", "Kafka", "CI", "Redis", "the VPN"]
-    return [
-        {"id": f"ops-{i}", "session": "team", "channel": "ops", "author": ["ana", "bo"][i % 2],
-         "content": f"{systems[i]} moves to rack {i + 10} in {places[(i * 5) % 6]}",
-         "created_at": start + i * 60}
-        for i in range(6)
     ]  # fmt: skip
 
 
@@ -101,27 +91,18 @@ def test_http_compaction_defaults_to_the_servers_settings(tmp_path: Path) -> Non
 
 
 def test_cli_compaction_follows_the_settings_and_the_flag_wins(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from ctxwarden.cli import app
-
     config = _settings(tmp_path, "compact_lossless_packs = false\n")
-    data = tmp_path / "m.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in _dense(1_700_000_000.0)), encoding="utf-8")
-    db = str(tmp_path / "c.db")
-    runner = CliRunner()
-    base = ["--db", db, "--config", str(config)]
-    assert runner.invoke(app, [*base, "ingest", str(data)]).exit_code == 0
-    off = runner.invoke(app, [*base, "compact", "--plan", "--json"])
+    cli = cli_on(tmp_path, _dense(1_700_000_000.0), "--config", str(config))
+    off = cli("compact", "--plan", "--json")
     assert off.exit_code == 0, off.output
     assert json.loads(off.output)["clusters"] == []
     assert json.loads(off.output)["skipped"]["facts"] == 6
-    on = runner.invoke(app, [*base, "compact", "--plan", "--json", "--lossless-packs"])
+    on = cli("compact", "--plan", "--json", "--lossless-packs")
     assert on.exit_code == 0, on.output
     [summary] = json.loads(on.output)["summaries"]
     assert summary["lossless"] is True
-    young = _settings(tmp_path, 'compact_older_than = "100000d"\n')
-    none = runner.invoke(app, ["--db", db, "--config", str(young), "compact", "--plan", "--json"])
+    _settings(tmp_path, 'compact_older_than = "100000d"\n')  # the same file, rewritten
+    none = cli("compact", "--plan", "--json")
     assert json.loads(none.output)["clusters"] == []
     assert json.loads(none.output)["considered"] == 0
 

@@ -410,7 +410,7 @@ def test_access_stats_go_with_their_memories(store: Store) -> None:
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 def test_migration_8_keeps_the_access_stats_of_a_version_7_store(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     insert = (
         "INSERT INTO memories (id, tenant, session, author_kind, role, content, created_at, "
@@ -442,9 +442,7 @@ def test_migration_8_keeps_the_access_stats_of_a_version_7_store(
 
         dsn = request.getfixturevalue("pg_schema_dsn")
         with psycopg.connect(dsn, autocommit=True) as pg:
-            with monkeypatch.context() as patch:
-                patch.setattr(pg_migrations, "MIGRATIONS", pg_migrations.MIGRATIONS[:7])
-                assert pg_migrations.apply(pg)[-1].version == 7
+            assert pg_migrations.apply(pg, below=8)[-1].version == 7
             pg.execute(insert)
         opened = PostgresStore(dsn)
     try:

@@ -188,7 +188,7 @@ def test_migration_20_indexes_the_runs_of_older_rows(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_postgres_migration_18_indexes_the_runs_of_older_rows(
-    pg_schema_dsn: str, monkeypatch: pytest.MonkeyPatch
+    pg_schema_dsn: str,
 ) -> None:
     import psycopg
 
@@ -196,11 +196,7 @@ def test_postgres_migration_18_indexes_the_runs_of_older_rows(
     from ctxwarden.store.postgres import PostgresStore
 
     with psycopg.connect(pg_schema_dsn, autocommit=True) as pg:
-        with monkeypatch.context() as patch:
-            patch.setattr(
-                pg_migrations, "MIGRATIONS", [m for m in pg_migrations.MIGRATIONS if m.version < 18]
-            )
-            pg_migrations.apply(pg)
+        pg_migrations.apply(pg, below=18)
         for rowid, content in ((1, CHINESE["zh2"]), (2, "the plain numbers")):
             pg.execute(
                 "INSERT INTO memories (rowid, id, tenant, session, author_kind, role, content, "

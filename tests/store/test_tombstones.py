@@ -228,7 +228,7 @@ def test_sqlite_migration_21_moves_per_id_tombstones_into_groups(
 
 @pytest.mark.postgres
 def test_postgres_migration_19_moves_per_id_tombstones_into_groups(
-    pg_schema_dsn: str, monkeypatch: pytest.MonkeyPatch
+    pg_schema_dsn: str,
 ) -> None:
     import psycopg
 
@@ -236,11 +236,7 @@ def test_postgres_migration_19_moves_per_id_tombstones_into_groups(
     from ctxwarden.store.postgres import PostgresStore
 
     with psycopg.connect(pg_schema_dsn, autocommit=True) as pg:
-        with monkeypatch.context() as patch:
-            patch.setattr(
-                pg_migrations, "MIGRATIONS", [m for m in pg_migrations.MIGRATIONS if m.version < 19]
-            )
-            pg_migrations.apply(pg)
+        pg_migrations.apply(pg, below=19)
         with pg.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO tombstones VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", OLD_ROWS

@@ -576,13 +576,18 @@ def plan(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
     return [m for m in MIGRATIONS if m.version > version]
 
 
-def apply(conn: psycopg.Connection[tuple[object, ...]]) -> list[Migration]:
+def apply(
+    conn: psycopg.Connection[tuple[object, ...]], *, below: int | None = None
+) -> list[Migration]:
     """Apply pending migrations, each in one transaction; returns what was applied.
 
-    ``conn`` must be in autocommit mode; each migration opens its own transaction.
+    ``conn`` must be in autocommit mode; each migration opens its own transaction. ``below``
+    stops before that version (a schema as an older release left it, for migration tests).
     """
     done: list[Migration] = []
     for migration in MIGRATIONS:
+        if below is not None and migration.version >= below:
+            break
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             conn.execute(_VERSION_TABLE)
