@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -128,14 +129,16 @@ def test_neighbours_reads_rowids_per_anchor_then_the_rows_not_read_yet(tmp_path:
     query = store._query
 
     def explained(sql: str, params: Any) -> list[Any]:
-        statements.append(sql)
-        plan.extend(r[-1] for r in query("EXPLAIN QUERY PLAN " + sql, params))
+        if not sql.startswith("PRAGMA"):  # (the row cache's check of other connections' writes)
+            statements.append(sql)
+            plan.extend(r[-1] for r in query("EXPLAIN QUERY PLAN " + sql, params))
         return query(sql, params)
 
     store._query = explained  # type: ignore[method-assign]
     anchors = [store.get("t", i) for i in ("a", "b", "n")]
     statements.clear()
     plan.clear()
+    store._rows.clear()  # rows read since are not read again (test_sqlite_rows.py)
     links = store.neighbours("t", anchors)
     assert {(link.anchor, link.relation, link.memory.id) for link in links} >= {
         (0, "reply", "b"), (1, "parent", "a")
@@ -149,9 +152,13 @@ def test_neighbours_reads_rowids_per_anchor_then_the_rows_not_read_yet(tmp_path:
     assert len(set(statements)) == 4
     turns = [store.get("t", f"c{i}") for i in range(30)]
     statements.clear()
+    store._rows.clear()
     store.neighbours("t", turns, turns=1, replies=0)
     assert len(statements) == 31
     assert len(set(statements[:-1])) == 1
+    statements.clear()  # every row read is cached now: not read again
+    store.neighbours("t", turns, turns=1, replies=0)
+    assert len(statements) == 30
     # The rows of memories the caller has read already are not read again.
     every = {m.rowid: m for m in store.iter_memories("t")}
     statements.clear()
@@ -317,17 +324,20 @@ def test_search_reads_only_rows_not_known(tmp_path: Path) -> None:
     query = store._query
 
     def counted(sql: str, params: Any) -> list[Any]:
-        if "FROM memory_rows WHERE rowid IN" in sql:
-            read.append(list(params[:-1]))
+        if "JOIN memory_rows m ON m.rowid = j.value" in sql:
+            read.append(json.loads(params[0]))
         return query(sql, params)
 
     store._query = counted  # type: ignore[method-assign]
+    store._rows.clear()  # (rows cached are not read again either: test_sqlite_rows.py)
     known = {m.rowid: m for m, _ in plain[:3]}
     assert store.search("t", ["deploy"], limit=5, known=known) == plain
     assert read == [[m.rowid for m, _ in plain[3:]]]
     read.clear()
     assert store.search("t", ["deploy"], limit=5, known={m.rowid: m for m, _ in plain}) == plain
     assert read == []
+    assert store.search("t", ["deploy"], limit=5) == plain  # the rows read above: cached
+    assert read == [[m.rowid for m, _ in plain[:3]]]
     store.close()
 
 

@@ -69,6 +69,7 @@ from ctxwarden.store.sqlite_lexical import (
     very_common_rows,
 )
 from ctxwarden.store.sqlite_neighbours import SQLiteNeighbours
+from ctxwarden.store.sqlite_rows import SQLiteRows
 from ctxwarden.store.sqlite_vectors import SQLiteVectors, VectorCache
 from ctxwarden.store.sqlite_writer import _SQLiteWriter, bucket_of
 from ctxwarden.store.writes import ACCESS_TAU_SECONDS, ACCESS_UPSERT, access_bump
@@ -123,7 +124,7 @@ def _enable_fts_secure_delete(conn: sqlite3.Connection) -> bool:
 
 
 class SQLiteStore(
-    PackReads, SQLiteLexical, SQLiteVectors, SQLiteNeighbours, MemoryReads, ArchiveReads
+    PackReads, SQLiteLexical, SQLiteVectors, SQLiteNeighbours, SQLiteRows, MemoryReads, ArchiveReads
 ):
     """SQLite storage for ctxwarden. ``SQLiteStore(":memory:")`` for tests.
 
@@ -144,6 +145,7 @@ class SQLiteStore(
         try:
             self._conn = connect(self.path, timeout=timeout)
             migrations.apply(self._conn)
+            self._open_rows()  # the row cache's triggers (sqlite_rows)
             self.checkpointer: Checkpointer | None = None
             if self.path != ":memory:":
                 # Checkpoints off the request path (see the module docstring).
@@ -249,6 +251,7 @@ class SQLiteStore(
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (a failed ROLLBACK is
         logged: the error that led here is the one the caller needs)."""
+        self._rows.clear()  # rows read in the transaction were not cached; the rest may be
         if not self._conn.in_transaction:
             return
         try:
@@ -395,6 +398,7 @@ class SQLiteStore(
         file not yet shrunk; call it again (it used to return as if the file had shrunk)."""
         with self._lock:
             self._check_open()
+            self._rows.clear()  # (VACUUM keeps rowids, the INTEGER PRIMARY KEY: to be sure)
             try:
                 self._conn.execute("INSERT INTO memories_fts (memories_fts) VALUES ('optimize')")
                 self._conn.execute("VACUUM")
@@ -478,6 +482,7 @@ class SQLiteStore(
             if not self._closed:
                 self._vectors.save()
                 self._closed = True
+                self._rows.clear()
                 if self.checkpointer is not None:
                     self.checkpointer.stop()
                 self._conn.close()

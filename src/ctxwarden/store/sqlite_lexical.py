@@ -234,13 +234,9 @@ class SQLiteLexical(TenantLexical):
                 chunk = unread
                 if not chunk:
                     continue
-            marks = ",".join("?" * len(chunk))
-            for row in self._query(
-                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN ({marks}) "
-                "AND +tenant = ?",
-                [*chunk, tenant],
-            ):
-                found.append((memory_of(row), -rank[int(row[0])]))
+            for rowid, row in self._rows_at(chunk).items():
+                if row[2] == tenant:  # (column 3 of MEMORY_COLUMNS)
+                    found.append((memory_of(row), -rank[rowid]))
         if len(found) < limit and len(ranked_rows) == page:
             rows = self._query(
                 f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "

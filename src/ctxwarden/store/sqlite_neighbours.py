@@ -10,21 +10,20 @@ statement per anchor whose text depends only on the anchor's shape (thread, chan
 it stays compiled in the connection's statement cache: a ``UNION ALL`` over all the anchors has
 a new text whenever their mix of shapes changes, and compiling 32 branches cost ~10 times
 running them. The statements select rowids (~6 us a statement, 40 anchors ~0.25 ms); the
-memory rows are read after, once each, leaving out those in ``known`` (a row read costs
-~10 us). Retrieval's two neighbour reads read ~160 rows an assembly at 10k memories
-(``bench/query_latency.py``), most of them read already by its searches.
+memory rows are read after, once each, leaving out those in ``known`` and those the store's
+row cache holds (:mod:`~ctxwarden.store.sqlite_rows`; a row read costs ~10 us). Retrieval's
+two neighbour reads read ~160 rows an assembly at 10k memories (``bench/query_latency.py``),
+most of them read already by its searches.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import Link
 from ctxwarden.store.reads import (
-    MEMORY_COLUMNS,
     _neighbour_branches,
     _neighbour_statement,
     memory_of,
@@ -34,7 +33,6 @@ from ctxwarden.types import Memory
 
 __all__ = ["SQLiteNeighbours"]
 
-_COLUMNS = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
 #: The statement text of each anchor shape and scope filter (made once: ~15 us each).
 _TEXTS: dict[tuple[Any, ...], str] = {}
 
@@ -44,6 +42,10 @@ class SQLiteNeighbours:
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[Any]:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # supplied by the store (SQLiteRows: a stub here would shadow it)
+
+        def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
 
     def neighbours(
         self,
@@ -86,11 +88,8 @@ class SQLiteNeighbours:
             else:
                 unread.append(rowid)
         if unread:
-            for row in self._query(
-                f"SELECT {_COLUMNS} FROM json_each(?) j JOIN memory_rows m ON m.rowid = j.value",
-                [json.dumps(unread, separators=(",", ":"))],
-            ):
-                memories[int(row[0])] = memory_of(row)
+            for rowid, row in self._rows_at(unread).items():
+                memories[rowid] = memory_of(row)
         return [
             Link(index, relation, memories[rowid])
             for index, relation, rowid in found

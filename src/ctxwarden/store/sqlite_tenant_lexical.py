@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.scope import ReadScope
-from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of, scope_sql
+from ctxwarden.store.reads import memory_of, scope_sql
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -136,6 +136,8 @@ class TenantLexical:
     if TYPE_CHECKING:  # supplied by the store (stubs here would shadow them in its MRO)
 
         def _query(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
+
+        def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
 
         def _change_stamp(self) -> tuple[int, int]: ...
 
@@ -284,7 +286,8 @@ class TenantLexical:
         self, rowids: Sequence[int], known: Mapping[int, Memory] | None, tenant: str
     ) -> dict[int, Memory]:
         """The memories at ``rowids``: the caller's ``known`` ones of ``tenant`` as they are,
-        the rest read in chunks of 500."""
+        the rest read (:meth:`~ctxwarden.store.sqlite_rows.SQLiteRows._rows_at`: cached rows
+        are not read again)."""
         rows: dict[int, Memory] = {}
         unread = []
         for rowid in rowids:
@@ -293,12 +296,7 @@ class TenantLexical:
                 rows[rowid] = memory
             else:
                 unread.append(rowid)
-        for start in range(0, len(unread), 500):
-            chunk = unread[start : start + 500]
-            for row in self._query(
-                f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE rowid IN "
-                f"({','.join('?' * len(chunk))})",
-                chunk,
-            ):
-                rows[int(row[0])] = memory_of(row)
+        if unread:
+            for rowid, row in self._rows_at(unread).items():
+                rows[rowid] = memory_of(row)
         return rows

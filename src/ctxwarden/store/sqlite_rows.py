@@ -1,0 +1,225 @@
+"""Memory rows by rowid on SQLite, through a cache of this process's recently read rows.
+
+A retrieval reads the same rows again and again: the session's turns come back turn after turn
+(as search hits, as neighbours, as vector hits), and at 10k memories the row reads by rowid
+were ~260 rows and ~1.7 ms of an ``assemble`` (``bench/query_latency.py``, ~6 us a row in the
+sqlite3 module). :class:`RowCache` keeps the raw rows (tuples of :data:`MEMORY_COLUMNS`: text,
+numbers and None, so a caller can never change a cached value); every read makes its
+:class:`~ctxwarden.types.Memory` anew.
+
+What keeps it true:
+
+- **This connection's writes.** Temporary triggers (on this connection only, never in the file)
+  call :meth:`RowCache.drop` for every row inserted, changed or deleted in ``memories``, whatever
+  statement or write path made the change: ingest, duplicate bumps, edits, erasure, compaction.
+  An erased row's text leaves the cache with the row. A change to ``memory_access`` (the view
+  ``memory_rows`` joins it: the inclusion log bumps the stats of what it includes) writes the
+  new stats into the cached row (:meth:`RowCache.access`); a deleted stats row drops it.
+- **Other connections' writes** (another process, a CLI run beside a server): ``PRAGMA
+  data_version`` changes when another connection commits; the cache is emptied then (and the
+  triggers made again, should a migration there have rebuilt the table).
+- **Transactions.** A row read while a transaction is open on this connection is not cached
+  (a rollback would leave it untrue); a rollback empties the cache anyway.
+- **Tenants and scopes.** The cache is keyed by rowid alone, under the reads' filters: every
+  caller filters rows by tenant and scope after the read, as it did when the rows came from SQL.
+
+It holds at most :data:`ROW_CACHE_ROWS` rows (the oldest cached dropped first), ~1 KB each.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
+from ctxwarden.types import Memory
+
+__all__ = ["ROW_CACHE_ROWS", "RowCache", "SQLiteRows", "install_row_triggers"]
+
+#: The most memory rows :class:`RowCache` holds (~1 KB a chat message: ~10 MB).
+ROW_CACHE_ROWS = 10_000
+
+_DROP_FUNCTION = "ctxwarden_row_changed"
+_ACCESS_FUNCTION = "ctxwarden_access_changed"
+#: Where the access stats are in a row of MEMORY_COLUMNS (the columns memory_access gives).
+_COLUMN_NAMES = [c.strip() for c in MEMORY_COLUMNS.split(",")]
+_ACCESS_AT = _COLUMN_NAMES.index("access_count")
+assert _COLUMN_NAMES[_ACCESS_AT : _ACCESS_AT + 4] == [
+    "access_count", "last_accessed_at", "access_score", "included_tokens_total"
+]  # fmt: skip
+_ROW_COLUMNS = ", ".join("m." + c.strip() for c in MEMORY_COLUMNS.split(","))
+#: The temporary triggers (name, statement): every change to a row of ``memory_rows``.
+_TRIGGERS = (
+    *(
+        (
+            f"ctxwarden_rows_memories_{event.lower()}",
+            f"CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_memories_{event.lower()} "
+            f"AFTER {event} ON main.memories BEGIN SELECT {_DROP_FUNCTION}({row}.rowid); END",
+        )
+        for event, row in (("INSERT", "new"), ("UPDATE", "old"), ("DELETE", "old"))
+    ),
+    (
+        "ctxwarden_rows_memories_rowid",
+        # A changed rowid (never done by ctxwarden, but possible): the new one too.
+        "CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_memories_rowid AFTER UPDATE OF rowid "
+        f"ON main.memories BEGIN SELECT {_DROP_FUNCTION}(new.rowid); END",
+    ),
+    *(
+        (
+            f"ctxwarden_rows_access_{event.lower()}",
+            # The values memory_rows gives (its coalesce()s), written into the cached row.
+            f"CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_access_{event.lower()} "
+            f"AFTER {event} ON main.memory_access BEGIN SELECT {_ACCESS_FUNCTION}("
+            "new.memory_rowid, coalesce(new.access_count, 0), new.last_accessed_at, "
+            "coalesce(new.access_score, 0.0), coalesce(new.included_tokens_total, 0)); END",
+        )
+        for event in ("INSERT", "UPDATE")
+    ),
+    (
+        "ctxwarden_rows_access_delete",
+        "CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_access_delete AFTER DELETE ON "
+        f"main.memory_access BEGIN SELECT {_DROP_FUNCTION}(old.memory_rowid); END",
+    ),
+    (
+        "ctxwarden_rows_access_moved",
+        "CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_access_moved AFTER UPDATE OF "
+        f"memory_rowid ON main.memory_access BEGIN SELECT {_DROP_FUNCTION}(old.memory_rowid); END",
+    ),
+)
+
+
+class RowCache:
+    """Raw rows of :data:`MEMORY_COLUMNS` by rowid, at most ``limit`` (the oldest cached go
+    first). Thread-safe.
+
+    >>> cache = RowCache(limit=2)
+    >>> cache.keep([(1, "a"), (2, "b"), (3, "c")])
+    >>> cache.take([1, 2, 3])
+    ({2: (2, 'b'), 3: (3, 'c')}, [1])
+    >>> cache.drop(3)
+    >>> cache.take([3])
+    ({}, [3])
+    """
+
+    def __init__(self, limit: int = ROW_CACHE_ROWS) -> None:
+        self.limit = limit
+        self._rows: OrderedDict[int, tuple[Any, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def take(self, rowids: Iterable[int]) -> tuple[dict[int, tuple[Any, ...]], list[int]]:
+        """(the cached rows of ``rowids`` by rowid, the rowids not cached, in the given order)."""
+        found: dict[int, tuple[Any, ...]] = {}
+        missing: list[int] = []
+        with self._lock:
+            rows = self._rows
+            for rowid in rowids:
+                row = rows.get(rowid)
+                if row is None:
+                    missing.append(rowid)
+                else:
+                    found[rowid] = row
+        return found, missing
+
+    def keep(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Cache ``rows`` (each a row of :data:`MEMORY_COLUMNS`, its rowid first)."""
+        with self._lock:
+            cached = self._rows
+            for row in rows:
+                cached[int(row[0])] = row
+            while len(cached) > self.limit:
+                cached.popitem(last=False)
+
+    def drop(self, rowid: int | None) -> None:
+        """Forget the row at ``rowid`` (called by the triggers for every changed row)."""
+        if rowid is not None:
+            with self._lock:
+                self._rows.pop(rowid, None)
+
+    def access(
+        self, rowid: int | None, count: int, last: float | None, score: float, tokens: int
+    ) -> None:
+        """Write new access stats into the cached row at ``rowid``, if any (called by the
+        triggers on ``memory_access``: every inclusion log bumps the stats of the memories it
+        includes, and dropping those rows would empty the cache of the rows used most)."""
+        if rowid is not None:
+            with self._lock:
+                row = self._rows.get(rowid)
+                if row is not None:
+                    self._rows[rowid] = (
+                        *row[:_ACCESS_AT],
+                        count,
+                        last,
+                        score,
+                        tokens,
+                        *row[_ACCESS_AT + 4 :],
+                    )
+
+    def clear(self) -> None:
+        """Forget every row."""
+        with self._lock:
+            self._rows.clear()
+
+
+def install_row_triggers(conn: sqlite3.Connection, cache: RowCache) -> None:
+    """Make the temporary triggers that keep ``cache`` true on ``conn`` (see the module
+    docstring); idempotent. The tables must exist (after the migrations)."""
+    conn.create_function(_DROP_FUNCTION, 1, cache.drop, deterministic=False)
+    conn.create_function(_ACCESS_FUNCTION, 5, cache.access, deterministic=False)
+    for _, statement in _TRIGGERS:
+        conn.execute(statement)
+
+
+class SQLiteRows:
+    """Memory rows by rowid through the store's :class:`RowCache` (the store supplies
+    :meth:`_query`, ``_conn``, ``_lock`` and ``_rows``, made by :meth:`_open_rows`)."""
+
+    _conn: sqlite3.Connection
+    _lock: threading.RLock
+    _rows: RowCache
+    _rows_version: int
+
+    if TYPE_CHECKING:  # supplied by the store (a stub here would shadow it in its MRO)
+
+        def _query(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
+
+    def _open_rows(self) -> None:
+        """Start the cache and its triggers (once the connection is open and migrated)."""
+        self._rows = RowCache()
+        install_row_triggers(self._conn, self._rows)
+        self._rows_version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
+        """The rows of :data:`MEMORY_COLUMNS` at ``rowids`` that are stored, by rowid (any
+        tenant: the caller filters), from the cache or else read in one statement."""
+        with self._lock:
+            version = int(self._query("PRAGMA data_version", ())[0][0])
+            if version != self._rows_version:  # another connection committed: trust nothing
+                self._rows.clear()
+                if not self._conn.in_transaction:  # (a rollback would undo the triggers)
+                    install_row_triggers(self._conn, self._rows)
+                    self._rows_version = version
+            found, missing = self._rows.take(dict.fromkeys(int(r) for r in rowids))
+            if missing:
+                rows = self._query(
+                    f"SELECT {_ROW_COLUMNS} FROM json_each(?) j "
+                    "JOIN memory_rows m ON m.rowid = j.value",
+                    [json.dumps(missing, separators=(",", ":"))],
+                )
+                for row in rows:
+                    found[int(row[0])] = row
+                if not self._conn.in_transaction:
+                    self._rows.keep(rows)
+            return found
+
+    def memories_at(self, rowids: Sequence[int]) -> list[Memory]:
+        """The memories at these rowids (any tenant: maintenance after embedding), in rowid
+        order; rowids no longer stored are left out."""
+        rows = self._rows_at(rowids)
+        return [memory_of(rows[rowid]) for rowid in sorted(rows)]
