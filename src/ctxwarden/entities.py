@@ -69,16 +69,48 @@ def entities(query: str) -> list[str]:
     return list(found.values())
 
 
+#: The lower-cased words of each ASCII entity's pattern (see :func:`entity_share`); emptied
+#: when full. Keyed by the compiled pattern (the ``re`` module hands out one per text).
+_PARTS: dict[re.Pattern[str], tuple[str, ...]] = {}
+_PARTS_MAX = 4096
+
+
 def entity_patterns(query: str, *, limit: int = 32) -> list[re.Pattern[str]]:
     """One case-insensitive, whole-word pattern per entity of the query, the first ``limit``
     (each is searched in every candidate: the bound keeps that cost independent of the query)."""
     patterns = []
     for entity in entities(query)[:limit]:
-        body = r"\s+".join(re.escape(part) for part in entity.split())
-        patterns.append(re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE))
+        parts = entity.split()
+        body = r"\s+".join(re.escape(part) for part in parts)
+        pattern = re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE)
+        if entity.isascii():
+            if len(_PARTS) >= _PARTS_MAX:
+                _PARTS.clear()
+            _PARTS[pattern] = tuple(part.lower() for part in parts)
+        patterns.append(pattern)
     return patterns
 
 
 def entity_share(patterns: Sequence[re.Pattern[str]], text: str) -> float:
-    """The share of the query's entities that ``text`` names verbatim."""
-    return sum(1 for p in patterns if p.search(text)) / len(patterns) if patterns else 0.0
+    """The share of the query's entities that ``text`` names verbatim.
+
+    An ASCII entity is looked for in an ASCII text only if each of its words is in the
+    lower-cased text: a case-insensitive match of ASCII in ASCII needs that, and a pattern's
+    search (~7-14 us in a 40-word message: the look-behind is tried at every position) costs
+    ~10 times the check. The same share as searching every pattern.
+
+    >>> entity_share(entity_patterns("Was Lake Tahoe in the v2.3 notes?"), "lake  tahoe, v2")
+    0.5
+    """
+    if not patterns:
+        return 0.0
+    folded = text.lower() if text.isascii() else None
+    found = 0
+    for pattern in patterns:
+        if folded is not None:
+            parts = _PARTS.get(pattern)
+            if parts is not None and not all(part in folded for part in parts):
+                continue
+        if pattern.search(text):
+            found += 1
+    return found / len(patterns)

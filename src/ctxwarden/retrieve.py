@@ -393,11 +393,12 @@ def retrieve(
     # lena works on") names the first; the second shares words with the first, not with the
     # question. The best hits' own words that the query lacks are searched once more.
     if w.bridge > 0 and w.bridge_hits > 0:
-        first = sorted(
+        first = heapq.nsmallest(  # sorted(...)[: w.bridge_hits], without sorting them all
+            w.bridge_hits,
             ranks,
             key=lambda r: (-sum(1.0 / (w.rrf_k + v) for k, v in ranks[r].items()
                                 if k in _RANK_KEY_SET), r),
-        )[: w.bridge_hits]  # fmt: skip
+        )  # fmt: skip
         asked = set(terms)
         hop = w.bridge_candidates
         for rowid in first:
