@@ -156,12 +156,17 @@ def test_neighbours_reads_rowids_per_anchor_then_the_rows_not_read_yet(tmp_path:
     store.neighbours("t", turns, turns=1, replies=0)
     assert len(statements) == 31
     assert len(set(statements[:-1])) == 1
-    statements.clear()  # every row read is cached now: not read again
+    # Every row and rowid read is kept now (sqlite_rows): nothing is read again until a write.
+    statements.clear()
     store.neighbours("t", turns, turns=1, replies=0)
-    assert len(statements) == 30
+    assert statements == []
+    with store.write() as w:
+        w.insert(_memory("c30", content="turn 30", at=40.0))
+    assert "c30" in {link.memory.id for link in store.neighbours("t", turns[-1:], turns=1)}
     # The rows of memories the caller has read already are not read again.
     every = {m.rowid: m for m in store.iter_memories("t")}
     statements.clear()
+    store._rows.clear()
     links = store.neighbours("t", turns, turns=1, replies=0, known=every)
     assert len(statements) == 30
     assert [link.memory for link in links] == [

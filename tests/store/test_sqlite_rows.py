@@ -12,6 +12,7 @@ import pytest
 from conftest import Clock
 from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
+from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import NewMemory
 from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
 from ctxwarden.store.sqlite import SQLiteStore
@@ -161,3 +162,33 @@ def test_the_cache_is_bounded(opened: Any) -> None:
     store._rows.limit = 5
     assert store.memories_at(rowids) == _table(store, rowids)
     assert len(store._rows) == 5
+
+
+def test_remembered_reads_follow_every_write(opened: Any, tmp_path: Path) -> None:
+    engine, store, rowids = opened
+    count = "SELECT count(*) FROM memories WHERE tenant = ? AND session = ?"
+    assert store._remembered(count, ["default", "s"]) == ((12,),)
+    engine.ingest([{"id": "new", "session": "s", "content": "a fresh zeppelin note"}])
+    assert store._remembered(count, ["default", "s"]) == ((13,),)
+    # A scoped word search (its rowid range kept) and a vector scope see the new row.
+    scope = ReadScope(kind="session", session="s")
+    assert [m.id for m, _ in store.search("default", ["zeppelin"], scope=scope)] == ["new"]
+    aliases = "SELECT count(*) FROM aliases WHERE tenant = ?"
+    before = store._remembered(aliases, ["default"])[0][0]
+    with store.write() as writer:
+        writer._conn.execute(
+            "INSERT INTO aliases (tenant, id, memory_rowid, status, created_at) "
+            "VALUES ('default', 'other-name', ?, 'alias', 0)",
+            (rowids[0],),
+        )
+    assert store._remembered(aliases, ["default"]) == ((before + 1,),)
+    with pytest.raises(RuntimeError), store.write() as writer:
+        writer._conn.execute("DELETE FROM memories WHERE rowid = ?", (rowids[0],))
+        assert store._remembered(count, ["default", "s"]) == ((12,),)
+        raise RuntimeError("abort")
+    assert store._remembered(count, ["default", "s"]) == ((13,),)
+    other = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    other.execute("PRAGMA foreign_keys = ON")
+    other.execute("DELETE FROM memories WHERE rowid = ?", (rowids[1],))
+    other.close()
+    assert store._remembered(count, ["default", "s"]) == ((12,),)

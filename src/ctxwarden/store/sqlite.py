@@ -483,6 +483,7 @@ class SQLiteStore(
                 self._vectors.save()
                 self._closed = True
                 self._rows.clear()
+                self._memos.clear()
                 if self.checkpointer is not None:
                     self.checkpointer.stop()
                 self._conn.close()

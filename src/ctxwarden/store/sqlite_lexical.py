@@ -306,7 +306,7 @@ class SQLiteLexical(TenantLexical):
         session whose rows interleave with others' (its range is most of the store), the
         look-ups of every match in the range were 70 % of a search's time. Either way the
         same rows and scores."""
-        lo, hi, size = self._query(
+        lo, hi, size = self._remembered(
             f"SELECT min(rowid), max(rowid), count(*) FROM memories WHERE tenant = ?{scope_filter}",
             [tenant, *scope_params],
         )[0]
@@ -357,7 +357,7 @@ class SQLiteLexical(TenantLexical):
             VERY_COMMON_MIN_ROWS, COMMON_TERM_ROWS
         ):
             return set()  # none can be: a term in fewer rows never is (either branch below)
-        stored = int(self._query("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
+        stored = int(self._remembered("SELECT coalesce(max(rowid), 0) FROM memories", ())[0][0])
         if stored <= VERY_COMMON_WINDOW:
             cutoff = very_common_rows(stored)
             return {q for q, rows in frequency.items() if rows >= cutoff}

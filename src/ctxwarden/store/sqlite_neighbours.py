@@ -47,6 +47,8 @@ class SQLiteNeighbours:
 
         def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
 
+        def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]: ...
+
     def neighbours(
         self,
         tenant: str,
@@ -76,7 +78,7 @@ class SQLiteNeighbours:
                     _TEXTS.clear()
                 _TEXTS[shape] = sql
             params = [p for b in branches for p in (tenant, *b[2], *scope_params)]
-            for _, relation, rowid in self._query(sql, params):
+            for _, relation, rowid in self._remembered(sql, params):  # (rowids: kept a while)
                 if rowid != anchor.rowid:
                     found.append((index, str(relation), int(rowid)))
         memories: dict[int, Memory] = {}

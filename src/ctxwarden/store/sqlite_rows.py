@@ -24,6 +24,12 @@ What keeps it true:
   caller filters rows by tenant and scope after the read, as it did when the rows came from SQL.
 
 It holds at most :data:`ROW_CACHE_ROWS` rows (the oldest cached dropped first), ~1 KB each.
+
+The same triggers count the changes to ``memories`` and ``aliases`` (:attr:`RowCache.generation`,
+which a changed alias bumps too): :meth:`SQLiteRows._remembered` keeps the results of reads of
+those two tables alone (a session's rowids for its vector search, its rowid range for its word
+search, the rowids around a neighbour read's anchor; rowids and counts, never text) while the
+generation stays and no other connection commits.
 """
 
 from __future__ import annotations
@@ -32,16 +38,19 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
 from ctxwarden.types import Memory
 
-__all__ = ["ROW_CACHE_ROWS", "RowCache", "SQLiteRows", "install_row_triggers"]
+__all__ = ["MEMO_ENTRIES", "ROW_CACHE_ROWS", "RowCache", "SQLiteRows", "install_row_triggers"]
 
 #: The most memory rows :class:`RowCache` holds (~1 KB a chat message: ~10 MB).
 ROW_CACHE_ROWS = 10_000
+#: The most results :meth:`SQLiteRows._remembered` keeps (emptied when full): a neighbour
+#: read's few rowids, a session's rowids (8 bytes each in a tuple).
+MEMO_ENTRIES = 4096
 
 _DROP_FUNCTION = "ctxwarden_row_changed"
 _ACCESS_FUNCTION = "ctxwarden_access_changed"
@@ -79,6 +88,15 @@ _TRIGGERS = (
         )
         for event in ("INSERT", "UPDATE")
     ),
+    *(
+        (
+            f"ctxwarden_rows_aliases_{event.lower()}",
+            # Not a row of memory_rows, but what a neighbour read follows (see SQLiteRows).
+            f"CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_aliases_{event.lower()} "
+            f"AFTER {event} ON main.aliases BEGIN SELECT {_DROP_FUNCTION}(NULL); END",
+        )
+        for event in ("INSERT", "UPDATE", "DELETE")
+    ),
     (
         "ctxwarden_rows_access_delete",
         "CREATE TEMP TRIGGER IF NOT EXISTS ctxwarden_rows_access_delete AFTER DELETE ON "
@@ -107,6 +125,9 @@ class RowCache:
 
     def __init__(self, limit: int = ROW_CACHE_ROWS) -> None:
         self.limit = limit
+        #: Counts the changes to ``memories`` and ``aliases`` seen (and :meth:`clear`): equal
+        #: generations, no row of either changed in between (access stats aside).
+        self.generation = 0
         self._rows: OrderedDict[int, tuple[Any, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -137,9 +158,11 @@ class RowCache:
                 cached.popitem(last=False)
 
     def drop(self, rowid: int | None) -> None:
-        """Forget the row at ``rowid`` (called by the triggers for every changed row)."""
-        if rowid is not None:
-            with self._lock:
+        """Forget the row at ``rowid`` (called by the triggers for every changed row; None for
+        a changed alias) and count a change."""
+        with self._lock:
+            self.generation += 1
+            if rowid is not None:
                 self._rows.pop(rowid, None)
 
     def access(
@@ -164,6 +187,7 @@ class RowCache:
     def clear(self) -> None:
         """Forget every row."""
         with self._lock:
+            self.generation += 1
             self._rows.clear()
 
 
@@ -184,6 +208,7 @@ class SQLiteRows:
     _lock: threading.RLock
     _rows: RowCache
     _rows_version: int
+    _memos: dict[Hashable, tuple[int, Any]]
 
     if TYPE_CHECKING:  # supplied by the store (a stub here would shadow it in its MRO)
 
@@ -192,19 +217,46 @@ class SQLiteRows:
     def _open_rows(self) -> None:
         """Start the cache and its triggers (once the connection is open and migrated)."""
         self._rows = RowCache()
+        self._memos = {}
         install_row_triggers(self._conn, self._rows)
         self._rows_version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _check_version(self) -> None:
+        """Empty the cache if another connection committed since the last look (call with
+        the store's lock held)."""
+        version = int(self._query("PRAGMA data_version", ())[0][0])
+        if version != self._rows_version:  # another connection committed: trust nothing
+            self._rows.clear()
+            if not self._conn.in_transaction:  # (a rollback would undo the triggers)
+                install_row_triggers(self._conn, self._rows)
+                self._rows_version = version
+
+    def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]:
+        """The rows of ``sql``, a read of ``memories`` and ``aliases`` only (no access
+        stats, no other table), kept while no row of either changes (the cache's generation)
+        and no other connection commits: a session's rowids, its rowid range, a neighbour
+        read's rowids come back turn after turn. At most :data:`MEMO_ENTRIES` kept; the rows
+        are a tuple (never changed by a caller)."""
+        key = (sql, tuple(params))
+        with self._lock:
+            self._check_version()
+            generation = self._rows.generation
+            kept = self._memos.get(key)
+            if kept is not None and kept[0] == generation:
+                rows: Sequence[Any] = kept[1]
+                return rows
+            rows = tuple(self._query(sql, params))
+            if not self._conn.in_transaction and self._rows.generation == generation:
+                if len(self._memos) >= MEMO_ENTRIES:
+                    self._memos.clear()
+                self._memos[key] = (generation, rows)
+            return rows
 
     def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
         """The rows of :data:`MEMORY_COLUMNS` at ``rowids`` that are stored, by rowid (any
         tenant: the caller filters), from the cache or else read in one statement."""
         with self._lock:
-            version = int(self._query("PRAGMA data_version", ())[0][0])
-            if version != self._rows_version:  # another connection committed: trust nothing
-                self._rows.clear()
-                if not self._conn.in_transaction:  # (a rollback would undo the triggers)
-                    install_row_triggers(self._conn, self._rows)
-                    self._rows_version = version
+            self._check_version()
             found, missing = self._rows.take(dict.fromkeys(int(r) for r in rowids))
             if missing:
                 rows = self._query(

@@ -139,11 +139,13 @@ class TenantLexical:
 
         def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
 
+        def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]: ...
+
         def _change_stamp(self) -> tuple[int, int]: ...
 
     def alone(self, tenant: str) -> bool:
         """True when no row of the store belongs to another tenant (two index probes)."""
-        return not self._query(
+        return not self._remembered(
             "SELECT 1 WHERE EXISTS (SELECT 1 FROM memories WHERE tenant > ?) "
             "OR EXISTS (SELECT 1 FROM memories WHERE tenant < ?)",
             (tenant, tenant),

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -258,6 +258,10 @@ class SQLiteVectors:
     def _check_open(self) -> None:
         raise NotImplementedError
 
+    if TYPE_CHECKING:  # supplied by the store (SQLiteRows: a stub here would shadow it)
+
+        def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]: ...
+
     def put_vectors(
         self,
         model: str,
@@ -427,8 +431,10 @@ class SQLiteVectors:
         allowed: set[int] | npt.NDArray[np.int64] | None = None
         named: tuple[str, str, str] | None = None
         if read_filter and author is None:
+            # (The scope's rowids: the same turn after turn while its rows do not change.)
             allowed = {
-                int(r[0]) for r in self._query(f"SELECT rowid FROM memories WHERE {where}", params)
+                int(r[0])
+                for r in self._remembered(f"SELECT rowid FROM memories WHERE {where}", params)
             }
             if not allowed:
                 return []
@@ -440,7 +446,7 @@ class SQLiteVectors:
             else:
                 allowed = {
                     int(r[0])
-                    for r in self._query(
+                    for r in self._remembered(
                         f"SELECT rowid FROM memories WHERE {where} AND author = ?",
                         [*params, author],
                     )
