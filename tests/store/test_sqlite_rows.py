@@ -192,3 +192,16 @@ def test_remembered_reads_follow_every_write(opened: Any, tmp_path: Path) -> Non
     other.execute("DELETE FROM memories WHERE rowid = ?", (rowids[1],))
     other.close()
     assert store._remembered(count, ["default", "s"]) == ((12,),)
+
+
+def test_a_memory_with_dicts_is_made_anew_for_every_reader(opened: Any) -> None:
+    engine, store, _ = opened
+    engine.ingest([{"id": "meta", "session": "s", "content": "tagged", "metadata": {"k": [1]}}])
+    rowid = engine.get("meta").rowid
+    first = store.memories_at([rowid])[0]
+    first.metadata["k"].append(2)  # a careless caller
+    again = store.memories_at([rowid])[0]
+    assert again.metadata == {"k": [1]}
+    assert again is not first
+    plain = engine.get("s-0").rowid
+    assert store.memories_at([plain])[0] is store.memories_at([plain])[0]  # nothing to change

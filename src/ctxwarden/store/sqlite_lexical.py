@@ -234,9 +234,9 @@ class SQLiteLexical(TenantLexical):
                 chunk = unread
                 if not chunk:
                     continue
-            for rowid, row in self._rows_at(chunk).items():
-                if row[2] == tenant:  # (column 3 of MEMORY_COLUMNS)
-                    found.append((memory_of(row), -rank[rowid]))
+            for rowid, memory in self._stored_at(chunk).items():
+                if memory.tenant == tenant:
+                    found.append((memory, -rank[rowid]))
         if len(found) < limit and len(ranked_rows) == page:
             rows = self._query(
                 f"SELECT {', '.join('m.' + c.strip() for c in MEMORY_COLUMNS.split(','))}, "

@@ -26,7 +26,6 @@ from ctxwarden.store.base import Link
 from ctxwarden.store.reads import (
     _neighbour_branches,
     _neighbour_statement,
-    memory_of,
     scope_sql,
 )
 from ctxwarden.types import Memory
@@ -45,9 +44,11 @@ class SQLiteNeighbours:
 
     if TYPE_CHECKING:  # supplied by the store (SQLiteRows: a stub here would shadow it)
 
-        def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
+        def _stored_at(self, rowids: Sequence[int]) -> dict[int, Memory]: ...
 
-        def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]: ...
+        def _remembered_all(
+            self, reads: Sequence[tuple[str, Sequence[Any]]]
+        ) -> list[Sequence[Any]]: ...
 
     def neighbours(
         self,
@@ -64,6 +65,8 @@ class SQLiteNeighbours:
         ``known`` (this tenant's, by rowid, read earlier by the caller) are not read again."""
         found: list[tuple[int, str, int]] = []
         scope_filter, scope_params = scope_sql(scope)
+        reads: list[tuple[str, list[Any]]] = []
+        read_anchors: list[tuple[int, Memory]] = []
         for index, anchor in enumerate(anchors):
             branches = _neighbour_branches(tenant, anchor, turns, replies)
             if not branches:
@@ -77,8 +80,11 @@ class SQLiteNeighbours:
                 if len(_TEXTS) >= 1024:
                     _TEXTS.clear()
                 _TEXTS[shape] = sql
-            params = [p for b in branches for p in (tenant, *b[2], *scope_params)]
-            for _, relation, rowid in self._remembered(sql, params):  # (rowids: kept a while)
+            reads.append((sql, [p for b in branches for p in (tenant, *b[2], *scope_params)]))
+            read_anchors.append((index, anchor))
+        # (Rowids only: kept while the store's rows do not change, SQLiteRows._remembered.)
+        for (index, anchor), rows in zip(read_anchors, self._remembered_all(reads), strict=True):
+            for _, relation, rowid in rows:
                 if rowid != anchor.rowid:
                     found.append((index, str(relation), int(rowid)))
         memories: dict[int, Memory] = {}
@@ -90,8 +96,7 @@ class SQLiteNeighbours:
             else:
                 unread.append(rowid)
         if unread:
-            for rowid, row in self._rows_at(unread).items():
-                memories[rowid] = memory_of(row)
+            memories.update(self._stored_at(unread))
         return [
             Link(index, relation, memories[rowid])
             for index, relation, rowid in found

@@ -149,7 +149,9 @@ class RowCache:
         return found, missing
 
     def keep(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Cache ``rows`` (each a row of :data:`MEMORY_COLUMNS`, its rowid first)."""
+        """Cache ``rows``: each a row of :data:`MEMORY_COLUMNS` (its rowid first), or the
+        :class:`~ctxwarden.types.Memory` made of one when nothing in it can change (no
+        tool calls, attachments or metadata: those are dicts)."""
         with self._lock:
             cached = self._rows
             for row in rows:
@@ -174,7 +176,14 @@ class RowCache:
         if rowid is not None:
             with self._lock:
                 row = self._rows.get(rowid)
-                if row is not None:
+                if isinstance(row, Memory):
+                    self._rows[rowid] = row._replace(
+                        access_count=count,
+                        last_accessed_at=last,
+                        access_score=score,
+                        included_tokens_total=tokens,
+                    )
+                elif row is not None:
                     self._rows[rowid] = (
                         *row[:_ACCESS_AT],
                         count,
@@ -237,41 +246,69 @@ class SQLiteRows:
         and no other connection commits: a session's rowids, its rowid range, a neighbour
         read's rowids come back turn after turn. At most :data:`MEMO_ENTRIES` kept; the rows
         are a tuple (never changed by a caller)."""
-        key = (sql, tuple(params))
+        return self._remembered_all([(sql, params)])[0]
+
+    def _remembered_all(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> list[Sequence[Any]]:
+        """:meth:`_remembered` of each ``(sql, params)``, with one look for other connections'
+        commits (a neighbour read runs one statement per anchor: 40 in a retrieval)."""
+        out: list[Sequence[Any]] = []
         with self._lock:
             self._check_version()
             generation = self._rows.generation
-            kept = self._memos.get(key)
-            if kept is not None and kept[0] == generation:
-                rows: Sequence[Any] = kept[1]
-                return rows
-            rows = tuple(self._query(sql, params))
-            if not self._conn.in_transaction and self._rows.generation == generation:
-                if len(self._memos) >= MEMO_ENTRIES:
-                    self._memos.clear()
-                self._memos[key] = (generation, rows)
-            return rows
+            memos = self._memos
+            for sql, params in reads:
+                key = (sql, tuple(params))
+                kept = memos.get(key)
+                if kept is not None and kept[0] == generation:
+                    out.append(kept[1])
+                    continue
+                rows = tuple(self._query(sql, params))
+                if not self._conn.in_transaction and self._rows.generation == generation:
+                    if len(memos) >= MEMO_ENTRIES:
+                        memos.clear()
+                    memos[key] = (generation, rows)
+                out.append(rows)
+        return out
 
-    def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]:
-        """The rows of :data:`MEMORY_COLUMNS` at ``rowids`` that are stored, by rowid (any
-        tenant: the caller filters), from the cache or else read in one statement."""
+    def _stored_at(self, rowids: Sequence[int]) -> dict[int, Memory]:
+        """The memories at ``rowids`` that are stored, by rowid (any tenant: the caller
+        filters), from the cache or else read in one statement. A memory with nothing that can
+        change in place (:func:`_frozen`) is cached as it is, and the same object given to
+        every reader; any other is made anew from its cached row each time."""
         with self._lock:
             self._check_version()
-            found, missing = self._rows.take(dict.fromkeys(int(r) for r in rowids))
+            cached, missing = self._rows.take(dict.fromkeys(int(r) for r in rowids))
+            found: dict[int, Memory] = {
+                rowid: value if isinstance(value, Memory) else memory_of(value)
+                for rowid, value in cached.items()
+            }
             if missing:
                 rows = self._query(
                     f"SELECT {_ROW_COLUMNS} FROM json_each(?) j "
                     "JOIN memory_rows m ON m.rowid = j.value",
                     [json.dumps(missing, separators=(",", ":"))],
                 )
+                kept: list[tuple[Any, ...]] = []
                 for row in rows:
-                    found[int(row[0])] = row
+                    memory = found[int(row[0])] = memory_of(row)
+                    kept.append(memory if _frozen(memory) else row)
                 if not self._conn.in_transaction:
-                    self._rows.keep(rows)
+                    self._rows.keep(kept)
             return found
 
     def memories_at(self, rowids: Sequence[int]) -> list[Memory]:
         """The memories at these rowids (any tenant: maintenance after embedding), in rowid
         order; rowids no longer stored are left out."""
-        rows = self._rows_at(rowids)
-        return [memory_of(rows[rowid]) for rowid in sorted(rows)]
+        found = self._stored_at(rowids)
+        return [found[rowid] for rowid in sorted(found)]
+
+
+def _frozen(memory: Memory) -> bool:
+    """Whether nothing in ``memory`` can be changed in place (its tool calls, attachments and
+    metadata are dicts; the rest strings, numbers and tuples of them)."""
+    return (
+        not memory.tool_calls
+        and not memory.attachments
+        and not memory.metadata
+        and all(isinstance(source, str) for source in memory.source_ids)
+    )

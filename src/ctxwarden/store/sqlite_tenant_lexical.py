@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxwarden.scope import ReadScope
-from ctxwarden.store.reads import memory_of, scope_sql
+from ctxwarden.store.reads import scope_sql
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -137,7 +137,7 @@ class TenantLexical:
 
         def _query(self, sql: str, params: Sequence[Any]) -> list[Any]: ...
 
-        def _rows_at(self, rowids: Sequence[int]) -> dict[int, tuple[Any, ...]]: ...
+        def _stored_at(self, rowids: Sequence[int]) -> dict[int, Memory]: ...
 
         def _remembered(self, sql: str, params: Sequence[Any]) -> Sequence[Any]: ...
 
@@ -288,7 +288,7 @@ class TenantLexical:
         self, rowids: Sequence[int], known: Mapping[int, Memory] | None, tenant: str
     ) -> dict[int, Memory]:
         """The memories at ``rowids``: the caller's ``known`` ones of ``tenant`` as they are,
-        the rest read (:meth:`~ctxwarden.store.sqlite_rows.SQLiteRows._rows_at`: cached rows
+        the rest read (:meth:`~ctxwarden.store.sqlite_rows.SQLiteRows._stored_at`: cached rows
         are not read again)."""
         rows: dict[int, Memory] = {}
         unread = []
@@ -299,6 +299,5 @@ class TenantLexical:
             else:
                 unread.append(rowid)
         if unread:
-            for rowid, row in self._rows_at(unread).items():
-                rows[rowid] = memory_of(row)
+            rows.update(self._stored_at(unread))
         return rows
