@@ -14,7 +14,7 @@ from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.scope import ReadScope
 from ctxwarden.store.base import NewMemory
-from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
+from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite import SQLiteStore
 from ctxwarden.types import Memory
 
@@ -205,3 +205,39 @@ def test_a_memory_with_dicts_is_made_anew_for_every_reader(opened: Any) -> None:
     assert again is not first
     plain = engine.get("s-0").rowid
     assert store.memories_at([plain])[0] is store.memories_at([plain])[0]  # nothing to change
+
+
+def test_recent_pages_follow_writes(opened: Any) -> None:
+    engine, store, _ = opened
+
+    def page(**options: Any) -> list[Memory]:
+        return store.recent("default", "s", limit=5, **options)
+
+    def table(**options: Any) -> list[Memory]:
+        return MemoryReads.recent(store, "default", "s", limit=5, **options)
+
+    assert page() == table()
+    assert page() == table()  # (the page's rowids and rows kept)
+    newest = page()[0]
+    engine.ingest([{"id": "latest", "session": "s", "content": "the newest note"}])
+    assert page()[0].id == "latest"
+    assert page() == table()
+    engine.update("latest", "the newest note, edited")
+    assert page()[0].content == "the newest note, edited"
+    engine.delete("latest", reason="test")
+    assert page()[0] == newest
+    before = (newest.created_at, newest.rowid)
+    assert page(before=before) == table(before=before)
+
+
+def test_a_page_whose_row_went_meanwhile_is_read_in_one_statement(
+    opened: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, store, _ = opened
+    stored_at = store._stored_at
+    monkeypatch.setattr(
+        store, "_stored_at", lambda rowids: dict(list(stored_at(rowids).items())[1:])
+    )
+    assert store.recent("default", "s", limit=5) == MemoryReads.recent(
+        store, "default", "s", limit=5
+    )

@@ -296,6 +296,48 @@ class SQLiteRows:
                     self._rows.keep(kept)
             return found
 
+    def recent(
+        self,
+        tenant: str,
+        session: str,
+        *,
+        channel: str | None = None,
+        before: tuple[float, int] | None = None,
+        limit: int = 64,
+        user: str | None = None,
+    ) -> list[Memory]:
+        """The session's messages (of end user ``user`` when given), newest first, a page at a
+        time: the page's rowids (an index range scan of ``memories``, kept while its rows do
+        not change, :meth:`_remembered`), then their memories through the cache. Every turn
+        reads the same newest pages (~50 rows at 10k memories in ``bench/query_latency.py``)."""
+        where = "tenant = ? AND session = ? AND kind = 'message'"
+        params: list[Any] = [tenant, session]
+        if channel is not None:
+            where += " AND channel = ?"
+            params.append(channel)
+        if user is not None:
+            where += " AND end_user = ?"
+            params.append(user)
+        if before is not None:
+            where += " AND (created_at, rowid) < (?, ?)"
+            params.extend(before)
+        params.append(limit)
+        with self._lock:  # (one page: no write of this process between its two reads)
+            rowids = [
+                int(r[0])
+                for r in self._remembered(
+                    f"SELECT rowid FROM memories WHERE {where} "
+                    "ORDER BY created_at DESC, rowid DESC LIMIT ?",
+                    params,
+                )
+            ]
+            found = self._stored_at(rowids) if rowids else {}
+        if len(found) < len(rowids):  # another connection deleted one in between: one read
+            return super().recent(  # type: ignore[misc,no-any-return]
+                tenant, session, channel=channel, before=before, limit=limit, user=user
+            )
+        return [found[rowid] for rowid in rowids]
+
     def memories_at(self, rowids: Sequence[int]) -> list[Memory]:
         """The memories at these rowids (any tenant: maintenance after embedding), in rowid
         order; rowids no longer stored are left out."""
