@@ -13,6 +13,7 @@ from conftest import Clock
 from ctxwarden import Engine
 from ctxwarden.compact import CompactionPolicy
 from ctxwarden.scope import ReadScope
+from ctxwarden.store import sqlite_rows
 from ctxwarden.store.base import NewMemory
 from ctxwarden.store.reads import MEMORY_COLUMNS, MemoryReads, memory_of
 from ctxwarden.store.sqlite import SQLiteStore
@@ -241,3 +242,17 @@ def test_a_page_whose_row_went_meanwhile_is_read_in_one_statement(
     assert store.recent("default", "s", limit=5) == MemoryReads.recent(
         store, "default", "s", limit=5
     )
+
+
+def test_remembered_reads_are_bounded(opened: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, store, rowids = opened
+    monkeypatch.setattr(sqlite_rows, "MEMO_ROWS", 10)
+    monkeypatch.setattr(sqlite_rows, "MEMO_LARGEST", 8)
+    every = "SELECT rowid FROM memories WHERE tenant = ? ORDER BY rowid"
+    assert [r[0] for r in store._remembered(every, ["default"])] == sorted(rowids)  # 12: not kept
+    assert store._memo_rows == 0
+    for n in range(1, 6):
+        some = f"SELECT rowid FROM memories WHERE tenant = ? ORDER BY rowid LIMIT {n}"
+        assert [r[0] for r in store._remembered(some, ["default"])] == sorted(rowids)[:n]
+        assert store._memo_rows <= 10
+    assert len(store._memos) < 5

@@ -44,13 +44,24 @@ from typing import TYPE_CHECKING, Any
 from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
 from ctxwarden.types import Memory
 
-__all__ = ["MEMO_ENTRIES", "ROW_CACHE_ROWS", "RowCache", "SQLiteRows", "install_row_triggers"]
+__all__ = [
+    "MEMO_ENTRIES",
+    "MEMO_LARGEST",
+    "MEMO_ROWS",
+    "ROW_CACHE_ROWS",
+    "RowCache",
+    "SQLiteRows",
+    "install_row_triggers",
+]
 
 #: The most memory rows :class:`RowCache` holds (~1 KB a chat message: ~10 MB).
 ROW_CACHE_ROWS = 10_000
-#: The most results :meth:`SQLiteRows._remembered` keeps (emptied when full): a neighbour
-#: read's few rowids, a session's rowids (8 bytes each in a tuple).
+#: The most results :meth:`SQLiteRows._remembered` keeps, and the most rows they hold
+#: together (emptied when either is passed; ~80 bytes a row: ~8 MB): a neighbour read's few
+#: rowids, a session's rowids. A result of more than :data:`MEMO_LARGEST` rows is not kept.
 MEMO_ENTRIES = 4096
+MEMO_ROWS = 100_000
+MEMO_LARGEST = 20_000
 
 _DROP_FUNCTION = "ctxwarden_row_changed"
 _ACCESS_FUNCTION = "ctxwarden_access_changed"
@@ -218,6 +229,7 @@ class SQLiteRows:
     _rows: RowCache
     _rows_version: int
     _memos: dict[Hashable, tuple[int, Any]]
+    _memo_rows: int
 
     if TYPE_CHECKING:  # supplied by the store (a stub here would shadow it in its MRO)
 
@@ -227,6 +239,7 @@ class SQLiteRows:
         """Start the cache and its triggers (once the connection is open and migrated)."""
         self._rows = RowCache()
         self._memos = {}
+        self._memo_rows = 0
         install_row_triggers(self._conn, self._rows)
         self._rows_version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
 
@@ -263,10 +276,16 @@ class SQLiteRows:
                     out.append(kept[1])
                     continue
                 rows = tuple(self._query(sql, params))
-                if not self._conn.in_transaction and self._rows.generation == generation:
-                    if len(memos) >= MEMO_ENTRIES:
+                if (
+                    not self._conn.in_transaction
+                    and self._rows.generation == generation
+                    and len(rows) <= MEMO_LARGEST
+                ):
+                    if len(memos) >= MEMO_ENTRIES or self._memo_rows + len(rows) > MEMO_ROWS:
                         memos.clear()
+                        self._memo_rows = 0
                     memos[key] = (generation, rows)
+                    self._memo_rows += len(rows)
                 out.append(rows)
         return out
 
