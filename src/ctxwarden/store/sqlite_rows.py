@@ -3,9 +3,12 @@
 A retrieval reads the same rows again and again: the session's turns come back turn after turn
 (as search hits, as neighbours, as vector hits), and at 10k memories the row reads by rowid
 were ~260 rows and ~1.7 ms of an ``assemble`` (``bench/query_latency.py``, ~6 us a row in the
-sqlite3 module). :class:`RowCache` keeps the raw rows (tuples of :data:`MEMORY_COLUMNS`: text,
-numbers and None, so a caller can never change a cached value); every read makes its
-:class:`~ctxwarden.types.Memory` anew.
+sqlite3 module). :class:`RowCache` keeps each row as its :class:`~ctxwarden.types.Memory` when
+nothing in it can be changed in place (no tool calls, attachments or metadata: those are
+dicts), the same object for every reader; any other as its raw row of :data:`MEMORY_COLUMNS`
+(text, numbers and None), made into a new ``Memory`` for each reader. Search hits, neighbours,
+:meth:`SQLiteRows.memories_at` and the recent history's pages (their rowids first) read
+through it.
 
 What keeps it true:
 
@@ -122,8 +125,8 @@ _TRIGGERS = (
 
 
 class RowCache:
-    """Raw rows of :data:`MEMORY_COLUMNS` by rowid, at most ``limit`` (the oldest cached go
-    first). Thread-safe.
+    """Rows of :data:`MEMORY_COLUMNS` (raw, or as their ``Memory``) by rowid, at most ``limit``
+    (the oldest cached go first). Thread-safe.
 
     >>> cache = RowCache(limit=2)
     >>> cache.keep([(1, "a"), (2, "b"), (3, "c")])
