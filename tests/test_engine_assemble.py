@@ -512,7 +512,7 @@ def test_a_neighbour_is_packed_after_its_anchor(engine: Engine) -> None:
 
 def test_retrieval_is_sized_by_the_related_block() -> None:
     from ctxwarden.assemble import Candidate, Material, related_budget
-    from ctxwarden.assembly import related_anchors
+    from ctxwarden.assembly import author_candidates, related_anchors
     from ctxwarden.budget import chat_policy
 
     material = Material(count=len)
@@ -525,3 +525,8 @@ def test_retrieval_is_sized_by_the_related_block() -> None:
     # Neighbours around `expand` hits per 1,000 related tokens (rounded up, at least one).
     assert [related_anchors(8, t) for t in (0, 100, 724, 1584, 6384)] == [1, 1, 6, 13, 52]
     assert related_anchors(0, 6384) == 0  # expansion off stays off
+    # A named author's own nearest turns: `author_candidates` per 1,000 related tokens, at
+    # least that many (a 1k block reads as many as before).
+    assert [author_candidates(20, t) for t in (0, 724, 1000, 1584, 6384)] == [20, 20, 20, 32,
+                                                                              128]  # fmt: skip
+    assert author_candidates(0, 6384) == 0  # the list off stays off

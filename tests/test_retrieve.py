@@ -410,3 +410,57 @@ def test_a_turn_is_found_through_the_turn_before_it(clock: Clock, store: Any) ->
         # Its score in the context list: its own cosine plus half the question's.
         assert answer["context"] > answer["vector"]
         assert "context_rank" not in run(context=0.0)["t3"]
+
+
+def test_recency_orders_like_relevance_but_lifts_no_weak_match_over_a_strong_one(
+    clock: Clock,
+) -> None:
+    # Deep in the pool relevance values are small and close: a flat recency bonus (0.15) would
+    # reorder them by age. Scaled by relevance, it only orders memories of like relevance.
+    now = clock.now
+    old = now - 400 * DAY
+    strong = [_msg(f"s{i}", f"alpha alpha alpha k{i}x", old + i) for i in range(40)]
+    middle = [_msg(f"m{i}", f"alpha beta{i} delta{i} epsilon{i} zeta{i}", old + 100 + i)
+              for i in range(20)]  # fmt: skip
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            *strong,
+            _msg("older", "alpha gamma", old + 50),
+            *middle,
+            _msg("recent", "alpha " + " ".join(f"word{i}" for i in range(14)), now - DAY),
+            _msg("recent-twin", "alpha gamma", now - DAY + 1),
+        ])  # fmt: skip
+        weights = RetrievalWeights(mmr_lambda=1.0, expand=0, candidates=100)
+        hits = retrieve(engine.store, tenant="default", query="alpha", now=now, weights=weights,
+                        cost=lambda ms: {m.rowid: 10 for m in ms})  # fmt: skip
+    by_id = {h.memory.id: h.components for h in hits}
+    older, recent = by_id["older"], by_id["recent"]
+    # The setting: the recent one matches less well, and a flat bonus would put it first.
+    assert recent["bm25_rank"] > older["bm25_rank"]
+    assert recent["relevance"] + weights.recency * recent["recency"] > older["relevance"]
+    order = [h.memory.id for h in hits]
+    assert order.index("older") < order.index("recent")
+    # Among equals the newer still wins: the same text a year later comes first.
+    assert order.index("recent-twin") < order.index("older")
+
+
+def test_a_larger_budget_reads_more_of_a_named_authors_own_turns(clock: Clock) -> None:
+    # The author-restricted vector search reads `author_candidates` per 1,000 tokens of the
+    # related block: a 1k block 20 of omar's turns, an 8k block about six times as many.
+    config = EngineConfig(embed="sync")
+    with Engine.open(":memory:", clock=clock, config=config, embedder=StaticEmbedder()) as engine:
+        engine.ingest([
+            _msg(f"o{i}", f"today omar tried recipe {i}: soup number {i} with leek", clock.now
+                 - (200 - i) * DAY, author="omar", session="old")
+            for i in range(200)
+        ])  # fmt: skip
+
+        def read(budget: int) -> int:
+            context = engine.assemble(session="s", query="What did Omar cook?", budget=budget,
+                                      scope="tenant", log_inclusions=False)  # fmt: skip
+            related = [c for c in context.report.candidates if c.block == "related"]
+            return sum(1 for c in related if "author_vector_rank" in c.components)
+
+        small, large = read(1000), read(8000)
+    assert small <= RetrievalWeights().author_candidates
+    assert large > 3 * RetrievalWeights().author_candidates

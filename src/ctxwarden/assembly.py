@@ -64,6 +64,7 @@ __all__ = [
     "MAX_RELATED_CANDIDATES",
     "TYPICAL_LINE_TOKENS",
     "Assembly",
+    "author_candidates",
     "related_anchors",
     "related_candidates",
 ]
@@ -220,6 +221,7 @@ class Assembly:
             # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
             wanted = related_candidates(available, line, floor=self.config.related_candidates)
             expand = related_anchors(self.config.retrieval.expand, related_tokens)
+            named = author_candidates(self.config.retrieval.author_candidates, related_tokens)
             lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
                 tenant,
@@ -230,6 +232,7 @@ class Assembly:
                 store_scope(read_scope),
                 expand,
                 query_vector,
+                named,
             )
         # One read of the supersession links of pins and related hits, after retrieval.
         notes.extend(
@@ -403,14 +406,18 @@ class Assembly:
         scope: ReadScope | None = None,
         expand: int | None = None,
         early_vector: Callable[[], npt.NDArray[np.float32]] | None = None,
+        named: int | None = None,
     ) -> list[Candidate]:
         """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
         from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
-        (:func:`related_anchors`; the configured ``expand`` if None)."""
+        (:func:`related_anchors`) and ``named`` from each named author's own vectors
+        (:func:`author_candidates`; the configured values if None)."""
+        configured = self.config.retrieval
         weights = dataclasses.replace(
-            self.config.retrieval,
+            configured,
             candidates=wanted,
-            expand=self.config.retrieval.expand if expand is None else expand,
+            expand=configured.expand if expand is None else expand,
+            author_candidates=configured.author_candidates if named is None else named,
         )
         query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self.embeddings.vectors_usable()
@@ -586,6 +593,23 @@ def related_anchors(expand: int, related: int) -> int:
     if expand <= 0:
         return 0
     return max(1, math.ceil(expand * max(0, related) / 1000))
+
+
+def author_candidates(per_thousand: int, related: int) -> int:
+    """How many of each named author's nearest turns retrieval reads (the ``author_vector``
+    list): ``per_thousand`` (the configured
+    :attr:`~ctxwarden.retrieve.RetrievalWeights.author_candidates`) per 1,000 tokens of the
+    related block, rounded up, at least ``per_thousand``. A person's own turns are what a
+    question about them asks for, and a large block has room for more of them than a 1k one:
+    with 20 at every budget, the evidence that block left out at 8k (issue 18) sat at a median
+    rank of 63 of that list, behind its cut. The floor keeps the small blocks as they were.
+
+    >>> author_candidates(20, 724), author_candidates(20, 1584), author_candidates(20, 6384)
+    (20, 32, 128)
+    """
+    if per_thousand <= 0:
+        return per_thousand
+    return max(per_thousand, math.ceil(per_thousand * max(0, related) / 1000))
 
 
 def _costs(plan: Plan) -> dict[int, int]:

@@ -67,6 +67,7 @@ class _Line:
     #: Its terms (:func:`_terms`), made only for a line holding some query term's letters.
     terms: frozenset[str] = frozenset()
     score: float = 0.0
+    relevance: float = 0.0  # its fused rank over the best line's (recency scales with it)
 
 
 def _parse(content: str) -> tuple[str, list[_Line]] | None:
@@ -253,6 +254,7 @@ def summary_passages(
         relevance = fused[n] / best
         if relevance <= 0:
             continue
+        line.relevance = relevance
         boost = 1.0 + (weights.author if line.speaker in named else 0.0)
         if entities:
             boost += weights.entity * entity_share(entities, line.said)
@@ -261,14 +263,12 @@ def summary_passages(
     offered: list[tuple[float, int, int, _Line]] = []  # (score, summary, line index, line)
     for n, (position, _, lines) in enumerate(found):
         got = related[position].components.get
-        # What the summary's time gives each of its lines, as retrieval gives a message.
-        extra = (
-            weights.recency * got("recency", 0.0)
-            + weights.access * got("access", 0.0)
-            + weights.in_time * got("when", 0.0)
-        )
-        scores = _spread(lines, [line.score + extra if line.score else 0.0 for line in lines],
-                         weights)  # fmt: skip
+        # What the summary's time gives each of its lines, as retrieval gives a message (its
+        # recency in proportion to the line's relevance).
+        recency = weights.recency * got("recency", 0.0)
+        extra = weights.access * got("access", 0.0) + weights.in_time * got("when", 0.0)
+        scores = _spread(lines, [line.score + recency * line.relevance + extra if line.score
+                                 else 0.0 for line in lines], weights)  # fmt: skip
         offered.extend(
             (v, n, line.index, line) for line, v in zip(lines, scores, strict=True) if v > 0
         )

@@ -18,13 +18,15 @@ them):
    ``lexical`` and ``vector`` weights and ``rrf_k``; divided by the best candidate's value, so the
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
    scales that do not compare.
-3. **Score.** ``score = relevance + recency * 0.5^(age / half_life) + access * (1 - e^-a) +
-   author * [the memory's author is named in the query] * relevance + entity * share *
-   relevance``, where ``a`` is the memory's time-decayed access score (kept from the inclusion
-   log) and ``share`` the part of the query's entities (names, acronyms, identifiers, numbers;
+3. **Score.** ``score = relevance * (1 + recency * 0.5^(age / half_life) + author * [the
+   memory's author is named in the query] + entity * share) + access * (1 - e^-a)``, where
+   ``a`` is the memory's time-decayed access score (kept from the inclusion log) and ``share``
+   the part of the query's entities (names, acronyms, identifiers, numbers;
    :func:`~ctxwarden.entities.entities`) the memory names verbatim. Newer wins among equals
-   (an updated decision over the first one); memories assembled often before weigh a little
-   more; a message by the person the question names ("what does omar use?") is preferred.
+   (an updated decision over the first one): recency scales with relevance, so it orders
+   memories of like relevance and never lifts a barely related recent one over a relevant
+   older one; memories assembled often before weigh a little more; a message by the person
+   the question names ("what does omar use?") is preferred.
 4. **Diversity.** Maximal marginal relevance over word sets: each pick pays
    ``(1 - mmr_lambda) * max Jaccard(similar picked memory)``, so near-identical memories do not
    crowd the block.
@@ -98,6 +100,9 @@ class RetrievalWeights:
     lexical: float = 1.0
     vector: float = 1.0
     author_vector: float = 1.0
+    #: Nearest turns read per named author (the ``author_vector`` list); the assembler asks
+    #: for this many per 1,000 tokens of the related block, at least this many
+    #: (:func:`ctxwarden.assembly.author_candidates`).
     author_candidates: int = 20
     bridge: float = 0.5
     bridge_hits: int = 2
@@ -443,7 +448,10 @@ def retrieve(
         author = named_author.get(memory.author)
         if author is None:
             author = named_author[memory.author] = float(_named(memory.author, query_words))
-        value = relevance + w.recency * recency + w.access * access + w.author * author * relevance
+        # Recency scales with relevance ("newer wins among equals"): added flat, it outweighed
+        # the small relevance of a deep pool's tail, so a larger pool let recent chatter in.
+        value = (relevance * (1.0 + w.recency * recency + w.author * author)
+                 + w.access * access)  # fmt: skip
         # One dict display (not dict() then update()): ~200 candidates a turn.
         components = {**entry, "relevance": relevance, "recency": recency, "access": access,
                       "author": author, "value": value}  # fmt: skip
