@@ -127,6 +127,10 @@ class RetrievalWeights:
     in_time: float = 0.5
     coverage: float = 0.0
     list_coverage: float = 0.1
+    #: A neighbour by someone the query does not name, when it names people, keeps this share
+    #: of its score: the named people's evidence is in their own turns, and the other side's
+    #: turns around them are about the other side (docs/retrieval.md, step 5).
+    bystander: float = 0.3
     #: Turns in context (a turn read with the one before it, :func:`ctxwarden.turns.in_context`):
     #: RRF weight of the list, share of the previous turn's cosine, how many of the nearest
     #: vectors are read with their turns, and the cosines known (``context_pool`` times
@@ -147,7 +151,7 @@ class RetrievalWeights:
     def __post_init__(self) -> None:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
                      "thread", "neighbour_decay", "entity", "density", "speaker", "dated",
-                     "in_time", "coverage", "list_coverage", "context",
+                     "in_time", "coverage", "list_coverage", "bystander", "context",
                      "context_share"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
@@ -513,6 +517,9 @@ def retrieve(
                 continue
             entity = entity_share(entities, neighbour.content) if entities else 0.0
             score = weight * parent * (1.0 + w.entity * entity)
+            aside = bool(aim.people) and neighbour.author is not None and not aim.speaks(neighbour)
+            if aside:
+                score *= w.bystander
             known = extra.get(neighbour.rowid)
             direct = scored.get(neighbour.rowid)
             if score <= 0 or (known and known[1]["score"] >= score):
@@ -520,6 +527,8 @@ def retrieve(
             if direct is not None and direct["score"] >= score:
                 continue
             components = {"neighbour": parent, f"neighbour_{kind}": weight, "score": score}
+            if aside:
+                components["bystander"] = w.bystander
             if entities:
                 components["entity"] = entity
             extra[neighbour.rowid] = (neighbour, components)
