@@ -186,6 +186,11 @@ def test_the_other_sides_turns_around_a_named_persons_hit_are_context_only(clock
         assert reply.components["neighbour_answer"] == 0.8
         assert reply.components["bystander"] == 0.3
         assert reply.score == pytest.approx(0.8 * 0.3 * anchor)
+        # Bo's turn matched nothing itself; one that does keeps its own relevance as its share.
+        assert "relevance" not in reply.components
+        for hit in hits.values():
+            if "bystander" in hit.components:
+                assert hit.components["bystander"] == max(0.3, hit.components.get("relevance", 0))
         full = by_id(bystander=1.0)["reply"]
         assert full.score == pytest.approx(0.8 * anchor)
         assert "bystander" in full.components

@@ -128,8 +128,9 @@ class RetrievalWeights:
     coverage: float = 0.0
     list_coverage: float = 0.1
     #: A neighbour by someone the query does not name, when it names people, keeps this share
-    #: of its score: the named people's evidence is in their own turns, and the other side's
-    #: turns around them are about the other side (docs/retrieval.md, step 5).
+    #: of its score, or its own relevance if higher: the named people's evidence is in their
+    #: own turns, and the other side's turns around them are about the other side
+    #: (docs/retrieval.md, step 5).
     bystander: float = 0.3
     #: Turns in context (a turn read with the one before it, :func:`ctxwarden.turns.in_context`):
     #: RRF weight of the list, share of the previous turn's cosine, how many of the nearest
@@ -517,18 +518,21 @@ def retrieve(
                 continue
             entity = entity_share(entities, neighbour.content) if entities else 0.0
             score = weight * parent * (1.0 + w.entity * entity)
-            aside = bool(aim.people) and neighbour.author is not None and not aim.speaks(neighbour)
-            if aside:
-                score *= w.bystander
             known = extra.get(neighbour.rowid)
             direct = scored.get(neighbour.rowid)
+            # A turn by someone the query does not name, next to a named person's, is about
+            # its own author: it keeps its share only as far as it matches the query itself.
+            aside = 0.0
+            if aim.people and neighbour.author is not None and not aim.speaks(neighbour):
+                aside = max(w.bystander, direct["relevance"] if direct is not None else 0.0)
+                score *= aside
             if score <= 0 or (known and known[1]["score"] >= score):
                 continue
             if direct is not None and direct["score"] >= score:
                 continue
             components = {"neighbour": parent, f"neighbour_{kind}": weight, "score": score}
             if aside:
-                components["bystander"] = w.bystander
+                components["bystander"] = aside
             if entities:
                 components["entity"] = entity
             extra[neighbour.rowid] = (neighbour, components)
