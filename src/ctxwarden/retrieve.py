@@ -32,7 +32,9 @@ them):
    (:meth:`~ctxwarden.store.base.Store.neighbours`): the turns before and after, the answers of
    a question and the question of an answer, replies, siblings and the thread root join with a
    share of their hit's score (:func:`_relations`); they are packed by value per token like any
-   candidate, so they join only when the budget allows.
+   candidate, so they join only when the budget allows. When the query names people, a
+   neighbour by someone else keeps ``max(bystander, its own relevance)`` of its score: the
+   other side's turns around a named person's are about the other side.
 6. **Packing order.** Value per token: ``score / tokens ^ density``; the assembler walks this order
    and skips what does not fit.
 
