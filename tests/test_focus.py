@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 
 from conftest import Clock
 from ctxwarden.engine import Engine
@@ -90,7 +91,7 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
     ]
     with Engine.open(":memory:", clock=clock) as engine:
         engine.ingest([*other, *day])
-        weights = RetrievalWeights(expand=0)
+        weights = RetrievalWeights(expand=0, list_coverage=0.1)  # off by default
         hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
                         now=now, cost=_cost, weights=weights)  # fmt: skip
         top = [h.memory.id for h in hits[:4]]
@@ -161,3 +162,39 @@ def test_vectors_search_the_query_without_the_names_it_says(clock: Clock) -> Non
 
     assert vector_rank(True) == 1.0
     assert vector_rank(False) > 1.0
+
+
+def test_the_other_sides_turns_around_a_named_persons_hit_are_context_only(clock: Clock) -> None:
+    now = clock.now
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("asks", "ana", "I painted a lake at sunrise! Have you painted lately?",
+                 now - 9 * DAY),
+            _msg("reply", "bo", "Not really, I built a bookshelf for the hallway instead",
+                 now - 9 * DAY + 60),
+            _msg("more", "ana", "My kids and I painted the garden fence blue", now - 20 * DAY),
+        ])  # fmt: skip
+
+        def by_id(**weights: Any) -> dict[str, Any]:
+            hits = retrieve(engine.store, tenant="default", query="What has Ana painted?",
+                            now=now, cost=_cost, weights=RetrievalWeights(**weights))  # fmt: skip
+            return {h.memory.id: h for h in hits}
+
+        hits = by_id(bystander=0.3)
+        reply, anchor = hits["reply"], hits["asks"].score
+        # Bo answers Ana's question: an answer, but Bo's, and the question names only Ana.
+        assert reply.components["neighbour_answer"] == 0.8
+        assert reply.components["bystander"] == 0.3
+        assert reply.score == pytest.approx(0.8 * 0.3 * anchor)
+        # Bo's turn matched nothing itself; one that does keeps its own relevance as its share.
+        assert "relevance" not in reply.components
+        for hit in hits.values():
+            if "bystander" in hit.components:
+                assert hit.components["bystander"] == max(0.3, hit.components.get("relevance", 0))
+        full = by_id(bystander=1.0)["reply"]
+        assert full.score == pytest.approx(0.8 * anchor)
+        assert "bystander" in full.components
+        # A question that names no one: every neighbour keeps its share.
+        plain = retrieve(engine.store, tenant="default", query="who painted a lake at sunrise?",
+                         now=now, cost=_cost)  # fmt: skip
+        assert all("bystander" not in h.components for h in plain)

@@ -34,7 +34,9 @@ them):
    (:meth:`~ctxwarden.store.base.Store.neighbours`): the turns before and after, the answers of
    a question and the question of an answer, replies, siblings and the thread root join with a
    share of their hit's score (:func:`_relations`); they are packed by value per token like any
-   candidate, so they join only when the budget allows.
+   candidate, so they join only when the budget allows. When the query names people, a
+   neighbour by someone else keeps ``max(bystander, its own relevance)`` of its score: the
+   other side's turns around a named person's are about the other side.
 6. **Packing order.** Value per token: ``score / tokens ^ density``; the assembler walks this order
    and skips what does not fit.
 
@@ -130,8 +132,15 @@ class RetrievalWeights:
     speaker: float = 1.0
     dated: float = 1.0
     in_time: float = 0.5
+    #: MMR's episode penalty (:class:`_Crowding`), for every question and for list questions:
+    #: both off, since spreading a list over episodes lost evidence (docs/retrieval.md, Lists).
     coverage: float = 0.0
-    list_coverage: float = 0.1
+    list_coverage: float = 0.0
+    #: A neighbour by someone the query does not name, when it names people, keeps this share
+    #: of its score, or its own relevance if higher: the named people's evidence is in their
+    #: own turns, and the other side's turns around them are about the other side
+    #: (docs/retrieval.md, step 5).
+    bystander: float = 0.3
     #: Turns in context (a turn read with the one before it, :func:`ctxwarden.turns.in_context`):
     #: RRF weight of the list, share of the previous turn's cosine, how many of the nearest
     #: vectors are read with their turns, and the cosines known (``context_pool`` times
@@ -152,7 +161,7 @@ class RetrievalWeights:
     def __post_init__(self) -> None:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
                      "thread", "neighbour_decay", "entity", "density", "speaker", "dated",
-                     "in_time", "coverage", "list_coverage", "context",
+                     "in_time", "coverage", "list_coverage", "bystander", "context",
                      "context_share"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
@@ -524,11 +533,19 @@ def retrieve(
             score = weight * parent * (1.0 + w.entity * entity)
             known = extra.get(neighbour.rowid)
             direct = scored.get(neighbour.rowid)
+            # A turn by someone the query does not name, next to a named person's, is about
+            # its own author: it keeps its share only as far as it matches the query itself.
+            aside = 0.0
+            if aim.people and neighbour.author is not None and not aim.speaks(neighbour):
+                aside = max(w.bystander, direct["relevance"] if direct is not None else 0.0)
+                score *= aside
             if score <= 0 or (known and known[1]["score"] >= score):
                 continue
             if direct is not None and direct["score"] >= score:
                 continue
             components = {"neighbour": parent, f"neighbour_{kind}": weight, "score": score}
+            if aside:
+                components["bystander"] = aside
             if entities:
                 components["entity"] = entity
             extra[neighbour.rowid] = (neighbour, components)
