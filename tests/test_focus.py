@@ -91,7 +91,7 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
     ]
     with Engine.open(":memory:", clock=clock) as engine:
         engine.ingest([*other, *day])
-        weights = RetrievalWeights(expand=0, list_coverage=0.1)  # off by default
+        weights = RetrievalWeights(expand=0)
         hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
                         now=now, cost=_cost, weights=weights)  # fmt: skip
         top = [h.memory.id for h in hits[:4]]

@@ -13,10 +13,8 @@ it asks for a list. Pure; used by :mod:`ctxwarden.retrieve`.
 - **Lists.** A question that asks for several things ("what books has Ana read?", "what do
   Ana and Bo both like?") is answered across many conversations, not by near-copies of one:
   :meth:`Focus.episode` keys a memory by its place and day so retrieval can spread picks over
-  episodes (:attr:`Focus.listing` says whether; ``RetrievalWeights.list_coverage`` how
-  strongly, 0 by default: measured, spreading lost evidence). The cues are English grammar
-  words (quantifiers, "both", "in common") and a plural noun after the question word, not
-  topics.
+  episodes (:attr:`Focus.listing` says how strongly). The cues are English grammar words
+  (quantifiers, "both", "in common") and a plural noun after the question word, not topics.
 
 >>> f = focus("What books has Ana read since last week?", now=0.0, authors=["Ana", "Bo"])
 >>> sorted(f.people), f.listing, [s.text for s in f.spans]

@@ -132,10 +132,8 @@ class RetrievalWeights:
     speaker: float = 1.0
     dated: float = 1.0
     in_time: float = 0.5
-    #: MMR's episode penalty (:class:`_Crowding`), for every question and for list questions:
-    #: both off, since spreading a list over episodes lost evidence (docs/retrieval.md, Lists).
     coverage: float = 0.0
-    list_coverage: float = 0.0
+    list_coverage: float = 0.1
     #: A neighbour by someone the query does not name, when it names people, keeps this share
     #: of its score, or its own relevance if higher: the named people's evidence is in their
     #: own turns, and the other side's turns around them are about the other side
