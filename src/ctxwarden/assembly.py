@@ -49,7 +49,7 @@ from ctxwarden.models import ModelRegistry
 from ctxwarden.passages import summary_passages
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.recent_walk import TYPICAL_LINE_TOKENS, RecentWalk
-from ctxwarden.retrieve import check_query_length, retrieve
+from ctxwarden.retrieve import RetrievalWeights, check_query_length, retrieve
 from ctxwarden.scope import ReadScope
 from ctxwarden.scope import resolve as resolve_scope
 from ctxwarden.scoped_reads import store_scope
@@ -67,6 +67,7 @@ __all__ = [
     "author_candidates",
     "related_anchors",
     "related_candidates",
+    "sized_weights",
 ]
 
 
@@ -220,19 +221,10 @@ class Assembly:
             # block can get it all (top-up, a short history), and a pool sized by the related
             # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
             wanted = related_candidates(available, line, floor=self.config.related_candidates)
-            expand = related_anchors(self.config.retrieval.expand, related_tokens)
-            named = author_candidates(self.config.retrieval.author_candidates, related_tokens)
+            sized = sized_weights(self.config.retrieval, wanted, related_tokens)
             lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
-                tenant,
-                query_text,
-                tok,
-                notes,
-                wanted,
-                store_scope(read_scope),
-                expand,
-                query_vector,
-                named,
+                tenant, query_text, tok, notes, sized, store_scope(read_scope), query_vector
             )
         # One read of the supersession links of pins and related hits, after retrieval.
         notes.extend(
@@ -402,23 +394,12 @@ class Assembly:
         query: str,
         tok: tokens.Tokenizer,
         notes: list[str],
-        wanted: int,
+        weights: RetrievalWeights,
         scope: ReadScope | None = None,
-        expand: int | None = None,
         early_vector: Callable[[], npt.NDArray[np.float32]] | None = None,
-        named: int | None = None,
     ) -> list[Candidate]:
-        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, ``wanted``
-        from each search (:func:`related_candidates`), neighbours around ``expand`` anchors
-        (:func:`related_anchors`) and ``named`` from each named author's own vectors
-        (:func:`author_candidates`; the configured values if None)."""
-        configured = self.config.retrieval
-        weights = dataclasses.replace(
-            configured,
-            candidates=wanted,
-            expand=configured.expand if expand is None else expand,
-            author_candidates=configured.author_candidates if named is None else named,
-        )
+        """Hybrid retrieval (:mod:`ctxwarden.retrieve`) as related-block candidates, with the
+        weights sized for this context (:func:`sized_weights`)."""
         query = query[: weights.query_chars]  # what retrieval reads, the embedder too
         usable, others = self.embeddings.vectors_usable()
         if others and not usable:
@@ -593,6 +574,19 @@ def related_anchors(expand: int, related: int) -> int:
     if expand <= 0:
         return 0
     return max(1, math.ceil(expand * max(0, related) / 1000))
+
+
+def sized_weights(configured: RetrievalWeights, wanted: int, related: int) -> RetrievalWeights:
+    """The configured weights sized for a context whose related block has ``related`` tokens:
+    ``wanted`` candidates from each search (:func:`related_candidates`), neighbours around
+    :func:`related_anchors` of the best hits, :func:`author_candidates` of each named author's
+    own nearest turns."""
+    return dataclasses.replace(
+        configured,
+        candidates=wanted,
+        expand=related_anchors(configured.expand, related),
+        author_candidates=author_candidates(configured.author_candidates, related),
+    )
 
 
 def author_candidates(per_thousand: int, related: int) -> int:
