@@ -91,7 +91,7 @@ def test_mmr_keeps_near_identical_memories_from_crowding(clock: Clock) -> None:
         assert max(h.components["mmr_penalty"] for h in hits) > 0
 
 
-def test_the_mmr_penalty_is_a_share_of_the_candidates_value(clock: Clock) -> None:
+def test_the_mmr_penalty_scales_with_the_candidates_relevance(clock: Clock) -> None:
     # Forty near-copies: the weak ones deep in the list are as similar to the picks as the
     # strong ones, and a flat penalty took them below zero (under the unpenalised tail).
     now = clock.now
@@ -106,7 +106,7 @@ def test_the_mmr_penalty_is_a_share_of_the_candidates_value(clock: Clock) -> Non
         assert max(h.components["mmr_penalty"] for h in hits) > 0
         for h in hits:
             value, penalty = h.components["value"], h.components["mmr_penalty"]
-            assert 0.0 <= penalty <= share * value + 1e-12
+            assert 0.0 <= penalty <= share * h.components["relevance"] + 1e-12
             assert h.components["score"] == pytest.approx(value - penalty)
             assert h.components["score"] > 0
 
