@@ -97,21 +97,10 @@ def test_a_list_question_spreads_over_episodes(clock: Clock) -> None:
         top = [h.memory.id for h in hits[:4]]
         assert {"e1", "e2"} <= set(top)
         assert any(h.components["mmr_penalty"] > 0 for h in hits)
-
-        def ranks(**changes: float) -> list[int]:
-            w = RetrievalWeights(expand=0, mmr_lambda=1.0, **changes)
-            hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
-                            now=now, cost=_cost, weights=w)  # fmt: skip
-            ids = [h.memory.id for h in hits]
-            return [ids.index("e1"), ids.index("e2")]
-
-        # Without any penalty the day's six turns crowd the top; the coverage penalty alone
-        # (no word overlap) lifts the other episodes' books.
-        crowded = ranks(coverage=0.0, list_coverage=0.0)
-        assert not max(crowded) < 4
-        spread = ranks()
-        assert all(a <= b for a, b in zip(spread, crowded, strict=True))
-        assert sum(spread) < sum(crowded)
+        crowded = RetrievalWeights(expand=0, coverage=0.0, list_coverage=0.0)
+        hits = retrieve(engine.store, tenant="default", query="What books has Ana read?",
+                        now=now, cost=_cost, weights=crowded)  # fmt: skip
+        assert not {"e1", "e2"} <= {h.memory.id for h in hits[:4]}
 
 
 def test_a_person_named_only_among_the_vector_hits_gets_their_own_turns(clock: Clock) -> None:

@@ -91,26 +91,6 @@ def test_mmr_keeps_near_identical_memories_from_crowding(clock: Clock) -> None:
         assert max(h.components["mmr_penalty"] for h in hits) > 0
 
 
-def test_the_mmr_penalty_scales_with_the_candidates_relevance(clock: Clock) -> None:
-    # Forty near-copies: the weak ones deep in the list are as similar to the picks as the
-    # strong ones, and a flat penalty took them below zero (under the unpenalised tail).
-    now = clock.now
-    with Engine.open(":memory:", clock=clock) as engine:
-        engine.ingest([_msg(f"d{i}", f"database migration failed on shard {i} tonight",
-                            now - DAY + i) for i in range(40)])  # fmt: skip
-        w = RetrievalWeights(expand=0)
-        hits = retrieve(engine.store, tenant="default", query="database migration", now=now,
-                        cost=lambda ms: {m.rowid: 10 for m in ms}, weights=w)  # fmt: skip
-        assert len(hits) == 40
-        share = 1.0 - w.mmr_lambda + 3 * max(w.coverage, w.list_coverage)
-        assert max(h.components["mmr_penalty"] for h in hits) > 0
-        for h in hits:
-            value, penalty = h.components["value"], h.components["mmr_penalty"]
-            assert 0.0 <= penalty <= share * h.components["relevance"] + 1e-12
-            assert h.components["score"] == pytest.approx(value - penalty)
-            assert h.components["score"] > 0
-
-
 def test_neighbour_expansion_brings_the_question_of_an_answer(clock: Clock) -> None:
     now = clock.now
     with Engine.open(":memory:", clock=clock) as engine:

@@ -480,12 +480,8 @@ def retrieve(
     # made, so the best stale bound, once refreshed and still best, is the argmax; ties go to
     # the lower index (higher value, lower rowid). The same picks as recomputing every value
     # at every step, in ~1/3 of the time.
-    # The penalty scales with the candidate's relevance (1 for the best): subtracted flat, it
-    # took a weak head candidate below zero, under every candidate past `mmr_top`, which
-    # pays none. At the top it is the flat penalty it was.
     mu = 1.0 - w.mmr_lambda
     lifted = [w.mmr_lambda * scored[r]["value"] for r in head]
-    relevant = [scored[r]["relevance"] for r in head]
     nearest = np.zeros(len(head))  # each memory's greatest similarity to a pick so far
     crowd = _Crowding([memories[r] for r in head], aim, w)
     bounds = [(-value, index) for index, value in enumerate(lifted)]
@@ -493,7 +489,7 @@ def retrieve(
     picked: list[int] = []
     while bounds:
         _, index = heapq.heappop(bounds)
-        penalty = relevant[index] * (mu * nearest.item(index) + crowd.penalty(index))
+        penalty = mu * nearest.item(index) + crowd.penalty(index)
         fresh = (-(lifted[index] - penalty), index)
         if bounds and fresh > bounds[0]:
             heapq.heappush(bounds, fresh)
@@ -670,8 +666,8 @@ def _said(memory: Memory, aim: Focus) -> str:
 class _Crowding:
     """The coverage penalty of MMR: each pick from an episode (place and day,
     :meth:`Focus.episode`) adds ``coverage`` (``list_coverage`` for a list question) to the
-    penalty of the others of that episode (times their relevance), up to three picks. It only
-    grows as picks are made, as the lazy greedy needs."""
+    others of that episode, up to three picks. It only grows as picks are made, as the lazy
+    greedy needs."""
 
     def __init__(self, head: Sequence[Memory], aim: Focus, w: RetrievalWeights) -> None:
         self.step = w.list_coverage if aim.listing else w.coverage
