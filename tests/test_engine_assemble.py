@@ -512,8 +512,9 @@ def test_a_neighbour_is_packed_after_its_anchor(engine: Engine) -> None:
 
 def test_retrieval_is_sized_by_the_related_block() -> None:
     from ctxwarden.assemble import Candidate, Material, related_budget
-    from ctxwarden.assembly import author_candidates, related_anchors
+    from ctxwarden.assembly import author_candidates, fusion_k, related_anchors, sized_weights
     from ctxwarden.budget import chat_policy
+    from ctxwarden.retrieve import RetrievalWeights
 
     material = Material(count=len)
     material.recent = [Candidate(memories=(_memory(1, "r"),), tokens=10**6, text="r")]
@@ -530,3 +531,9 @@ def test_retrieval_is_sized_by_the_related_block() -> None:
     assert [author_candidates(20, t) for t in (0, 724, 1000, 1584, 6384)] == [20, 20, 20, 32,
                                                                               128]  # fmt: skip
     assert author_candidates(0, 6384) == 0  # the list off stays off
+    # RRF's k: `rrf_k_per_thousand` per 1,000 related tokens within [2, 60]; 0 keeps `rrf_k`.
+    sized = [fusion_k(RetrievalWeights(rrf_k_per_thousand=7), t) for t in (0, 724, 6384, 10**5)]
+    assert sized == [2.0, pytest.approx(5.068), pytest.approx(44.688), 60.0]
+    assert fusion_k(RetrievalWeights(rrf_k_per_thousand=0, rrf_k=33), 724) == 33
+    weights = sized_weights(RetrievalWeights(), 70, 1584)
+    assert (weights.candidates, weights.rrf_k) == (70, fusion_k(RetrievalWeights(), 1584))

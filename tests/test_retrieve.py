@@ -160,6 +160,8 @@ def test_bad_embedding_config_is_a_clear_error() -> None:
         RetrievalWeights(context_anchors=-1)
     with pytest.raises(ConfigError, match="context_pool"):
         RetrievalWeights(context_pool=0)
+    with pytest.raises(ConfigError, match="rrf_k_per_thousand"):
+        RetrievalWeights(rrf_k_per_thousand=-1)
 
 
 def test_an_unreachable_embedder_degrades_to_words(clock: Clock) -> None:
@@ -464,3 +466,31 @@ def test_a_larger_budget_reads_more_of_a_named_authors_own_turns(clock: Clock) -
         small, large = read(1000), read(8000)
     assert small <= RetrievalWeights().author_candidates
     assert large > 3 * RetrievalWeights().author_candidates
+
+
+def test_a_small_block_fuses_with_a_smaller_k(clock: Clock) -> None:
+    # The assembler sizes RRF's k to the related block (`rrf_k_per_thousand` per 1,000 tokens):
+    # in a 1k block the first lexical hit stands further above the second than in an 8k one,
+    # and with the sizing off both budgets fuse with `rrf_k`.
+    def relevances(config: EngineConfig) -> dict[int, tuple[float, float]]:
+        with Engine.open(":memory:", clock=clock, config=config) as engine:
+            engine.ingest([
+                _msg("best", "the violin recital moved to the violin hall", clock.now - 9 * DAY),
+                _msg("next", "a violin lesson on friday", clock.now - 9 * DAY),
+                *_filler(40, clock.now - 30 * DAY),
+            ])  # fmt: skip
+            got = {}
+            for budget in (1000, 8000):
+                context = engine.assemble(session="s", query="violin recital", budget=budget,
+                                          scope="tenant", log_inclusions=False)  # fmt: skip
+                rows = {c.id: c.components for c in context.report.candidates}
+                assert (rows["best"]["bm25_rank"], rows["next"]["bm25_rank"]) == (1, 2)
+                got[budget] = (rows["best"]["relevance"], rows["next"]["relevance"])
+            return got
+
+    sized = relevances(EngineConfig())
+    assert sized[1000][0] == sized[8000][0] == 1.0
+    assert sized[1000][1] < sized[8000][1] < 1.0
+    fixed = relevances(EngineConfig(retrieval=RetrievalWeights(rrf_k_per_thousand=0)))
+    assert fixed[1000] == fixed[8000]
+    assert sized[1000][1] < fixed[1000][1]  # k = 20 at any size: above the 1k block's ~5

@@ -15,7 +15,8 @@ them):
    searched once more with the query's terms (a second hop for questions that need two
    messages).
 2. **Fusion.** Reciprocal rank fusion, ``rrf = sum_i w_i / (k + rank_i)`` (rank from 1), with
-   ``lexical`` and ``vector`` weights and ``rrf_k``; divided by the best candidate's value, so the
+   ``lexical`` and ``vector`` weights and ``k`` = ``rrf_k`` (the assembler sizes it to the related
+   block, :func:`ctxwarden.assembly.fusion_k`); divided by the best candidate's value, so the
    ``relevance`` component is in (0, 1]. Ranks, not raw scores, are fused: BM25 and cosine are on
    scales that do not compare.
 3. **Score.** ``score = relevance * (1 + recency * 0.5^(age / half_life) + author * [the
@@ -110,6 +111,10 @@ class RetrievalWeights:
     bridge_hits: int = 2
     bridge_candidates: int = 10
     rrf_k: float = 20.0
+    #: The assembler sizes ``rrf_k`` to the related block: this many per 1,000 of its tokens,
+    #: within [2, 60] (:func:`ctxwarden.assembly.fusion_k`); 0 keeps ``rrf_k`` at every size,
+    #: which is also what :func:`retrieve` called directly uses.
+    rrf_k_per_thousand: float = 7.0
     candidates: int = 100
     recency: float = 0.15
     half_life_days: float = 30.0
@@ -160,7 +165,7 @@ class RetrievalWeights:
         for name in ("lexical", "vector", "recency", "access", "author", "neighbours", "answer",
                      "thread", "neighbour_decay", "entity", "density", "speaker", "dated",
                      "in_time", "coverage", "list_coverage", "bystander", "context",
-                     "context_share"):  # fmt: skip
+                     "context_share", "rrf_k_per_thousand"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ConfigError(f"retrieval {name}: {getattr(self, name)} is negative")
         if self.rrf_k <= 0 or self.half_life_days <= 0:
