@@ -198,3 +198,29 @@ def test_the_other_sides_turns_around_a_named_persons_hit_are_context_only(clock
         plain = retrieve(engine.store, tenant="default", query="who painted a lake at sunrise?",
                          now=now, cost=_cost)  # fmt: skip
         assert all("bystander" not in h.components for h in plain)
+
+
+def test_a_role_name_is_not_a_person_a_query_names(clock: Clock) -> None:
+    # Transcripts ingested with the chat roles as authors: "user" in a question is a topic
+    # ("add a user"), not the author, so no person-aware list, bonus or bystander applies.
+    now = clock.now
+    assert focus("How do I add a user?", now=now, authors=["user", "assistant"]).people == set()
+    assert vector_text("How do I add a user?", ["user", "assistant"]) == "How do I add a user?"
+    with Engine.open(":memory:", clock=clock) as engine:
+        engine.ingest([
+            _msg("q", "user", "How do I add a user to the billing group?", now - 9 * DAY),
+            _msg("a", "assistant", "Open Settings, then Members, and invite them by email",
+                 now - 9 * DAY + 60),
+            _msg("u", "user", "thanks, the user shows up now", now - 9 * DAY + 120),
+        ])  # fmt: skip
+        hits = retrieve(engine.store, tenant="default", query="how to add a user to a group?",
+                        now=now, cost=_cost)  # fmt: skip
+        by_id = {h.memory.id: h for h in hits}
+        assert {"q", "a"} <= set(by_id)
+        for hit in hits:
+            assert hit.components.get("author", 0.0) == 0.0, hit
+            assert not {"bystander", "speaker_rank", "author_vector_rank"} & set(hit.components)
+        # The answer keeps its full share as the question's neighbour.
+        assert "bystander" not in by_id["a"].components
+    # A person's name is still one, whatever its case in the query.
+    assert focus("what did kwame ship?", now=now, authors=["kwame", "user"]).people == {"kwame"}

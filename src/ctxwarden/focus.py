@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ctxwarden.timeref import TimeSpan, time_spans
 from ctxwarden.types import Memory
 
-__all__ = ["Focus", "focus", "name_words", "vector_text", "without_words"]
+__all__ = ["ROLE_NAMES", "Focus", "focus", "name_words", "vector_text", "without_words"]
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 # "both", "in common", quantifiers and enumerations: grammar, not topics.
@@ -47,8 +47,22 @@ _PLURAL_ASK = re.compile(
 )
 
 
+#: The message roles of the chat APIs (OpenAI's, Anthropic's, Gemini's) and the MCP server's
+#: note author: an author called by one is a role of a transcript, not a person, and a query
+#: saying the word ("how do I add a user?") does not name it.
+ROLE_NAMES = frozenset({"user", "assistant", "system", "developer", "tool", "function", "model",
+                        "agent"})  # fmt: skip
+
+
 def name_words(name: str) -> frozenset[str]:
-    """The casefolded words of a name that could stand for it in a query ("Ana Li" -> ana, li)."""
+    """The casefolded words of a name that could stand for it in a query ("Ana Li" -> ana, li);
+    none for a role name (:data:`ROLE_NAMES`).
+
+    >>> sorted(name_words("Ana Li")), name_words("assistant"), name_words(" User ")
+    (['ana', 'li'], frozenset(), frozenset())
+    """
+    if name.strip().casefold() in ROLE_NAMES:
+        return frozenset()
     return frozenset(p for p in _WORDS.findall(name.casefold()) if len(p) > 1)
 
 

@@ -67,7 +67,7 @@ from ctxwarden.assemble import query_terms
 from ctxwarden.attachments import search_text
 from ctxwarden.entities import entity_patterns, entity_share
 from ctxwarden.errors import ConfigError, InputError
-from ctxwarden.focus import Focus, focus, without_words
+from ctxwarden.focus import Focus, focus, name_words, without_words
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
@@ -294,7 +294,7 @@ def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
 def _named(author: str | None, words: frozenset[str]) -> bool:
     if not author:
         return False
-    parts = [p for p in _WORDS.findall(author.casefold()) if len(p) > 1]
+    parts = name_words(author)
     # A name in a script without spaces is named by its bigrams (李娜 in 李娜说了什么).
     return bool(parts) and any(
         p in words or (has_run(p) and all(b in words for b in bigrams(p))) for p in parts
