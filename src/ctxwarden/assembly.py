@@ -62,9 +62,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_RELATED_CANDIDATES",
+    "RRF_K_MAX",
+    "RRF_K_MIN",
     "TYPICAL_LINE_TOKENS",
     "Assembly",
     "author_candidates",
+    "fusion_k",
     "related_anchors",
     "related_candidates",
     "sized_weights",
