@@ -201,8 +201,9 @@ def test_assemble_snapshot_with_related_memory(engine: Engine, snapshot: Any) ->
 
 
 # Any text the boundary accepts: all of Unicode but NUL (refused at ingest and in assemble's
-# arguments, tests/test_boundary.py; hypothesis draws no lone surrogates by default).
-_ACCEPTED = st.characters(exclude_characters="\x00")
+# arguments, tests/test_boundary.py). Lone surrogates are refused too, and hypothesis draws
+# them when only `exclude_characters` is given (it did in session 9): their category is out.
+_ACCEPTED = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
 
 TEXT = st.one_of(
     st.text(_ACCEPTED, min_size=1, max_size=300),
