@@ -612,7 +612,7 @@ def fusion_k(configured: RetrievalWeights, related: int) -> float:
 
     >>> w = RetrievalWeights()
     >>> [round(fusion_k(w, r), 1) for r in (724, 1584, 3184, 6384, 100_000)]
-    [4.3, 9.5, 19.1, 38.3, 60.0]
+    [5.1, 11.1, 22.3, 44.7, 60.0]
     >>> fusion_k(RetrievalWeights(rrf_k_per_thousand=0), 724)
     20.0
     """
