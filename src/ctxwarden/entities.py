@@ -8,10 +8,11 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ctxwarden.assemble import _STOPWORDS as _STOP
 
-__all__ = ["entities", "entity_patterns", "entity_share"]
+__all__ = ["EntityPattern", "entities", "entity_patterns", "entity_share"]
 
 # Names of people and things in a query: runs of capitalised words not opening a sentence
 # ("Lake Tahoe"), acronyms ("SSO"), words with digits ("v2.3", "p99", "10gb"), numbers of two
@@ -69,13 +70,18 @@ def entities(query: str) -> list[str]:
     return list(found.values())
 
 
-#: The lower-cased words of each ASCII entity's pattern (see :func:`entity_share`); emptied
-#: when full. Keyed by the compiled pattern (the ``re`` module hands out one per text).
-_PARTS: dict[re.Pattern[str], tuple[str, ...]] = {}
-_PARTS_MAX = 4096
+class EntityPattern(NamedTuple):
+    """One entity of a query: its case-insensitive, whole-word ``pattern``, and for an ASCII
+    entity its lower-cased ``words`` (each must be in a text the pattern can match)."""
+
+    pattern: re.Pattern[str]
+    words: tuple[str, ...] | None
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.pattern.search(text)
 
 
-def entity_patterns(query: str, *, limit: int = 32) -> list[re.Pattern[str]]:
+def entity_patterns(query: str, *, limit: int = 32) -> list[EntityPattern]:
     """One case-insensitive, whole-word pattern per entity of the query, the first ``limit``
     (each is searched in every candidate: the bound keeps that cost independent of the query)."""
     patterns = []
@@ -83,15 +89,12 @@ def entity_patterns(query: str, *, limit: int = 32) -> list[re.Pattern[str]]:
         parts = entity.split()
         body = r"\s+".join(re.escape(part) for part in parts)
         pattern = re.compile(rf"(?<!\w){body}(?!\w)", re.IGNORECASE)
-        if entity.isascii():
-            if len(_PARTS) >= _PARTS_MAX:
-                _PARTS.clear()
-            _PARTS[pattern] = tuple(part.lower() for part in parts)
-        patterns.append(pattern)
+        words = tuple(part.lower() for part in parts) if entity.isascii() else None
+        patterns.append(EntityPattern(pattern, words))
     return patterns
 
 
-def entity_share(patterns: Sequence[re.Pattern[str]], text: str) -> float:
+def entity_share(patterns: Sequence[EntityPattern], text: str) -> float:
     """The share of the query's entities that ``text`` names verbatim.
 
     An ASCII entity is looked for in an ASCII text only if each of its words is in the
@@ -106,11 +109,9 @@ def entity_share(patterns: Sequence[re.Pattern[str]], text: str) -> float:
         return 0.0
     folded = text.lower() if text.isascii() else None
     found = 0
-    for pattern in patterns:
-        if folded is not None:
-            parts = _PARTS.get(pattern)
-            if parts is not None and not all(part in folded for part in parts):
-                continue
+    for pattern, words in patterns:
+        if folded is not None and words is not None and not all(w in folded for w in words):
+            continue
         if pattern.search(text):
             found += 1
     return found / len(patterns)

@@ -28,6 +28,7 @@ __all__ = [
     "bigram_column",
     "memory_of",
     "memory_row",
+    "recent_sql",
     "scope_sql",
 ]
 
@@ -62,6 +63,36 @@ def scope_sql(scope: ReadScope | None, alias: str = "") -> tuple[str, list[Any]]
         sql += f" AND {alias}end_user = ?"
         params.append(scope.user)
     return sql, params
+
+
+def recent_sql(
+    tenant: str,
+    session: str,
+    *,
+    channel: str | None,
+    before: tuple[float, int] | None,
+    limit: int,
+    user: str | None,
+) -> tuple[str, list[Any]]:
+    """The ``WHERE ... ORDER BY ... LIMIT ?`` of a page of :meth:`MemoryReads.recent` (``?``
+    placeholders; the columns of ``memories`` and of ``memory_rows`` alike) and its parameters.
+
+    >>> recent_sql("t", "s", channel=None, before=(5.0, 9), limit=2, user="u")[1]
+    ['t', 's', 'u', 5.0, 9, 2]
+    """
+    where = "tenant = ? AND session = ? AND kind = 'message'"
+    params: list[Any] = [tenant, session]
+    if channel is not None:
+        where += " AND channel = ?"
+        params.append(channel)
+    if user is not None:
+        where += " AND end_user = ?"
+        params.append(user)
+    if before is not None:
+        where += " AND (created_at, rowid) < (?, ?)"
+        params.extend(before)
+    params.append(limit)
+    return f"WHERE {where} ORDER BY created_at DESC, rowid DESC LIMIT ?", params
 
 
 def memory_of(row: Sequence[Any]) -> Memory:
@@ -254,23 +285,10 @@ class MemoryReads:
     ) -> list[Memory]:
         """The session's messages (of end user ``user`` when given), newest first, a page at a
         time (index range scan)."""
-        where = ["tenant = ?", "session = ?", "kind = 'message'"]
-        params: list[Any] = [tenant, session]
-        if channel is not None:
-            where.append("channel = ?")
-            params.append(channel)
-        if user is not None:
-            where.append("end_user = ?")
-            params.append(user)
-        if before is not None:
-            where.append("(created_at, rowid) < (?, ?)")
-            params.extend(before)
-        params.append(limit)
-        rows = self._read(
-            f"SELECT {MEMORY_COLUMNS} FROM memory_rows WHERE {' AND '.join(where)} "
-            "ORDER BY created_at DESC, rowid DESC LIMIT ?",
-            params,
+        page, params = recent_sql(
+            tenant, session, channel=channel, before=before, limit=limit, user=user
         )
+        rows = self._read(f"SELECT {MEMORY_COLUMNS} FROM memory_rows {page}", params)
         return [memory_of(r) for r in rows]
 
     def pinned(

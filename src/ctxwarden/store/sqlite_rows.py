@@ -44,7 +44,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of
+from ctxwarden.store.reads import MEMORY_COLUMNS, memory_of, recent_sql
 from ctxwarden.types import Memory
 
 __all__ = [
@@ -332,26 +332,12 @@ class SQLiteRows:
         time: the page's rowids (an index range scan of ``memories``, kept while its rows do
         not change, :meth:`_remembered`), then their memories through the cache. Every turn
         reads the same newest pages (~50 rows at 10k memories in ``bench/query_latency.py``)."""
-        where = "tenant = ? AND session = ? AND kind = 'message'"
-        params: list[Any] = [tenant, session]
-        if channel is not None:
-            where += " AND channel = ?"
-            params.append(channel)
-        if user is not None:
-            where += " AND end_user = ?"
-            params.append(user)
-        if before is not None:
-            where += " AND (created_at, rowid) < (?, ?)"
-            params.extend(before)
-        params.append(limit)
+        page, params = recent_sql(
+            tenant, session, channel=channel, before=before, limit=limit, user=user
+        )
         with self._lock:  # (one page: no write of this process between its two reads)
             rowids = [
-                int(r[0])
-                for r in self._remembered(
-                    f"SELECT rowid FROM memories WHERE {where} "
-                    "ORDER BY created_at DESC, rowid DESC LIMIT ?",
-                    params,
-                )
+                int(r[0]) for r in self._remembered(f"SELECT rowid FROM memories {page}", params)
             ]
             found = self._stored_at(rowids) if rowids else {}
         if len(found) < len(rowids):  # another connection deleted one in between: one read
