@@ -136,6 +136,21 @@ def test_report_explains_blocks_and_candidates(engine: Engine) -> None:
     json.dumps(context.to_dict())
 
 
+def test_report_says_how_retrieval_was_sized(engine: Engine) -> None:
+    # Every size retrieval chose for a context is in its report, and grows with the block.
+    engine.ingest(_history(300))
+    small = engine.assemble(session="s", query="word5", budget=1000).report
+    large = engine.assemble(session="s", query="word5", budget=8000).report
+    keys = ["related_tokens", "candidates", "author_candidates", "anchors", "rrf_k"]
+    assert list(small.retrieval) == list(large.retrieval) == keys
+    for key in ("related_tokens", "anchors", "rrf_k"):
+        assert 0 < small.retrieval[key] < large.retrieval[key], key
+    assert small.retrieval["related_tokens"] <= small.cap
+    assert large.to_dict()["retrieval"] == dict(large.retrieval)
+    # No query, no retrieval: nothing to size.
+    assert engine.assemble(session="s", budget=1000).report.retrieval == {}
+
+
 def test_report_candidates_read_like_a_tuple(engine: Engine) -> None:
     # The entries are made when first read: the count, order and equality must be those of the
     # tuple of entries, and reading twice gives the same objects.

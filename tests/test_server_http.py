@@ -325,6 +325,10 @@ def test_assemble_lists_candidates_only_when_the_full_report_is_asked_for(url: s
     assert "candidates" not in summary
     assert summary["candidate_count"] == len(detailed["candidates"]) > 0
     assert summary["blocks"] == detailed["blocks"]
+    # How retrieval was sized is in both reports (it is a few numbers, not a list).
+    assert summary["retrieval"] == detailed["retrieval"]
+    assert summary["retrieval"]["candidates"] > 0
+    assert summary["retrieval"]["rrf_k"] > 0
     assert {c["id"] for c in detailed["candidates"]} >= {"m3"}
     assert bad.status_code == 422
     assert bad.json()["error"]["field"] == "query.report"

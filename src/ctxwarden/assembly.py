@@ -70,6 +70,7 @@ __all__ = [
     "fusion_k",
     "related_anchors",
     "related_candidates",
+    "retrieval_sizes",
     "sized_weights",
 ]
 
@@ -140,6 +141,7 @@ class Assembly:
             )
         query_text = query.strip() if query else None
         lexical_only: tuple[str, ...] = ()
+        sizes: dict[str, float] = {}  # how retrieval was sized (Report.retrieval)
         # The query's embedding runs in the embedding flow's query thread (onnxruntime releases
         # the GIL) while the history, pinned memory and summaries are read below.
         query_vector = (
@@ -225,6 +227,7 @@ class Assembly:
             # budget lost a multi-hop question on chatbench-dev at 4k (docs/benchmarks.md).
             wanted = related_candidates(available, line, floor=self.config.related_candidates)
             sized = sized_weights(self.config.retrieval, wanted, related_tokens)
+            sizes = retrieval_sizes(sized, related_tokens)
             lexical_only = self._catch_up(tenant, read_scope, notes)
             material.related = self._related(
                 tenant, query_text, tok, notes, sized, store_scope(read_scope), query_vector
@@ -323,6 +326,7 @@ class Assembly:
             candidates=CandidateReports(plan.candidates),
             notes=tuple(notes),
             lexical_only=lexical_only,
+            retrieval=sizes,
         )
         context_id = uuid.uuid4().hex
         unwritten = recent_walk.flush_counts()
@@ -591,6 +595,23 @@ def sized_weights(configured: RetrievalWeights, wanted: int, related: int) -> Re
         author_candidates=author_candidates(configured.author_candidates, related),
         rrf_k=fusion_k(configured, related),
     )
+
+
+def retrieval_sizes(sized: RetrievalWeights, related: int) -> dict[str, float]:
+    """What :func:`sized_weights` chose for a related block of ``related`` tokens, as the
+    report shows it (:attr:`~ctxwarden.types.Report.retrieval`).
+
+    >>> sizes = retrieval_sizes(sized_weights(RetrievalWeights(), 100, 724), 724)
+    >>> sizes["related_tokens"], sizes["candidates"], sizes["anchors"], sizes["rrf_k"]
+    (724, 100, 3, 5.068)
+    """
+    return {
+        "related_tokens": related,
+        "candidates": sized.candidates,
+        "author_candidates": sized.author_candidates,
+        "anchors": sized.expand,
+        "rrf_k": round(sized.rrf_k, 3),
+    }
 
 
 #: Bounds of the sized ``rrf_k`` (:func:`fusion_k`).

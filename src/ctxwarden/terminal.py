@@ -199,6 +199,9 @@ def show_context(console: Console, context: Context) -> None:
     for message in context.messages:
         content = message.get("content") or json.dumps(message.get("tool_calls"))
         console.print(Panel(str(content), title=message["role"], title_align="left", expand=False))
+    if report.retrieval:
+        sizes = ", ".join(f"{name} {value:g}" for name, value in report.retrieval.items())
+        console.print(f"[cyan]retrieval sized:[/] {sizes}")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
 

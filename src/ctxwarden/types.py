@@ -718,6 +718,11 @@ class Report:
     #: Ids of memories in the read scope that had no vector yet when the query was searched
     #: (``EngineConfig.assemble_embed_limit`` reached), so retrieval found them by words only.
     lexical_only: tuple[str, ...] = ()
+    #: How retrieval was sized for this context (empty without a query): the related block's
+    #: budget it was sized by (``related_tokens``), the candidates read from each search
+    #: (``candidates``), each named author's nearest turns (``author_candidates``), the hits
+    #: whose neighbours were read (``anchors``) and the fusion's ``rrf_k``.
+    retrieval: Mapping[str, float] = field(default_factory=dict)
 
     def block(self, name: str) -> BlockReport | None:
         """The report of the block called ``name``, if the context has it."""
@@ -739,6 +744,7 @@ class Report:
             "candidates": [c.to_dict() for c in self.candidates],
             "notes": list(self.notes),
             "lexical_only": list(self.lexical_only),
+            "retrieval": dict(self.retrieval),
         }
 
 

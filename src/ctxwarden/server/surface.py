@@ -288,6 +288,12 @@ class ReportModel(BaseModel):
     candidate_count: int | None = None
     candidates: list[dict[str, Any]] | None = None
     notes: list[str] = []
+    lexical_only: list[str] = []
+    retrieval: dict[str, float] = Field(
+        default={},
+        description="How retrieval was sized for this context (empty without a query): "
+        "related_tokens, candidates, author_candidates, anchors, rrf_k.",
+    )
 
 
 class ContextResponse(BaseModel):
