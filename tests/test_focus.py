@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import Clock
-from ctxwarden.engine import Engine
+from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.focus import focus, vector_text
 from ctxwarden.retrieve import RetrievalWeights, retrieve
 
@@ -224,3 +224,48 @@ def test_a_role_name_is_not_a_person_a_query_names(clock: Clock) -> None:
         assert "bystander" not in by_id["a"].components
     # A person's name is still one, whatever its case in the query.
     assert focus("what did kwame ship?", now=now, authors=["kwame", "user"]).people == {"kwame"}
+
+
+def test_an_identifier_is_named_by_its_first_word_or_whole() -> None:
+    # An author joined with punctuation (an adapter's, a bot's, an address) is named by its
+    # first word or by all its words; its later words are kinds and domains, not the author.
+    authors = ["langgraph-store", "ana@example.com", "Ana Li", "jean-luc picard"]
+    people = {q: focus(q, now=0.0, authors=authors).people for q in (
+        "what did I store last week?",
+        "any mail from example.com?",
+        "what did langgraph save?",
+        "what is in the langgraph-store?",
+        "what did Li say?",
+        "did Jean call?",
+        "did Picard call?",
+        "did Luc call?",
+    )}  # fmt: skip
+    assert people == {
+        "what did I store last week?": set(),
+        "any mail from example.com?": set(),
+        "what did langgraph save?": {"langgraph-store"},
+        "what is in the langgraph-store?": {"langgraph-store"},
+        "what did Li say?": {"Ana Li"},  # a space-separated part names its person alone
+        "did Jean call?": {"jean-luc picard"},
+        "did Picard call?": {"jean-luc picard"},
+        "did Luc call?": set(),
+    }
+    assert vector_text("what did I store last week?", authors) == "what did I store last week?"
+    assert vector_text("what is in the langgraph-store?", authors) == "what is in the  - ?"
+
+
+def test_a_two_letter_name_gets_its_own_turns_searched(clock: Clock) -> None:
+    # "Bo" names Bo for every part of retrieval (focus and the author-restricted search alike).
+    now = clock.now
+    with Engine.open(":memory:", clock=clock, config=EngineConfig(embed="sync")) as engine:
+        engine.ingest([
+            _msg("b1", "Bo", "I finally repaired the old bicycle in the garage", now - 9 * DAY),
+            _msg("c1", "Cy", "Bo, nice work on that", now - 9 * DAY + 60),
+        ])  # fmt: skip
+        vector = engine.embedder.embed(["what did Bo fix?"])[0]
+        hits = retrieve(engine.store, tenant="default", query="what did Bo fix?", now=now,
+                        cost=_cost, query_vector=vector, model=engine.embedder.name,
+                        authors=["Bo", "Cy"])  # fmt: skip
+    by_id = {h.memory.id: h for h in hits}
+    assert "author_vector_rank" in by_id["b1"].components
+    assert by_id["b1"].components["author"] == 1.0

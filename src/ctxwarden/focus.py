@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from ctxwarden.timeref import TimeSpan, time_spans
 from ctxwarden.types import Memory
 
-__all__ = ["ROLE_NAMES", "Focus", "focus", "name_words", "vector_text", "without_words"]
+__all__ = [
+    "ROLE_NAMES",
+    "Focus",
+    "focus",
+    "name_words",
+    "said_name",
+    "vector_text",
+    "without_words",
+]
 
 _WORDS = re.compile(r"\w+", re.UNICODE)
 # "both", "in common", quantifiers and enumerations: grammar, not topics.
@@ -64,6 +72,30 @@ def name_words(name: str) -> frozenset[str]:
     if name.strip().casefold() in ROLE_NAMES:
         return frozenset()
     return frozenset(p for p in _WORDS.findall(name.casefold()) if len(p) > 1)
+
+
+def said_name(name: str, words: frozenset[str]) -> frozenset[str]:
+    """The words of ``name`` among a query's casefolded ``words`` when they name it, else none.
+
+    Each space-separated part of a name names it alone ("Li" names "Ana Li"), but of a part
+    joined with punctuation (an identifier: ``langgraph-store``, ``ana@example.com``,
+    ``build.bot``) only the first word does, or the whole part: its later words are kinds and
+    domains ("store", "com", "bot"), and a query saying them is not about that author.
+
+    >>> sorted(said_name("Ana Li", frozenset({"what", "did", "li", "say"})))
+    ['li']
+    >>> said_name("langgraph-store", frozenset({"the", "store"}))
+    frozenset()
+    >>> sorted(said_name("langgraph-store", frozenset({"langgraph", "store"})))
+    ['langgraph', 'store']
+    """
+    parts = name_words(name)
+    said = parts & words
+    if not said or said == parts:
+        return said
+    firsts = {w[0] for w in (_WORDS.findall(t) for t in name.casefold().split()) if w}
+    alone = {w for w in firsts if len(w) > 1}
+    return said if said & alone else frozenset()
 
 
 def without_words(terms: Iterable[str], words: Iterable[str]) -> list[str]:
@@ -109,8 +141,7 @@ def focus(query: str, *, now: float, authors: Iterable[str | None]) -> Focus:
     for author in set(authors):
         if not author:
             continue
-        parts = name_words(author)
-        said = parts & words
+        said = said_name(author, words)
         if said:
             people.add(author)
             name_terms |= said
@@ -141,7 +172,7 @@ def vector_text(query: str, authors: Sequence[str]) -> str:
     'Ana?'
     """
     asked = frozenset(_WORDS.findall(query.casefold()))
-    named = [a for a in dict.fromkeys(authors) if a and name_words(a) & asked][:3]
+    named = [a for a in dict.fromkeys(authors) if a and said_name(a, asked)][:3]
     if not named:
         return query
     words = {p for name in named for p in name_words(name)}

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ctxwarden.assemble import _STOPWORDS, _WORD, Candidate, query_terms
 from ctxwarden.entities import entity_patterns, entity_share
-from ctxwarden.focus import name_words
+from ctxwarden.focus import name_words, said_name
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.retrieve import RetrievalWeights
 from ctxwarden.segment import has_run
@@ -231,7 +231,7 @@ def summary_passages(
     matches = {t: _matching(t, vocabulary) for t in terms}
     words = frozenset(w for w in re.findall(r"\w+", query.casefold()) if len(w) > 1)
     speakers = {line.speaker for line in every if line.speaker is not None}
-    named = {s for s in speakers if name_words(s) & words}
+    named = {s for s in speakers if said_name(s, words)}
     name_terms = frozenset().union(*(name_words(s) for s in named)) & words
     fused = [0.0] * len(every)
     k = weights.rrf_k

@@ -67,7 +67,7 @@ from ctxwarden.assemble import query_terms
 from ctxwarden.attachments import search_text
 from ctxwarden.entities import entity_patterns, entity_share
 from ctxwarden.errors import ConfigError, InputError
-from ctxwarden.focus import Focus, focus, name_words, without_words
+from ctxwarden.focus import Focus, focus, name_words, said_name, without_words
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
@@ -294,11 +294,10 @@ def _similarities(texts: Sequence[str]) -> npt.NDArray[np.float64]:
 def _named(author: str | None, words: frozenset[str]) -> bool:
     if not author:
         return False
-    parts = name_words(author)
+    if said_name(author, words):
+        return True
     # A name in a script without spaces is named by its bigrams (李娜 in 李娜说了什么).
-    return bool(parts) and any(
-        p in words or (has_run(p) and all(b in words for b in bigrams(p))) for p in parts
-    )
+    return any(has_run(p) and all(b in words for b in bigrams(p)) for p in name_words(author))
 
 
 #: A query's vector, or a function that waits for it (None: not embedded after all).
@@ -363,7 +362,8 @@ def retrieve(
         else []
     )
     query_vector = query_vector() if callable(query_vector) else query_vector
-    query_words = _words(query)
+    # A name's words of two letters count ("Bo", "Li"), as in focus(): one matcher for people.
+    query_words = _words(query).union(w for w in _WORDS.findall(query.casefold()) if len(w) == 2)
     pool_hits: list[tuple[int, float]] | None = None
     if query_vector is not None and model is not None:
         named = [a for a in authors if _named(a, query_words)][:3]
