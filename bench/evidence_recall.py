@@ -4,7 +4,7 @@ Usage::
 
     uv run python bench/evidence_recall.py [DATA ...] [--budgets 1000,2000,4000,8000]
         [--model gpt-4-turbo] [--embed off|sync|background] [--embedder minilm]
-        [--limit N] [--filler N] [--where]
+        [--limit N] [--filler N] [--phrasing lower|bare|lower-bare] [--where]
 
 ``DATA`` is a chatbench directory (``messages.jsonl`` + ``qa.jsonl``, see shared/data/README.md)
 or a LoCoMo JSON file (a list of samples with ``conversation`` sessions of turns
@@ -42,6 +42,10 @@ each is a bag of words drawn from the conversation's own words by their frequenc
 words become very common and rare ones stay rare), as long as one of its messages, at a random
 time within its span, in one of its sessions and channels, by one of 50 made-up authors. They
 hold no evidence; they compete with it for every method.
+
+``--phrasing`` asks the questions as a user might type them: ``lower`` (lower-cased), ``bare``
+(no closing question mark) or ``lower-bare``; the engine must not depend on the benchmark's
+capitals and question marks (docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
@@ -240,6 +244,34 @@ def add_filler(conversation: Conversation, count: int, *, seed: int = 0) -> None
     merged = [(t, 0, r) for t, r in zip(times, conversation.records, strict=True)]
     merged += [(parse_time(r["created_at"]), 1, r) for r in filler]
     conversation.records = [r for _, _, r in sorted(merged, key=lambda x: (x[0], x[1]))]
+
+
+#: ``--phrasing``: the questions as a user might type them instead (a robustness check: the
+#: engine must not depend on the benchmark's capitals and question marks).
+PHRASINGS = ("as-is", "lower", "bare", "lower-bare")
+
+
+def rephrase(conversation: Conversation, phrasing: str) -> None:
+    """Rewrite the conversation's questions: ``lower`` lower-cases them, ``bare`` drops the
+    closing question mark, ``lower-bare`` does both, ``as-is`` nothing.
+
+    >>> c = Conversation("c", "s", questions=[Question("q", "What did Ana paint?", (), "1", 0.0)])
+    >>> rephrase(c, "lower-bare"); c.questions[0].question
+    'what did ana paint'
+    """
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"phrasing: {phrasing!r} is not one of {', '.join(PHRASINGS)}")
+    if phrasing == "as-is":
+        return
+    out = []
+    for question in conversation.questions:
+        text = question.question
+        if "lower" in phrasing:
+            text = text.lower()
+        if "bare" in phrasing:
+            text = text.rstrip().rstrip("?").rstrip()
+        out.append(dataclasses.replace(question, question=text))
+    conversation.questions = out
 
 
 def read(path: Path) -> list[Conversation]:
@@ -512,6 +544,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="days change detection looks back (0: off; default: EngineConfig's)",
     )
     parser.add_argument(
+        "--phrasing",
+        choices=PHRASINGS,
+        default="as-is",
+        help="ask the questions lower-cased, without their question mark, or both",
+    )
+    parser.add_argument(
         "--where",
         action="store_true",
         help="also print where the evidence went: included (block), left out at a rank of the "
@@ -529,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         conversations = read(path)
         for conversation in conversations:
             add_filler(conversation, args.filler)
+            rephrase(conversation, args.phrasing)
         timings: list[float] = []
         where: dict[tuple[int, str], dict[str, int]] | None = {} if args.where else None
         results = run(
@@ -551,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         vectors += f" ({args.embedder})" if embed != "off" else ""
         changes_on = window if window is not None else EngineConfig().change_window
         vectors += f", change window {changes_on / 86400:g} days"
+        vectors += f", questions {args.phrasing}" if args.phrasing != "as-is" else ""
         print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
               + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
         apart = frozenset().union(*(c.apart for c in conversations))

@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchload import load_bench
 from ctxwarden.engine import Engine, EngineConfig
 
@@ -100,3 +102,18 @@ def test_evidence_place_names_each_miss() -> None:
     # sorted ids: the cat's turn is related or recent; an unknown id was never retrieved
     assert places[0] in {"related", "neighbour", "recent"}
     assert places[1] == "not retrieved"
+
+
+def test_questions_rephrased_as_a_user_types_them() -> None:
+    bench = _bench()
+    [conversation] = bench.read(ROOT / "tests" / "data" / "locomo_mini.json")
+    asked = [q.question for q in conversation.questions]
+    bench.rephrase(conversation, "as-is")
+    assert [q.question for q in conversation.questions] == asked
+    bench.rephrase(conversation, "lower-bare")
+    assert [q.question for q in conversation.questions] == [
+        q.lower().rstrip("?").rstrip() for q in asked
+    ]
+    assert all(not q.question.endswith("?") for q in conversation.questions)
+    with pytest.raises(ValueError, match="phrasing"):
+        bench.rephrase(conversation, "shouting")
