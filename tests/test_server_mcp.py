@@ -93,6 +93,8 @@ async def exercise(client: Client) -> None:
     )
     assert ctx["tokens"] <= ctx["cap"]
     assert any("ThinkPad" in (m.get("content") or "") for m in ctx["messages"])
+    assert ctx["retrieval"]["candidates"] > 0
+    assert ctx["retrieval"]["rrf_k"] > 0
 
     edited = result_json(
         await client.call_tool(

@@ -339,6 +339,8 @@ def create_mcp_server(
                 "tokenizer": context.report.tokenizer,
                 "exact": context.report.exact,
                 "notes": list(context.report.notes),
+                # how retrieval was sized for this context (empty without a query)
+                "retrieval": dict(context.report.retrieval),
             }
 
     return server
