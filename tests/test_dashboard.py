@@ -102,6 +102,10 @@ def test_the_dashboard_in_headless_chromium(page: tuple[Any, str]) -> None:
     used = int(summary.split(" of ")[0])
     assert 0 < used <= 450
     assert "of 450 tokens" in summary
+    # How retrieval was sized for this context, from the report.
+    sized = tab.inner_text("#context-retrieval")
+    assert sized.startswith("retrieval sized: related_tokens ")
+    assert "rrf_k " in sized
     bars = tab.locator("#context-bar rect").count()
     legend = tab.locator("#context-legend span").count()
     assert bars == legend >= 3  # fixed parts and blocks, one rect each

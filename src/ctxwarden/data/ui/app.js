@@ -104,6 +104,12 @@ function drawComposition(context) {
     context.tokens + " of " + report.cap + " tokens (" + report.model + ", " + report.tokenizer +
     (report.exact ? ", exact" : ", approximate") + "), " + context.included.length + " memories, " +
     context.messages.length + " messages";
+  // How retrieval was sized for this context (empty without a query), then the report's notes.
+  const sizes = Object.entries(report.retrieval || {}).map(([name, value]) => name + " " + value);
+  $("#context-retrieval").textContent = [
+    sizes.length ? "retrieval sized: " + sizes.join(", ") : "",
+    ...(report.notes || []).map((note) => "note: " + note),
+  ].filter(Boolean).join(" · ");
   const body = $("#candidates tbody");
   body.replaceChildren();
   for (const candidate of report.candidates || []) {
