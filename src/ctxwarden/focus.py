@@ -33,6 +33,7 @@ from ctxwarden.types import Memory
 __all__ = [
     "ROLE_NAMES",
     "Focus",
+    "asked_words",
     "focus",
     "name_words",
     "said_name",
@@ -72,6 +73,16 @@ def name_words(name: str) -> frozenset[str]:
     if name.strip().casefold() in ROLE_NAMES:
         return frozenset()
     return frozenset(p for p in _WORDS.findall(name.casefold()) if len(p) > 1)
+
+
+def asked_words(query: str) -> frozenset[str]:
+    """The casefolded words of ``query`` that can name someone (two characters or more): what
+    :func:`said_name` is given, the same for every part of retrieval.
+
+    >>> sorted(asked_words("Did Bo see Ana Li at 9?"))
+    ['ana', 'at', 'bo', 'did', 'li', 'see']
+    """
+    return frozenset(w for w in _WORDS.findall(query.casefold()) if len(w) > 1)
 
 
 def said_name(name: str, words: frozenset[str]) -> frozenset[str]:
@@ -135,7 +146,7 @@ class Focus:
 def focus(query: str, *, now: float, authors: Iterable[str | None]) -> Focus:
     """The people, times and list-ness of ``query`` (see the module docstring). ``authors``:
     the candidates' authors (any order, repeats fine), among which named people are found."""
-    words = frozenset(w for w in _WORDS.findall(query.casefold()) if len(w) > 1)
+    words = asked_words(query)
     people: set[str] = set()
     name_terms: set[str] = set()
     for author in set(authors):
@@ -171,7 +182,7 @@ def vector_text(query: str, authors: Sequence[str]) -> str:
     >>> vector_text("Ana?", ["Ana"])
     'Ana?'
     """
-    asked = frozenset(_WORDS.findall(query.casefold()))
+    asked = asked_words(query)
     named = [a for a in dict.fromkeys(authors) if a and said_name(a, asked)][:3]
     if not named:
         return query

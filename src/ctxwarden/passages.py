@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ctxwarden.assemble import _STOPWORDS, _WORD, Candidate, query_terms
 from ctxwarden.entities import entity_patterns, entity_share
-from ctxwarden.focus import name_words, said_name
+from ctxwarden.focus import asked_words, name_words, said_name
 from ctxwarden.provenance import is_untrusted
 from ctxwarden.retrieve import RetrievalWeights
 from ctxwarden.segment import has_run
@@ -229,7 +229,7 @@ def summary_passages(
             line.terms = _terms(line.said)
     vocabulary = set().union(*(line.terms for line in every))
     matches = {t: _matching(t, vocabulary) for t in terms}
-    words = frozenset(w for w in re.findall(r"\w+", query.casefold()) if len(w) > 1)
+    words = asked_words(query)
     speakers = {line.speaker for line in every if line.speaker is not None}
     named = {s for s in speakers if said_name(s, words)}
     name_terms = frozenset().union(*(name_words(s) for s in named)) & words

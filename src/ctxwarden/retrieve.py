@@ -67,7 +67,7 @@ from ctxwarden.assemble import query_terms
 from ctxwarden.attachments import search_text
 from ctxwarden.entities import entity_patterns, entity_share
 from ctxwarden.errors import ConfigError, InputError
-from ctxwarden.focus import Focus, focus, name_words, said_name, without_words
+from ctxwarden.focus import Focus, asked_words, focus, name_words, said_name, without_words
 from ctxwarden.scope import ReadScope, in_scope
 from ctxwarden.segment import bigrams, has_run, split_runs
 from ctxwarden.store.base import Store
@@ -362,8 +362,9 @@ def retrieve(
         else []
     )
     query_vector = query_vector() if callable(query_vector) else query_vector
-    # A name's words of two letters count ("Bo", "Li"), as in focus(): one matcher for people.
-    query_words = _words(query).union(w for w in _WORDS.findall(query.casefold()) if len(w) == 2)
+    # The words that can name people (two letters count: "Bo", "Li"), as in focus(), and the
+    # bigrams that name a CJK author (_named).
+    query_words = _words(query) | asked_words(query)
     pool_hits: list[tuple[int, float]] | None = None
     if query_vector is not None and model is not None:
         named = [a for a in authors if _named(a, query_words)][:3]
