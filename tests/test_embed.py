@@ -127,7 +127,7 @@ def test_protocol_and_shapes(minilm: MiniLMEmbedder, static: StaticEmbedder) -> 
         norms = np.linalg.norm(out, axis=1)
         # An empty text has no tokens in the static model: it stays the zero vector.
         assert np.allclose(norms[[0, 2]], 1.0, atol=1e-5)
-    assert minilm.name == "minilm-l6-int8@1"
+    assert minilm.name == "minilm-l6-int8@2"
     assert static.name == "minilm-l6-static@1"
 
 
@@ -166,16 +166,48 @@ def test_deterministic_and_order_independent(
 
 
 def test_truncation_changes_the_name() -> None:
-    assert MiniLMEmbedder(max_tokens=128).name == "minilm-l6-int8@1/t128"
+    assert MiniLMEmbedder(max_tokens=128).name == "minilm-l6-int8@2/t128"
+    assert MiniLMEmbedder(max_tokens=128, activations="float").name == "minilm-l6-int8@1/t128"
+    with pytest.raises(ConfigError, match="activations: 'int4'"):
+        MiniLMEmbedder(activations="int4")
     with pytest.raises(ConfigError, match="max_tokens"):
         MiniLMEmbedder(max_tokens=4)
     with pytest.raises(ConfigError, match="threads"):
         MiniLMEmbedder(threads=0)
 
 
+def test_int8_activations_give_the_float_paths_vectors_within_noise(
+    minilm: MiniLMEmbedder,
+) -> None:
+    # Two different vector spaces by name, but the same model: every held-out text's two
+    # vectors are near, and each ranks the held-out pairs as well as the other.
+    float_path = MiniLMEmbedder(activations="float")
+    texts = [t for pair in PAIRS for t in pair] + UNRELATED
+    fast, exact = minilm.embed(texts), float_path.embed(texts)
+    assert not np.array_equal(fast, exact)
+    cosines = (fast * exact).sum(axis=1)
+    assert cosines.min() > 0.97, cosines.min()
+    assert cosines.mean() > 0.985, cosines.mean()
+    top1_fast, pairwise_fast = _ranking(minilm)
+    top1_exact, pairwise_exact = _ranking(float_path)
+    assert top1_fast >= top1_exact - 1 / len(PAIRS)
+    assert pairwise_fast >= pairwise_exact - 0.01
+
+
 def test_get_embedder() -> None:
     assert isinstance(get_embedder("default"), MiniLMEmbedder)
     assert isinstance(get_embedder("minilm"), MiniLMEmbedder)
+    # "minilm" is the int8 path, unless the store holds only the float path's vectors.
+    assert get_embedder("minilm").name == "minilm-l6-int8@2"
+    assert get_embedder("default", stored={"minilm-l6-int8@1": 3}).name == "minilm-l6-int8@1"
+    assert get_embedder("minilm", stored={"minilm-l6-int8@1", "minilm-l6-int8@2"}).name == (
+        "minilm-l6-int8@2"
+    )
+    assert get_embedder("minilm", stored={"minilm-l6-static@1"}).name == "minilm-l6-int8@2"
+    assert get_embedder("minilm-l6-int8@1").name == "minilm-l6-int8@1"
+    assert get_embedder("minilm-l6-int8@2", stored={"minilm-l6-int8@1"}).name == (
+        "minilm-l6-int8@2"
+    )
     assert isinstance(get_embedder("minilm-static"), StaticEmbedder)
     remote = get_embedder("openai:nomic-embed-text", base_url="http://127.0.0.1:1/v1", dim=8)
     assert isinstance(remote, OpenAIEmbedder)

@@ -329,3 +329,41 @@ def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clo
         assert engine.store.pending_embeddings(engine.embedder.name) == []
         context = engine.assemble(session="now", query="puppy noise", budget=500, scope="tenant")
         assert "pet" in _related(context)
+
+
+def test_a_store_embedded_with_the_float_path_goes_on_with_it(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # A store made before MiniLM ran on int8 activations keeps working with the defaults: its
+    # vectors stay usable and new memories get vectors of the same space, until it is moved.
+    path = str(tmp_path / "old.db")
+    float_path = EngineConfig(embedder="minilm-l6-int8@1", embed="off")
+    with Engine.open(path, clock=clock, config=float_path) as engine:
+        engine.ingest(_records(clock.now - DAY)[1:])
+        assert engine.embed_pending() == len(_MEMORIES) - 1
+    config = EngineConfig(embed="off")  # the default embedder, "minilm"
+    with Engine.open(path, clock=clock, config=config) as engine:
+        assert engine.embedder.name == "minilm-l6-int8@1"
+        engine.ingest(_records(clock.now - DAY)[:1])
+        assert engine.embed_pending() == 1
+        assert engine.store.vector_models() == {"minilm-l6-int8@1": len(_MEMORIES)}
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        assert "vector" in _related(context)["m0"].components
+        assert not any("ignored" in note for note in context.report.notes)
+    # Moving it: re-embedded with the int8 path, which the defaults then use.
+    moved = EngineConfig(embedder="minilm-l6-int8@2", embed="off")
+    with Engine.open(path, clock=clock, config=moved) as engine:
+        with pytest.raises(EmbedError, match="--reembed"):
+            engine.embed_pending()
+        assert engine.embed_pending(reembed=True) == len(_MEMORIES)
+    with Engine.open(path, clock=clock, config=config) as engine:
+        assert engine.embedder.name == "minilm-l6-int8@2"
+        assert engine.store.vector_models() == {"minilm-l6-int8@2": len(_MEMORIES)}
+        context = engine.assemble(session="now", query=_QUESTION, budget=2000, scope="tenant")
+        assert "vector" in _related(context)["m0"].components
+
+
+def test_a_new_store_is_embedded_with_int8_activations(clock: Clock) -> None:
+    with Engine.open(":memory:", clock=clock, config=EngineConfig(embed="sync")) as engine:
+        engine.ingest(_records(clock.now - DAY))
+        assert engine.store.vector_models() == {"minilm-l6-int8@2": len(_MEMORIES)}

