@@ -264,7 +264,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=None, help="speed: at most N messages")
     args = parser.parse_args(argv)
     candidates: list[tuple[str, Embedder, int]] = [
-        ("minilm-l6-int8 (1 thread)", MiniLMEmbedder(), 400),
+        ("minilm-l6-int8@2, int8 (1 thread)", MiniLMEmbedder(), 400),
+        ("minilm-l6-int8@1, float (1 thread)", MiniLMEmbedder(activations="float"), 400),
         ("minilm-static (vendored)", StaticEmbedder(), 20000),
     ]
     for path in args.static:

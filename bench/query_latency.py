@@ -5,8 +5,9 @@ rest of assembly, and the whole, in wall time and in this process's CPU time.
 
 The store holds ``--memories`` chat messages in 20 sessions (40 words each from a small
 vocabulary, as bench/assemble.py) with a vector each. The stored vectors are random unit vectors
-under MiniLM's name, not MiniLM's own (embedding 10k messages costs ~2 CPU-minutes and the
-search's cost does not depend on their values); every query is embedded by the real MiniLM.
+under MiniLM's names, not MiniLM's own (embedding 10k messages costs ~1 CPU-minute and the
+search's cost does not depend on their values); every query is embedded by the real MiniLM, on
+int8 activations (the default) and, side by side, on the float path (``minilm-l6-int8@1``).
 Each run asks a different question (no query-cache hits) unless ``--repeat`` is given, which asks
 each question twice in a row (an agent's tool-call rounds re-send the same last user message).
 "CPU" is ``time.process_time`` (every thread of the process: the query's embedding in the
@@ -18,7 +19,9 @@ where wall time is not.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -50,8 +53,10 @@ def main() -> None:
     questions = make_questions(rng, args.runs)
     if args.repeat:
         questions = [q for q in questions[: args.runs // 2] for _ in range(2)]
-    embedder = MiniLMEmbedder()
-    embedder.embed(["warm up"])
+    embedder = MiniLMEmbedder()  # the default: int8 activations (minilm-l6-int8@2)
+    float_path = MiniLMEmbedder(activations="float")  # the model as shipped (@1), side by side
+    for model in (embedder, float_path):
+        model.embed(["warm up"])
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "bench.db"
         with Engine.open(path, config=EngineConfig(embed="off")) as engine:
@@ -60,35 +65,64 @@ def main() -> None:
             vectors = np.random.default_rng(7).standard_normal((len(records), 384))
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
             rowids = [engine.get(r["id"]).rowid for r in records]  # type: ignore[arg-type]
-            engine.store.put_vectors(embedder.name, rowids, vectors.astype(np.float32))
+            for model in (embedder, float_path):
+                engine.store.put_vectors(model.name, rowids, vectors.astype(np.float32))
         rows = []
-        embed_wall, embed_cpu = [], []
-        for question in questions:
-            wall, cpu = time.perf_counter(), time.process_time()
-            embedder.embed([question])
-            embed_wall.append(time.perf_counter() - wall)
-            embed_cpu.append(time.process_time() - cpu)
-        rows.append(("query embedding alone (MiniLM)", embed_wall, embed_cpu, embed_cpu))
+        for label, model in (
+            ("query embedding alone (MiniLM, int8: the default)", embedder),
+            ("query embedding alone (MiniLM, float: minilm-l6-int8@1)", float_path),
+        ):
+            embed_wall, embed_cpu = [], []
+            for question in questions:
+                wall, cpu = time.perf_counter(), time.process_time()
+                model.embed([question])
+                embed_wall.append(time.perf_counter() - wall)
+                embed_cpu.append(time.process_time() - cpu)
+            rows.append((label, embed_wall, embed_cpu, embed_cpu))
         # Words only: an engine embedding with another model reads none of the stored vectors.
-        for label, config, model in (
+        # The two MiniLM engines are open together, each on its own copy of the store (one's
+        # inclusion log would otherwise expire the other's caches), and take turns on each
+        # question, which goes first alternating: neither gains from the order.
+        twin = Path(folder) / "twin.db"
+        shutil.copyfile(path, twin)
+        engines = [
             ("assemble, words only (no vector read)", EngineConfig(embed="off"), StaticEmbedder()),
             ("assemble with the query embedded (default config)", EngineConfig(), embedder),
-        ):
-            with Engine.open(path, config=config, embedder=model) as engine:
-                usable = model is embedder
+            ("assemble, query embedded on the float path (@1)", EngineConfig(), float_path),
+        ]
+        for group, paths in ((engines[:1], [path]), (engines[1:], [path, twin])):
+            with contextlib.ExitStack() as stack:
+                opened = [
+                    (label, model, stack.enter_context(Engine.open(at, config=c, embedder=model)))
+                    for (label, c, model), at in zip(group, paths, strict=True)
+                ]
                 for question in questions[:5]:  # warm: counts cached, index loaded
-                    engine.assemble(session="s3", query=question + " warm", budget=args.budget)
-                walls, cpus, own = [], [], []
-                for question in questions:
-                    wall, cpu = time.perf_counter(), time.process_time()
-                    mine = time.thread_time()
-                    context = engine.assemble(session="s3", query=question, budget=args.budget)
-                    own.append(time.thread_time() - mine)
-                    walls.append(time.perf_counter() - wall)
-                    cpus.append(time.process_time() - cpu)
-                vector = any("vector" in c.components for c in context.report.candidates)
-                assert vector == usable, "vectors were (not) used as configured"
-                rows.append((label, walls, cpus, own))
+                    for _, _, engine in opened:
+                        engine.assemble(session="s3", query=question + " warm", budget=args.budget)
+                samples: list[tuple[list[float], list[float], list[float]]] = [
+                    ([], [], []) for _ in opened
+                ]
+                contexts: list[Any] = [None] * len(opened)
+                for number, question in enumerate(questions):
+                    turn = list(range(len(opened)))
+                    for index in turn[number % len(turn) :] + turn[: number % len(turn)]:
+                        engine = opened[index][2]
+                        walls, cpus, own = samples[index]
+                        wall, cpu = time.perf_counter(), time.process_time()
+                        mine = time.thread_time()
+                        contexts[index] = engine.assemble(
+                            session="s3", query=question, budget=args.budget
+                        )
+                        own.append(time.thread_time() - mine)
+                        walls.append(time.perf_counter() - wall)
+                        cpus.append(time.process_time() - cpu)
+                for (label, model, _), context, (walls, cpus, own) in zip(
+                    opened, contexts, samples, strict=True
+                ):
+                    vector = any("vector" in c.components for c in context.report.candidates)
+                    usable = not isinstance(model, StaticEmbedder)
+                    assert vector == usable, "vectors were (not) used as configured"
+                    rows.append((label, walls, cpus, own))
     print(f"\n{args.memories:,} memories, budget {args.budget}, {len(questions)} questions")
     print("| what | wall p50 | wall p95 | CPU p50 | CPU p95 | caller CPU p50 |")
     print("|---|---:|---:|---:|---:|---:|")

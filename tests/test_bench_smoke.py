@@ -272,8 +272,9 @@ def test_embed_choice_with_a_static_variant(capsys: pytest.CaptureFixture[str]) 
     lines = out.splitlines()
     assert lines[0].split()[:4] == ["embedder", "dim", "top-1", "MRR"]
     rows = {line[:34].strip(): line[34:].split() for line in lines[1:]}
-    assert set(rows) == {"minilm-l6-int8 (1 thread)", "minilm-static (vendored)", vendored.stem}
-    assert rows["minilm-l6-int8 (1 thread)"][0] == "384"
+    int8, float_path = "minilm-l6-int8@2, int8 (1 thread)", "minilm-l6-int8@1, float (1 thread)"
+    assert set(rows) == {int8, float_path, "minilm-static (vendored)", vendored.stem}
+    assert rows[int8][0] == rows[float_path][0] == "384"
     # the vendored table loaded through --static ranks as the vendored embedder does
     assert rows[vendored.stem][:4] == rows["minilm-static (vendored)"][:4]
 
@@ -444,9 +445,11 @@ def test_query_latency(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.M
     rows = _rows(out)
     assert rows[0][:3] == ["what", "wall p50", "wall p95"]
     assert [row[0] for row in rows[2:]] == [
-        "query embedding alone (MiniLM)",
+        "query embedding alone (MiniLM, int8: the default)",
+        "query embedding alone (MiniLM, float: minilm-l6-int8@1)",
         "assemble, words only (no vector read)",
         "assemble with the query embedded (default config)",
+        "assemble, query embedded on the float path (@1)",
     ]
 
 

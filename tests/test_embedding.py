@@ -331,9 +331,7 @@ def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clo
         assert "pet" in _related(context)
 
 
-def test_a_store_embedded_with_the_float_path_goes_on_with_it(
-    tmp_path: Path, clock: Clock
-) -> None:
+def test_a_store_embedded_with_the_float_path_goes_on_with_it(tmp_path: Path, clock: Clock) -> None:
     # A store made before MiniLM ran on int8 activations keeps working with the defaults: its
     # vectors stay usable and new memories get vectors of the same space, until it is moved.
     path = str(tmp_path / "old.db")

@@ -155,7 +155,8 @@ class Settings(BaseSettings):
     #: The longest ``assemble`` spends on that, in seconds (0: never waits); see
     #: :attr:`EngineConfig.assemble_embed_seconds`.
     assemble_embed_seconds: float = Field(default=0.25, ge=0, allow_inf_nan=False)
-    #: The embedder: ``minilm``, ``minilm-static`` or ``openai:<model>``.
+    #: The embedder: ``minilm`` (``minilm-l6-int8@2``, or ``@1`` on a store made with it),
+    #: ``minilm-l6-int8@1`` or ``@2``, ``minilm-static`` or ``openai:<model>``.
     embedder: str = "minilm"
     #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
     semantic_dedupe: bool = _SEMANTIC.enabled

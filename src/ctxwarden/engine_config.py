@@ -73,7 +73,7 @@ class EngineConfig:
     embedder: str = "minilm"
     #: With ``embed`` on: before retrieving for a query, :meth:`Engine.assemble` embeds up to
     #: this many memories still pending that the query's scope sees, so the turn searches
-    #: them by meaning too (~10 ms a message with MiniLM on one core); those left over are
+    #: them by meaning too (~5 ms a message with MiniLM on one core); those left over are
     #: searched by words only and listed in ``Report.lexical_only``. 0 never waits for the
     #: embedder.
     assemble_embed_limit: int = 32

@@ -119,7 +119,9 @@ def int8_matmuls(model: bytes) -> tuple[bytes, int]:
     return graph_model.SerializeToString(), rewritten
 
 
-def _keep_used(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], added: list[onnx.TensorProto]) -> None:
+def _keep_used(
+    graph: onnx.GraphProto, nodes: list[onnx.NodeProto], added: list[onnx.TensorProto]
+) -> None:
     """Set ``graph``'s nodes to ``nodes`` less those no output depends on, and its
     initializers to ``added`` and the old ones still read."""
     needed = {out.name for out in graph.output}
