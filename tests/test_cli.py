@@ -51,11 +51,20 @@ def test_cli_on_chatbench(tmp_path: Path, chatbench: Path) -> None:
     assert context["report"]["tokenizer"] == "cl100k_base"
     assert context["messages"][-1] == {"role": "user", "content": question["question"]}
     assert len(context["included"]) == len(set(context["included"])) > 10
+    sized = context["report"]["retrieval"]
+    assert sized["related_tokens"] > 0
+    # The terminal form says the same: how retrieval was sized, on one line.
+    shown = ctxwarden(
+        "--db", db, "assemble", "--session", "guild-1", "--query", question["question"],
+        "--model", "gpt-4", "--budget", "2000",
+    ).stdout  # fmt: skip
+    values = ", ".join(f"{name} {value:g}" for name, value in sized.items())
+    assert f"retrieval sized: {values}" in " ".join(shown.split())  # wrapped at 80 columns
 
     stats = json.loads(ctxwarden("--db", db, "stats", "--json").stdout)
     assert stats["seen"] == total
     assert set(stats["channels"]) == {"random", "alerts", "dev", "general"}
-    assert stats["contexts"] == 1
+    assert stats["contexts"] == 2
     table = ctxwarden("--db", db, "stats").stdout
     assert "folded" in table
 

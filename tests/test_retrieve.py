@@ -389,6 +389,9 @@ def test_a_turn_is_found_through_the_turn_before_it(clock: Clock, store: Any) ->
         ("ana", "Almost, the charts still need work."),
         ("bo", "What are you cooking tonight?"),
         ("ana", "Probably pasta with whatever is left in the fridge."),
+        # Nearer the query by their own vectors than the answer is, not by their context.
+        ("bo", "Where are your parents these days?"),
+        ("ana", "They moved into a small house near the lake."),
     ]
     with Engine(store, clock=clock, config=EngineConfig(embed="sync"),
                 embedder=embedder) as engine:  # fmt: skip

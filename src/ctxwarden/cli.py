@@ -268,7 +268,7 @@ def dedupe(
         bool, typer.Option("--dry-run", help="Show what would be folded (writes nothing).")
     ] = False,
     threshold: Annotated[
-        float | None, typer.Option(help="Least cosine (default: the config's, 0.985).")
+        float | None, typer.Option(help="Least cosine (default: the config's, 0.98).")
     ] = None,
     window: Annotated[
         str | None, typer.Option(help="Window after the aggregate was last seen, e.g. 1h, 7d.")

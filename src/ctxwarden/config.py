@@ -12,7 +12,7 @@ A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
     near_window_seconds = 3600
     exact_scope = "session"
     semantic_dedupe = true          # fold near-identical embeddings after each embed batch
-    semantic_threshold = 0.985
+    semantic_threshold = 0.98
 
     [budget]
     preset = "chat"
