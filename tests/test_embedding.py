@@ -331,10 +331,21 @@ def test_a_text_the_embedder_gives_no_direction_does_not_break_search(clock: Clo
         assert "pet" in _related(context)
 
 
-def test_a_store_embedded_with_the_float_path_goes_on_with_it(tmp_path: Path, clock: Clock) -> None:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_path(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, or a fresh PostgreSQL schema's DSN."""
+    if request.param == "sqlite":
+        return str(tmp_path / "old.db")
+    dsn: str = request.getfixturevalue("pg_schema_dsn")
+    return dsn
+
+
+def test_a_store_embedded_with_the_float_path_goes_on_with_it(
+    store_path: str, clock: Clock
+) -> None:
     # A store made before MiniLM ran on int8 activations keeps working with the defaults: its
     # vectors stay usable and new memories get vectors of the same space, until it is moved.
-    path = str(tmp_path / "old.db")
+    path = store_path
     float_path = EngineConfig(embedder="minilm-l6-int8@1", embed="off")
     with Engine.open(path, clock=clock, config=float_path) as engine:
         engine.ingest(_records(clock.now - DAY)[1:])
