@@ -14,7 +14,7 @@ import pytest
 
 from ctxwarden.engine import Engine, EngineConfig
 from ctxwarden.errors import ConfigError
-from ctxwarden.semantic import SemanticConfig, fact_guard, families
+from ctxwarden.semantic import SemanticConfig, fact_guard, families, fold_line
 
 T0 = 1_700_000_000
 
@@ -270,3 +270,21 @@ def test_conversations_transcripts_and_unfolded_batches_never_fold_semantically(
         for id in ("x2", "u2", "r2", "f2"):
             assert engine.get(id).id == id
         assert engine.get("y2").id == "y1"
+
+
+def test_the_default_threshold_is_the_line_of_the_store_vectors() -> None:
+    # 0.983 on MiniLM's float path: under its line (0.985), over the int8 path's (0.98).
+    a = "the new CI pipeline broke twice before noon"
+    b = "the new CI pipeline broke twice before noon, ugh"
+    for threshold, folded in ((None, False), (0.98, True)):
+        config = EngineConfig(
+            embedder="minilm-l6-int8@1",
+            semantic=SemanticConfig(enabled=True, threshold=threshold),
+        )
+        with Engine.open(":memory:", config=config) as engine:
+            engine.ingest([_msg("c1", a, at=0), _msg("c2", b, at=5)])
+            engine.embed_pending()
+            assert (engine.get("c2").id == "c1") is folded
+    assert fold_line("minilm-l6-int8@2") == 0.98
+    assert fold_line("minilm-l6-int8@2/t128") == 0.98
+    assert fold_line("minilm-l6-int8@1") == fold_line("openai:nomic-embed-text") == 0.985

@@ -268,7 +268,10 @@ def dedupe(
         bool, typer.Option("--dry-run", help="Show what would be folded (writes nothing).")
     ] = False,
     threshold: Annotated[
-        float | None, typer.Option(help="Least cosine (default: the config's, 0.98).")
+        float | None,
+        typer.Option(
+            help="Least cosine (default: the config's, else the line of the store's vectors)."
+        ),
     ] = None,
     window: Annotated[
         str | None, typer.Option(help="Window after the aggregate was last seen, e.g. 1h, 7d.")
@@ -282,7 +285,7 @@ def dedupe(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ctxwarden.semantic import families
+    from ctxwarden.semantic import families, for_model
 
     if not semantic:
         raise InputError(
@@ -295,6 +298,7 @@ def dedupe(
             config = dataclasses.replace(config, threshold=threshold)
         if window is not None:
             config = dataclasses.replace(config, window_seconds=parse_duration(window))
+        config = for_model(config, engine.embedder.name)  # the line of the store's vectors
         with Progress(
             SpinnerColumn(),
             TextColumn("semantic de-dup"),

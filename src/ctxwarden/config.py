@@ -12,7 +12,7 @@ A config file (``--config PATH``, else ``$CTXWARDEN_CONFIG``, else
     near_window_seconds = 3600
     exact_scope = "session"
     semantic_dedupe = true          # fold near-identical embeddings after each embed batch
-    semantic_threshold = 0.98
+    semantic_threshold = 0.98      # default: the line measured for the store's vectors
 
     [budget]
     preset = "chat"
@@ -160,8 +160,9 @@ class Settings(BaseSettings):
     embedder: str = "minilm"
     #: Layer C of de-dup after each embedding batch (:class:`~ctxwarden.semantic.SemanticConfig`).
     semantic_dedupe: bool = _SEMANTIC.enabled
-    #: The least cosine similarity at which layer C folds two memories.
-    semantic_threshold: float = _SEMANTIC.threshold
+    #: The least cosine similarity at which layer C folds two memories (unset: the line
+    #: measured for the store's vector model, 0.98 for MiniLM's int8 path, 0.985 otherwise).
+    semantic_threshold: float | None = _SEMANTIC.threshold
     #: How long after an aggregate was last seen layer C may still fold into it, in seconds.
     semantic_window_seconds: float = _SEMANTIC.window_seconds
     #: How assemble writes the inclusion log (``sync`` or ``deferred``, see

@@ -33,6 +33,7 @@ from ctxwarden.semantic import (
     SemanticFold,
     SemanticReport,
     fold_semantic,
+    for_model,
 )
 from ctxwarden.store.base import Store
 from ctxwarden.types import Memory
@@ -434,7 +435,7 @@ class Embeddings:
             self.store,
             memories,
             model,
-            config or self.config.semantic,
+            for_model(config or self.config.semantic, model),
             clock=self.clock,
             flush_log=self.flush_log,
             dry_run=dry_run,

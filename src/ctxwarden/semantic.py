@@ -35,14 +35,16 @@ chatter with a different tail up to 0.975 ("the new CI pipeline broke twice befo
 every in-channel family is already folded by layers A and B, so layer C can only add folds the
 ground truth calls wrong: 1 at 0.97, none at 0.98 (protected evidence folded: 0 at every
 threshold). The float path (``minilm-l6-int8@1``) scores the same pairs 0.005-0.01 higher
-(0.993, 0.986, 0.962, 0.983) and folded 3 wrong at 0.98, none at 0.985: set ``threshold`` to
-0.985 for a store embedded with it. The guard blocks differing values and
+(0.993, 0.986, 0.962, 0.983) and folded 3 wrong at 0.98, none at 0.985: the default threshold
+is the line of the model whose vectors are folded (:func:`fold_line`), 0.985 for that path
+and any model not measured. The guard blocks differing values and
 names whatever the score; the threshold is the line for what no token rule sees ("passed" /
 "failed" 0.67, "blocked" / "unblocked" 0.86).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -60,12 +62,15 @@ from ctxwarden.provenance import is_untrusted
 from ctxwarden.types import Memory
 
 __all__ = [
+    "DEFAULT_LINE",
     "MERGE_STATUS",
     "SemanticConfig",
     "SemanticFold",
     "SemanticReport",
     "fact_guard",
+    "fold_line",
     "fold_semantic",
+    "for_model",
     "semantic_fold",
 ]
 
@@ -107,8 +112,9 @@ class SemanticConfig:
       background embedder). Off by default: a fold erases X's wording, and the development log
       holds no reworded families to show the gain, only the risk. ``ctxwarden dedupe
       --semantic`` runs it over a store whatever this says.
-    - ``threshold``: the least cosine of the two embeddings (default 0.98 for MiniLM's int8
-      path; 0.985 is the same line on its float path: see the module docstring).
+    - ``threshold``: the least cosine of the two embeddings. ``None`` (the default): the line
+      measured for the model whose vectors are folded (:func:`fold_line`: 0.98 for MiniLM's
+      int8 path, 0.985 otherwise; see the module docstring).
     - ``window_seconds``: how long after Y was last seen X may arrive (default 1 h, like layer B).
     - ``fold_bot_values``: a bot's differing volatile values fold (layer B's rule 6).
 
@@ -119,7 +125,7 @@ class SemanticConfig:
     """
 
     enabled: bool = False
-    threshold: float = 0.98
+    threshold: float | None = None
     window_seconds: float = 3600.0
     fold_bot_values: bool = True
 
@@ -130,6 +136,9 @@ class SemanticConfig:
                     f"semantic.{name}: expected true or false, got {getattr(self, name)!r}"
                 )
         threshold = self.threshold
+        if threshold is None:
+            _positive("window_seconds", self.window_seconds)
+            return
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             raise ConfigError(f"semantic.threshold: expected a number, got {threshold!r}")
         if not 0 < threshold <= 1:
@@ -137,6 +146,34 @@ class SemanticConfig:
                 f"semantic.threshold: {threshold!r} must be in (0, 1], e.g. 0.98 (a cosine)"
             )
         _positive("window_seconds", self.window_seconds)
+
+
+#: The threshold measured per vector model (``bench/dedupe_quality.py``, docs/benchmarks.md):
+#: MiniLM on int8 activations scores near-repeats 0.005-0.01 lower than its float path.
+_MEASURED_LINES: Final = {"minilm-l6-int8@2": 0.98}
+#: The line of any other model (measured on MiniLM's float path, ``minilm-l6-int8@1``).
+DEFAULT_LINE: Final = 0.985
+
+
+def fold_line(model: str | None) -> float:
+    """The default threshold for vectors of ``model`` (its name, ``/t<n>`` suffix and all).
+
+    >>> fold_line("minilm-l6-int8@2"), fold_line("minilm-l6-int8@1"), fold_line(None)
+    (0.98, 0.985, 0.985)
+    """
+    base = (model or "").split("/", 1)[0]
+    return _MEASURED_LINES.get(base, DEFAULT_LINE)
+
+
+def for_model(config: SemanticConfig, model: str | None) -> SemanticConfig:
+    """``config`` with its threshold set: its own, else :func:`fold_line` of ``model``."""
+    if config.threshold is not None:
+        return config
+    return dataclasses.replace(config, threshold=fold_line(model))
+
+
+def _line(config: SemanticConfig) -> float:
+    return DEFAULT_LINE if config.threshold is None else config.threshold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,7 +333,7 @@ def semantic_fold(
         return "newer-target"
     if new.created_at - old.last_seen_at > config.window_seconds:
         return "outside-window"
-    if score < config.threshold:
+    if score < _line(config):
         return f"below-threshold: {score:.4f}"
     if (
         DedupeCandidate.build(
@@ -375,7 +412,7 @@ def fold_semantic(
         order = sorted(range(len(older)), key=lambda i: (-float(scores[i]), older[i][0].rowid))
         for i in order:
             score = float(scores[i])
-            if score < config.threshold:
+            if score < _line(config):
                 break
             target = older[i][0]
             why = semantic_fold(memory, target, score, config)
