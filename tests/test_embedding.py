@@ -168,6 +168,50 @@ def test_the_catch_up_stops_at_its_time_bound_or_its_count(
         assert any(f"assemble_embed_seconds {seconds:g}" in n for n in context.report.notes)
 
 
+class _ColdStart(_Flaky):
+    """:class:`_Flaky` whose model takes ``load_seconds`` to load, once (a cold process)."""
+
+    load_seconds = 0.6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cold = threading.Lock()
+        self.loaded = False
+
+    def load(self) -> None:
+        with self._cold:
+            if not self.loaded:
+                threading.Event().wait(self.load_seconds)
+                self.loaded = True
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        if not self.fail:
+            self.load()
+        return super().embed(texts)
+
+
+def test_a_cold_model_load_is_not_counted_in_the_catch_up_bound(clock: Clock) -> None:
+    """A new process: 10 memories pending and a model that loads in 0.6 s, three times the
+    0.2 s bound. The load is not embedding work (the query's embedding waits for it too), so
+    every pending memory is embedded and searched by meaning. Counted in the bound, the load
+    used it up inside the first slice of 8, and 2 were searched by words only."""
+    embedder = _ColdStart()
+    config = EngineConfig(embed="sync", assemble_embed_seconds=0.2)
+    with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
+        engine.ingest([
+            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
+             "created_at": clock.now - DAY + i}
+            for i in range(10)
+        ])  # fmt: skip
+        assert not embedder.loaded
+        embedder.fail = False
+        context = engine.assemble(session="s", query="what grows there?", budget=2000)
+        assert embedder.loaded
+        assert context.report.lexical_only == ()
+        assert engine.store.pending_embeddings(engine.embedder.name) == []
+        assert not any("not embedded yet" in n for n in context.report.notes)
+
+
 def test_caught_up_vectors_the_busy_store_cannot_take_are_written_later(
     clock: Clock, tmp_path: Path
 ) -> None:

@@ -114,6 +114,17 @@ class Embedder(Protocol):
         ...
 
 
+def load_model(embedder: Embedder) -> None:
+    """Load ``embedder``'s model now, if it has one to load (a ``load()`` method); a remote or
+    model-free embedder has nothing to load.
+
+    >>> load_model(StaticEmbedder())
+    """
+    load = getattr(embedder, "load", None)
+    if callable(load):
+        load()
+
+
 def _normalise(matrix: npt.NDArray[Any]) -> FloatArray:
     """Rows scaled to unit L2 norm; an all-zero row stays zero instead of becoming NaN."""
     out = np.asarray(matrix, dtype=np.float32)
@@ -275,6 +286,10 @@ class MiniLMEmbedder:
         """384."""
         return _MINILM_DIM
 
+    def load(self) -> None:
+        """Load the model now (the process's shared copy; it loads on first use otherwise)."""
+        self._load()
+
     def _load(self) -> tuple[Tokenizer, onnxruntime.InferenceSession]:
         if self._tokenizer is None or self._session is None:
             with self._lock:
@@ -387,6 +402,10 @@ class StaticEmbedder:
     def dim(self) -> int:
         """256 (checked against the vendored table when it loads)."""
         return _STATIC_DIM
+
+    def load(self) -> None:
+        """Load the table now (the process's shared copy; it loads on first use otherwise)."""
+        self._load()
 
     def _load(self) -> tuple[Tokenizer, FloatArray]:
         if self._tokenizer is None or self._table is None:

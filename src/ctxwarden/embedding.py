@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import numpy.typing as npt
 
-from ctxwarden.embed import Embedder, get_embedder
+from ctxwarden.embed import Embedder, get_embedder, load_model
 from ctxwarden.engine_config import EngineConfig
 from ctxwarden.errors import EmbedError, InputError, StoreUnavailable
 from ctxwarden.scope import ReadScope, in_scope
@@ -339,6 +339,13 @@ class Embeddings:
         deadline = time.monotonic() + seconds
         left, visible = self._pending(model, tenant, scope)
         if visible and cap and seconds:
+            # A cold process loads the model first (~0.3-0.9 s for MiniLM), which the query's
+            # own embedding waits for too: the bound is on embedding work, so the load's time
+            # is not counted in it (else a new process's first turn searched by words what it
+            # had just ingested).
+            loading = time.monotonic()
+            load_model(self.embedder)
+            deadline += time.monotonic() - loading
             texts = dict(left)
             done = self._embed_rows(
                 model, [(m.rowid, texts[m.rowid]) for m in visible][:cap], deadline

@@ -81,7 +81,9 @@ class EngineConfig:
     #: embedding lock (the worker's batch), embedding (in slices of 8, the deadline looked at
     #: between two) and writing the vectors (tried once past the deadline; if other writers
     #: hold the store, the worker writes them later). 0 never waits. 0.25 s: about the
-    #: count limit's worth of MiniLM on an idle core, a quarter of a 1 s request.
+    #: count limit's worth of MiniLM on an idle core, a quarter of a 1 s request. A cold
+    #: process's one-off model load comes before it and is not counted: the query's own
+    #: embedding waits for it as well.
     assemble_embed_seconds: float = 0.25
     embed_batch: int = 32
     retrieval: RetrievalWeights = field(default_factory=RetrievalWeights)
