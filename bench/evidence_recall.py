@@ -63,7 +63,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ctxwarden import render, tokens
 from ctxwarden.assemble import query_terms
@@ -309,6 +309,8 @@ def run(
     policy: BudgetPolicy | None = None,
     change_window: float | None = None,
     where: dict[tuple[int, str], dict[str, int]] | None = None,
+    dump: TextIO | None = None,
+    dump_as: str = "",
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
     """Recall per method, budget and category (a list of per-question recalls).
 
@@ -320,6 +322,9 @@ def run(
     seconds of every ``assemble`` call. The ``"all"`` list leaves out the categories a
     conversation shows apart (LoCoMo's adversarial category 5). ``where`` receives, per
     (budget, category), how many evidence memories went where (:func:`evidence_place`).
+    ``dump`` receives one JSON line per question and budget: the related candidates with their
+    score components, cost, whether they were included and whether they are evidence
+    (:func:`dump_line`, the data set named ``dump_as``; read by ``bench/ranking_ceiling.py``).
     """
     results: dict[str, dict[int, dict[str, list[float]]]] = {
         m: {b: defaultdict(list) for b in budgets} for m in ("ctxwarden", "recency", "bm25")
@@ -384,6 +389,10 @@ def run(
                     )
                     if timings is not None:
                         timings.append(time.perf_counter() - started)
+                    if dump is not None:
+                        dump.write(
+                            dump_line(dump_as, conversation, question, budget, context, wanted)
+                        )
                     if where is not None:
                         places = where.setdefault((budget, question.category), defaultdict(int))
                         for place in evidence_place(context, wanted):
@@ -407,6 +416,44 @@ def run(
 #: Where an evidence memory can be, best first (the columns of :func:`show_where`).
 PLACES = ("related", "neighbour", "recent", "top 20", "top 50", "top 100", "deeper",
           "not retrieved")  # fmt: skip
+
+
+def dump_line(
+    data: str,
+    conversation: Conversation,
+    question: Question,
+    budget: int,
+    context: Any,
+    wanted: set[str],
+) -> str:
+    """One question's related candidates as a JSON line: ``data`` (the data set),
+    ``conversation``, ``category``, ``apart`` (a category shown apart), ``budget``, ``wanted``
+    (evidence ids), ``found`` (evidence ids in the context, any block) and ``candidates``:
+    ``id``, ``included``, ``tokens``, ``score``, ``components`` (the report's) and
+    ``evidence``, in report order."""
+    candidates = [
+        {
+            "id": c.id,
+            "included": c.included,
+            "tokens": c.tokens,
+            "score": c.score,
+            "components": dict(c.components),
+            "evidence": c.id in wanted,
+        }
+        for c in context.report.candidates
+        if c.block == "related"
+    ]
+    line = {
+        "data": data,
+        "conversation": conversation.name,
+        "category": question.category,
+        "apart": question.category in conversation.apart,
+        "budget": budget,
+        "wanted": sorted(wanted),
+        "found": sorted(wanted & set(context.included)) if context.tokens <= budget else [],
+        "candidates": candidates,
+    }
+    return json.dumps(line) + "\n"
 
 
 def evidence_place(context: Any, wanted: set[str]) -> list[str]:
@@ -555,54 +602,81 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also print where the evidence went: included (block), left out at a rank of the "
         "related candidates, or not retrieved",
     )
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        default=None,
+        help="write every question's related candidates (score components, cost, included, "
+        "evidence) to this JSON-lines file, for bench/ranking_ceiling.py",
+    )
     args = parser.parse_args(argv)
-    window = None if args.change_window is None else args.change_window * 86400.0
     budgets = [int(b) for b in args.budgets.split(",")]
     embed = args.embed or EngineConfig().embed
     changes = dict(item.split("=", 1) for item in args.weights.split(",") if item)
     retrieval = RetrievalWeights(
         **{k: type(getattr(RetrievalWeights(), k))(float(v)) for k, v in changes.items()}
     )
-    for path in args.data:
-        conversations = read(path)
-        for conversation in conversations:
-            add_filler(conversation, args.filler)
-            rephrase(conversation, args.phrasing)
-        timings: list[float] = []
-        where: dict[tuple[int, str], dict[str, int]] | None = {} if args.where else None
-        results = run(
-            conversations,
-            budgets=budgets,
-            model=args.model,
-            embedder=args.embedder,
-            embed=embed,
-            limit=args.limit,
-            db=args.db,
-            timings=timings,
-            retrieval=retrieval,
-            policy=_policy(args.recent_share, args.recent_floor),
-            change_window=window,
-            where=where,
+    dump = args.dump.open("w", encoding="utf-8") if args.dump else None
+    try:
+        for path in args.data:
+            measure(path, args, budgets=budgets, embed=embed, retrieval=retrieval, dump=dump)
+    finally:
+        if dump is not None:
+            dump.close()
+
+
+def measure(
+    path: Path,
+    args: argparse.Namespace,
+    *,
+    budgets: list[int],
+    embed: str,
+    retrieval: RetrievalWeights,
+    dump: TextIO | None,
+) -> None:
+    """Run and print one data set (:func:`main`'s options in ``args``)."""
+    window = None if args.change_window is None else args.change_window * 86400.0
+    conversations = read(path)
+    for conversation in conversations:
+        add_filler(conversation, args.filler)
+        rephrase(conversation, args.phrasing)
+    timings: list[float] = []
+    where: dict[tuple[int, str], dict[str, int]] | None = {} if args.where else None
+    results = run(
+        conversations,
+        budgets=budgets,
+        model=args.model,
+        embedder=args.embedder,
+        embed=embed,
+        limit=args.limit,
+        db=args.db,
+        timings=timings,
+        retrieval=retrieval,
+        policy=_policy(args.recent_share, args.recent_floor),
+        change_window=window,
+        where=where,
+        dump=dump,
+        dump_as=path.name,
+    )
+    vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
+    vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
+    vectors += f", recent floor {args.recent_floor}" if args.recent_floor is not None else ""
+    vectors += f" ({args.embedder})" if embed != "off" else ""
+    changes_on = window if window is not None else EngineConfig().change_window
+    vectors += f", change window {changes_on / 86400:g} days"
+    vectors += f", questions {args.phrasing}" if args.phrasing != "as-is" else ""
+    print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
+          + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
+    apart = frozenset().union(*(c.apart for c in conversations))
+    show(results, budgets, apart=apart)
+    if where is not None:
+        show_where(where, apart=apart)
+    if timings:
+        print(
+            f"assemble: p50 {1000 * percentile(timings, 0.5):.1f} ms, p95 "
+            f"{1000 * percentile(timings, 0.95):.1f} ms over {len(timings)} calls"
+            + (" (the query's embedding included)" if embed != "off" else "")
         )
-        vectors = f"embed {embed}" + (f", weights {args.weights}" if args.weights else "")
-        vectors += f", recent share {args.recent_share}%" if args.recent_share else ""
-        vectors += f", recent floor {args.recent_floor}" if args.recent_floor is not None else ""
-        vectors += f" ({args.embedder})" if embed != "off" else ""
-        changes_on = window if window is not None else EngineConfig().change_window
-        vectors += f", change window {changes_on / 86400:g} days"
-        vectors += f", questions {args.phrasing}" if args.phrasing != "as-is" else ""
-        print(f"\n{path.name}: evidence recall, model {args.model}, {vectors}"
-              + (f", {args.filler} distractors" if args.filler else ""))  # fmt: skip
-        apart = frozenset().union(*(c.apart for c in conversations))
-        show(results, budgets, apart=apart)
-        if where is not None:
-            show_where(where, apart=apart)
-        if timings:
-            print(
-                f"assemble: p50 {1000 * percentile(timings, 0.5):.1f} ms, p95 "
-                f"{1000 * percentile(timings, 0.95):.1f} ms over {len(timings)} calls"
-                + (" (the query's embedding included)" if embed != "off" else "")
-            )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,49 @@ def test_questions_rephrased_as_a_user_types_them() -> None:
     assert all(not q.question.endswith("?") for q in conversation.questions)
     with pytest.raises(ValueError, match="phrasing"):
         bench.rephrase(conversation, "shouting")
+
+
+def test_dumped_candidates_feed_the_ranking_ceiling(capsys: Any, tmp_path: Path) -> None:
+    """`--dump` writes each question's related candidates; bench/ranking_ceiling.py reads them
+    and prints a table of rankers. On the fixture everything fits: every row is 100."""
+    dump = tmp_path / "candidates.jsonl"
+    fixture = ROOT / "tests" / "data" / "locomo_mini.json"
+    _bench().main(["--embedder", "none", "--budgets", "1000", "--dump", str(dump), str(fixture)])
+    capsys.readouterr()
+    lines = [json.loads(line) for line in dump.read_text(encoding="utf-8").splitlines()]
+    assert [line["wanted"] for line in lines] == [["D1:1"], ["D2:1"], ["D1:1", "D1:3"]]
+    assert {line["data"] for line in lines} == {"locomo_mini.json"}
+    assert all(line["found"] == line["wanted"] for line in lines)
+    first = {c["id"]: c for c in lines[0]["candidates"]}
+    assert first["D1:1"]["evidence"]  # in the context (recent history, at this size)
+    assert not any(c["evidence"] for i, c in first.items() if i != "D1:1")
+    assert "bm25_rank" in first["D1:1"]["components"]
+    load_bench("ranking_ceiling", "ranking_ceiling").main([str(dump), "--density", "0.3"])
+    rows = {
+        cells[0]: cells[1:]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and not line.startswith("| ranker")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert rows == {m: ["100.0"] for m in ("engine", "packed", "learned, d = 0.3", "oracle")}
+
+
+def test_the_ranking_ceiling_packs_by_its_ranker() -> None:
+    """Two candidates of 60 tokens, room for one (the engine included one): packed by the
+    engine's scores the distractor goes in, by the oracle the evidence; evidence the engine
+    found in another block (recent history) counts for every ranker."""
+    ceiling = load_bench("ranking_ceiling", "ranking_ceiling")
+    row = {
+        "wanted": ["e", "r"],
+        "found": ["r", "x"],
+        "candidates": [
+            {"id": "x", "included": True, "tokens": 60, "score": 0.9, "components": {},
+             "evidence": False},
+            {"id": "e", "included": False, "tokens": 60, "score": 0.5, "components": {},
+             "evidence": True},
+        ],
+    }  # fmt: skip
+    assert ceiling.pack(row, [0.9, 0.5], 0.3) == {"x"}
+    assert ceiling.pack(row, [0.0, 1.0], 1.0) == {"e"}
+    assert ceiling.recall(row, {"x"}) == 0.5
+    assert ceiling.recall(row, {"e"}) == 1.0
