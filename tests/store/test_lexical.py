@@ -262,3 +262,51 @@ def test_a_scoped_search_is_the_tenants_ranking_filtered_to_the_scope(
         patch.setattr(sqlite_module, "SCOPE_LIST_PER_MATCH", per_match)
         found = store.search("t", terms, limit=limit, scope=scope)
     assert [(m.id, score) for m, score in found] == expected
+
+
+@pytest.mark.postgres
+def test_postgres_counts_a_small_tenants_terms_again_only_after_a_row_is_added(
+    pg_schema_dsn: str,
+) -> None:
+    """A tenant under FRESH_ROWS reuses its statistics while the store's newest row is the
+    same (three searches of one assemble count each term once), and counts them again once a
+    row is added, so a new row's words weigh what they now do."""
+    from ctxwarden.store.pg_lexical import Lexical
+    from ctxwarden.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_schema_dsn)
+    try:
+        with store.write() as w:
+            for i in range(6):
+                w.insert(_memory(f"d{i}", f"the deploy went out at stage {i}"))
+            w.insert(_memory("k", "kafka lag again"))
+        ran: list[str] = []
+
+        def query(sql: str, params: object) -> list[tuple[object, ...]]:
+            ran.append(sql)
+            return store._query(sql, params)  # type: ignore[arg-type]
+
+        lexical = Lexical()
+
+        def idfs() -> dict[str, float]:
+            made = lexical.statement(query, "t", ["deploy", "kafka"], 10)
+            assert made is not None
+            params = made[1]
+            return {params["t0"]: params["idf0"], params["t1"]: params["idf1"]}
+
+        def counted() -> int:
+            return sum("numnode" in sql for sql in ran)
+
+        first = idfs()
+        assert counted() == 1
+        assert idfs() == first
+        assert idfs() == first
+        assert counted() == 1  # reused: nothing was added
+        with store.write() as w:
+            for i in range(6):
+                w.insert(_memory(f"k{i}", f"kafka broker {i} restarted"))
+        second = idfs()
+        assert counted() == 2
+        assert second["kafka"] < first["kafka"]  # seven of thirteen rows now hold it
+    finally:
+        store.close()

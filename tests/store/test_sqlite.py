@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conversation import conversation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -386,35 +387,6 @@ def test_migration_22_drops_the_counts_of_rows_whose_quoted_rendering_changed(
     assert kept == {rowids["plain"], rowids["lf"]}
 
 
-def _conversation(seed: int) -> SQLiteStore:
-    """A store of 60 messages (and a few facts) in two sessions and three places, with
-    threads, replies (some to an id folded into another memory), equal times and end users."""
-    import random
-
-    from ctxwarden.store.base import Alias
-
-    rng = random.Random(seed)
-    store = SQLiteStore(":memory:")
-    ids: list[str] = []
-    with store.write() as w:
-        for i in range(60):
-            thread = rng.choice(ids) if ids and rng.random() < 0.3 else None
-            reply = rng.choice([*ids, "folded"]) if ids and rng.random() < 0.3 else None
-            memory = dataclasses.replace(
-                _memory(f"m{i}", content=f"text {i}", at=float(rng.randrange(20)),
-                        session=rng.choice(["s0", "s1"]), channel=rng.choice([None, "c", "d"])),
-                thread_id=thread, reply_to=reply, user=rng.choice([None, "alice", "bob"]),
-                kind="fact" if rng.random() < 0.1 else "message",
-            )  # fmt: skip
-            w.insert(memory)
-            ids.append(memory.id)
-        w.insert(_memory("elsewhere", tenant="u", session="s0", at=5.0))
-    with store.write() as w:
-        w.add_aliases([Alias(tenant="t", id="folded", rowid=store.get("t", "m3").rowid,
-                             status="duplicate", created_at=30.0)])  # fmt: skip
-    return store
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 1000),
@@ -437,7 +409,8 @@ def test_neighbours_by_kind_of_branch_are_the_union_statements_links(
     from ctxwarden.scope import ReadScope
     from ctxwarden.store.reads import MemoryReads
 
-    store = _conversation(seed)
+    store = SQLiteStore(":memory:")
+    conversation(store, seed)
     every = list(store.iter_memories("t"))
     by_id = {m.id: m for m in every}
     anchors = [by_id[f"m{i}"] for i in picks]

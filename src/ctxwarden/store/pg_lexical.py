@@ -30,10 +30,16 @@ store of more than ``VERY_COMMON_WINDOW`` rows by its newest rows). When the kep
 match more than the budget (two common words and nothing else), the newest budget's worth of
 matching rows is ranked, so a common-word query costs a bounded amount at any size.
 
-Statistics of a tenant under :data:`FRESH_ROWS` rows are read at every search (the counts are
-bounded, so this is cheap and always current); above it, ``N``, ``avg|d|`` and each ``n(t)`` are
-cached in the process for :data:`STATS_TTL_SECONDS` (at most :data:`CACHE_ENTRIES` entries), so
-a growing store is re-measured every ten minutes at most.
+Statistics are cached in the process (at most :data:`CACHE_ENTRIES` entries). A tenant of
+:data:`FRESH_ROWS` rows or more reuses ``N``, ``avg|d|`` and each ``n(t)`` for
+:data:`STATS_TTL_SECONDS`, so a growing store is re-measured every ten minutes at most. A
+smaller tenant reuses them only while no row was added to the table since they were measured
+(its ``max(rowid)``, one index probe a search: the store's change stamp, as SQLite's data
+version is) and for :data:`STAMPED_TTL_SECONDS` at most, which bounds how long another
+process's deletes and edits (which the stamp does not see) can shift a weight. They were read
+at every search: bounded counts, but at 10,000 rows of common words ~20 ms a search, three
+searches an ``assemble`` (docs/postgres.md). Only the weights can be stale: which rows match
+is always the table's.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ FRESH_ROWS = 20_000
 STATS_TTL_SECONDS = 600.0
 #: Bound of each in-process cache (cleared when full).
 CACHE_ENTRIES = 50_000
+#: A smaller tenant's statistics are reused while the stamp holds, this long at most.
+STAMPED_TTL_SECONDS = 60.0
 #: Messages whose mean length stands for the tenant's ``avg|d|``.
 LENGTH_SAMPLE = 2000
 
@@ -94,6 +102,8 @@ _TERM_ROWS = (
     "FROM unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, ord), "
     "LATERAL phraseto_tsquery('english', t.term) AS q ORDER BY t.ord"
 )
+#: The store's change stamp: the newest row of ``memories`` (an index probe).
+_STAMP = "SELECT coalesce(max(rowid), 0) FROM memories"
 _TENANT = (
     "SELECT (SELECT count(*) FROM memories WHERE tenant = %(tenant)s), "
     "(SELECT avg(length(content_tsv)) FROM (SELECT content_tsv FROM memories "
@@ -110,9 +120,10 @@ class Lexical:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tenants: dict[str, tuple[int, float, float]] = {}  # rows, avg length, when
-        # rows, lexeme, when, counted up to
-        self._terms: dict[tuple[str, str], tuple[int, bool, float, int]] = {}
+        # rows, avg length, when, stamp
+        self._tenants: dict[str, tuple[int, float, float, int]] = {}
+        # rows, lexeme, when, counted up to, stamp
+        self._terms: dict[tuple[str, str], tuple[int, bool, float, int, int]] = {}
 
     def statement(
         self,
@@ -130,11 +141,11 @@ class Lexical:
         if not unique or limit < 1:
             return None
         now = time.monotonic()
-        rows, mean_length = self._tenant(query, tenant, now)
+        stamp = int(query(_STAMP, {})[0][0])
+        rows, mean_length = self._tenant(query, tenant, now, stamp)
         if rows == 0:
             return None
-        fresh = rows < FRESH_ROWS
-        stats = self._term_rows(query, tenant, unique, now, rows=rows, fresh=fresh)
+        stats = self._term_rows(query, tenant, unique, now, rows=rows, stamp=stamp)
         frequency = {t: stats[t][0] for t in unique if stats[t][1]}
         budget = _sqlite.row_budget(limit)
         cutoff = _sqlite.very_common_rows(rows)
@@ -190,20 +201,20 @@ class Lexical:
         )
         return sql, params
 
-    def _tenant(self, query: Any, tenant: str, now: float) -> tuple[int, float]:
+    def _tenant(self, query: Any, tenant: str, now: float, stamp: int) -> tuple[int, float]:
         cached = self._tenants.get(tenant)
-        if cached is not None and cached[0] >= FRESH_ROWS and now - cached[2] < STATS_TTL_SECONDS:
+        if cached is not None and _current(cached[0], now - cached[2], cached[3], stamp):
             return cached[0], cached[1]
         count, mean = query(_TENANT, {"tenant": tenant, "sample": LENGTH_SAMPLE})[0]
         rows, mean_length = int(count), float(mean or 0.0)
         with self._lock:
             if len(self._tenants) >= CACHE_ENTRIES:
                 self._tenants.clear()
-            self._tenants[tenant] = (rows, mean_length, now)
+            self._tenants[tenant] = (rows, mean_length, now, stamp)
         return rows, mean_length
 
     def _term_rows(
-        self, query: Any, tenant: str, terms: list[str], now: float, *, rows: int, fresh: bool
+        self, query: Any, tenant: str, terms: list[str], now: float, *, rows: int, stamp: int
     ) -> dict[str, tuple[int, bool]]:
         """Each term's matching rows of ``tenant`` and whether it has a lexeme, counted far
         enough to tell ``COMMON_TERM_ROWS`` and ``very_common_rows(rows)``; a cached count made
@@ -212,10 +223,10 @@ class Lexical:
         out: dict[str, tuple[int, bool]] = {}
         missing = []
         for term in terms:
-            cached = None if fresh else self._terms.get((tenant, term))
+            cached = self._terms.get((tenant, term))
             if (
                 cached is not None
-                and now - cached[2] < STATS_TTL_SECONDS
+                and _current(rows, now - cached[2], cached[4], stamp)
                 and (cached[0] < cached[3] or cached[3] >= cap)  # exact, or counted far enough
             ):
                 out[term] = (cached[0], cached[1])
@@ -228,6 +239,19 @@ class Lexical:
                     self._terms.clear()
                 for term, (has_lexeme, count) in zip(missing, found, strict=True):
                     out[term] = (int(count), bool(has_lexeme))
-                    if not fresh:
-                        self._terms[(tenant, term)] = (int(count), bool(has_lexeme), now, cap)
+                    self._terms[(tenant, term)] = (int(count), bool(has_lexeme), now, cap, stamp)
         return out
+
+
+def _current(rows: int, age: float, stamp: int, now_stamp: int) -> bool:
+    """Whether statistics measured ``age`` seconds ago at ``stamp``, of a tenant of ``rows``
+    rows, are still used (module docstring).
+
+    >>> _current(50_000, 30.0, 1, 9), _current(500, 30.0, 9, 9), _current(500, 30.0, 1, 9)
+    (True, True, False)
+    >>> _current(500, STAMPED_TTL_SECONDS, 9, 9)
+    False
+    """
+    if rows >= FRESH_ROWS:
+        return age < STATS_TTL_SECONDS
+    return stamp == now_stamp and age < STAMPED_TTL_SECONDS

@@ -41,6 +41,7 @@ from ctxwarden.store.base import (
 )
 from ctxwarden.store.pack_reads import PackReads
 from ctxwarden.store.pg_lexical import Lexical
+from ctxwarden.store.pg_neighbours import PostgresNeighbours
 from ctxwarden.store.pg_vectors import PostgresVectors
 from ctxwarden.store.pg_writer import Conn, _PostgresWriter, store_failure, timeout_settings
 from ctxwarden.store.reads import (
@@ -83,7 +84,7 @@ def _unlock(conn: Conn, name: str) -> None:
         conn.close()
 
 
-class PostgresStore(PackReads, PostgresVectors, MemoryReads, ArchiveReads):
+class PostgresStore(PackReads, PostgresVectors, PostgresNeighbours, MemoryReads, ArchiveReads):
     """PostgreSQL storage for ctxwarden: ``PostgresStore("postgresql://user@host/db")``.
 
     Applies pending migrations on open (once, even when several servers open together).
