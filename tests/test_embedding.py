@@ -146,6 +146,15 @@ class _Slow(_Flaky):
         return vectors
 
 
+def _garden_notes(clock: Clock, count: int) -> list[dict[str, Any]]:
+    """``count`` notes of session ``s``, a day old, a second apart."""
+    return [
+        {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
+         "created_at": clock.now - DAY + i}
+        for i in range(count)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(("seconds", "embedded"), [(0.2, 8), (60.0, 32)])
 def test_the_catch_up_stops_at_its_time_bound_or_its_count(
     clock: Clock, seconds: float, embedded: int
@@ -156,11 +165,7 @@ def test_the_catch_up_stops_at_its_time_bound_or_its_count(
     embedder = _Slow()
     config = EngineConfig(embed="sync", assemble_embed_seconds=seconds)
     with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
-        engine.ingest([
-            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
-             "created_at": clock.now - DAY + i}
-            for i in range(40)
-        ])  # fmt: skip
+        engine.ingest(_garden_notes(clock, 40))
         embedder.fail, embedder.pause = False, 0.3
         context = engine.assemble(session="s", query="what grows there?", budget=2000)
         assert len(context.report.lexical_only) == 40 - embedded
@@ -198,11 +203,7 @@ def test_a_cold_model_load_is_not_counted_in_the_catch_up_bound(clock: Clock) ->
     embedder = _ColdStart()
     config = EngineConfig(embed="sync", assemble_embed_seconds=0.2)
     with Engine.open(":memory:", clock=clock, config=config, embedder=embedder) as engine:
-        engine.ingest([
-            {"id": f"n{i}", "session": "s", "content": f"note {i} about the garden",
-             "created_at": clock.now - DAY + i}
-            for i in range(10)
-        ])  # fmt: skip
+        engine.ingest(_garden_notes(clock, 10))
         assert not embedder.loaded
         embedder.fail = False
         context = engine.assemble(session="s", query="what grows there?", budget=2000)

@@ -9,8 +9,9 @@ import random
 from ctxwarden.store.base import Alias, NewMemory, Store
 
 
-def _memory(id: str, *, tenant: str, content: str, at: float, session: str,
-            channel: str | None = "c") -> NewMemory:  # fmt: skip
+def memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,
+           session: str = "s", channel: str | None = "c") -> NewMemory:  # fmt: skip
+    """A message of ``ana`` (a human user) with these fields, the rest empty."""
     return NewMemory(
         id=id, tenant=tenant, session=session, channel=channel, author="ana",
         author_kind="human", role="user", content=content, created_at=at, thread_id=None,
@@ -29,15 +30,15 @@ def conversation(store: Store, seed: int, *, tenant: str = "t") -> None:
         for i in range(60):
             thread = rng.choice(ids) if ids and rng.random() < 0.3 else None
             reply = rng.choice([*ids, "folded"]) if ids and rng.random() < 0.3 else None
-            memory = dataclasses.replace(
-                _memory(f"m{i}", tenant=tenant, content=f"text {i}", at=float(rng.randrange(20)),
-                        session=rng.choice(["s0", "s1"]), channel=rng.choice([None, "c", "d"])),
+            message = dataclasses.replace(
+                memory(f"m{i}", tenant=tenant, content=f"text {i}", at=float(rng.randrange(20)),
+                       session=rng.choice(["s0", "s1"]), channel=rng.choice([None, "c", "d"])),
                 thread_id=thread, reply_to=reply, user=rng.choice([None, "alice", "bob"]),
                 kind="fact" if rng.random() < 0.1 else "message",
             )  # fmt: skip
-            w.insert(memory)
-            ids.append(memory.id)
-        w.insert(_memory(f"elsewhere-{tenant}", tenant=f"other-{tenant}", content="hello",
+            w.insert(message)
+            ids.append(message.id)
+        w.insert(memory(f"elsewhere-{tenant}", tenant=f"other-{tenant}", content="hello",
                          session="s0", at=5.0))  # fmt: skip
     with store.write() as w:
         w.add_aliases([Alias(tenant=tenant, id="folded", rowid=store.get(tenant, "m3").rowid,

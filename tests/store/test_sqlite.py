@@ -10,23 +10,14 @@ from typing import Any
 
 import pytest
 from conversation import conversation
+from conversation import memory as _memory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxwarden.errors import StoreError
 from ctxwarden.store import migrations
-from ctxwarden.store.base import NewMemory, TokenCount
+from ctxwarden.store.base import TokenCount
 from ctxwarden.store.sqlite import SQLiteStore
-
-
-def _memory(id: str, *, tenant: str = "t", content: str = "hello", at: float = 100.0,
-            session: str = "s", channel: str | None = "c") -> NewMemory:  # fmt: skip
-    return NewMemory(
-        id=id, tenant=tenant, session=session, channel=channel, author="ana",
-        author_kind="human", role="user", content=content, created_at=at, thread_id=None,
-        reply_to=None, kind="message", pinned=False, name=None, tool_calls=(),
-        tool_call_id=None, attachments=(), metadata={}, content_hash=f"h-{content}",
-    )  # fmt: skip
 
 
 def test_migrations_plan_then_apply(tmp_path: Path) -> None:
