@@ -140,7 +140,7 @@ def scale(dsn: str, rows: int) -> None:
             start = time.perf_counter()
             store.search("scale", terms, limit=100)
             times.append(time.perf_counter() - start)
-        counts = store._lexical._term_rows(store._query, "scale", terms, 0.0, rows=rows, fresh=True)
+        counts = store._lexical._term_rows(store._query, "scale", terms, 0.0, rows=rows, stamp=-1)
         held = "+".join(str(counts[t][0]) for t in terms)
         print(
             f"| {name} | {held} | {1000 * statistics.median(times):.1f} ms | "
