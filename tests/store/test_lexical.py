@@ -243,7 +243,9 @@ def test_a_scoped_search_is_the_tenants_ranking_filtered_to_the_scope(
 ) -> None:
     # SQLite checks a scoped search's matches against the scope's rowid list or by a look-up
     # of each match's row (SCOPE_LIST_PER_MATCH picks one: 0 always looks up, 10,000 always
-    # lists): either way, the scope's best `limit` of the tenant's own ranking, same scores.
+    # lists), or not at all when the scope's rows are all of its rowid range: either way, the
+    # scope's best `limit` of the tenant's own ranking, same scores, among the scope's newest
+    # row_budget(limit) matches.
     if session is None and user is None:
         return
     store = SQLiteStore(":memory:")
@@ -253,15 +255,43 @@ def test_a_scoped_search_is_the_tenants_ranking_filtered_to_the_scope(
             w.insert(dataclasses.replace(memory, session=row_session, user=row_user))
     scope = ReadScope(kind="user" if session is None else "session", session=session, user=user)
     everything = store.search("t", terms, limit=1000)
-    expected = [
-        (m.id, score)
+    in_scope = [
+        (m, score)
         for m, score in everything
         if (session is None or m.session == session) and (user is None or m.user == user)
-    ][:limit]
+    ]
+    budget = sqlite_module.row_budget(limit)
+    if len(in_scope) > budget:  # only the scope's newest `budget` matches are ranked
+        floor = sorted((m.rowid for m, _ in in_scope), reverse=True)[budget - 1]
+        in_scope = [(m, score) for m, score in in_scope if m.rowid >= floor]
+    expected = [(m.id, score) for m, score in in_scope][:limit]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sqlite_module, "SCOPE_LIST_PER_MATCH", per_match)
         found = store.search("t", terms, limit=limit, scope=scope)
     assert [(m.id, score) for m, score in found] == expected
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_scoped_search_ranks_the_scopes_newest_budget_of_matches(
+    store: Store, interleaved: bool
+) -> None:
+    """A session of 62 matches, searched for one result (a budget of 20 matching rows): the
+    best of its newest 20 matches is found, not the equal match that ranks first over the
+    whole session, which is older. Alone in its rowid range or interleaved with another
+    session's rows, on both backends."""
+    with store.write() as w:
+        w.insert(_memory("old-best", "kafka kafka lag"))  # the best match (and its twin, newest)
+        for i in range(60):
+            w.insert(_memory(f"k{i}", f"kafka broker number {i} restarted after the lag spike"))
+            if interleaved:
+                w.insert(dataclasses.replace(_memory(f"o{i}", "kafka lag elsewhere"), session="o"))
+        w.insert(_memory("new-best", "kafka kafka lag"))
+    scope = ReadScope(kind="session", session="s")
+    assert sqlite_module.row_budget(1) == 20
+    [(found, _)] = store.search("t", ["kafka", "lag"], limit=1, scope=scope)
+    assert found.id == "new-best"
+    unscoped = store.search("t", ["kafka", "lag"], limit=200)
+    assert [m.id for m, _ in unscoped[:2]] == ["old-best", "new-best"]  # ties: older first
 
 
 @pytest.mark.postgres

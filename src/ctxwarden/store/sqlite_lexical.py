@@ -187,7 +187,7 @@ class SQLiteLexical(TenantLexical):
         if scope_filter:  # every match of the scope ranked: no bound by the newest rows
             expected = sum(frequency[q] for q in quoted)
             return self._search_scope(
-                tenant, match, limit, scope_filter, scope_params, known, expected
+                tenant, match, limit, scope_filter, scope_params, known, expected, budget
             )
         floor = 0
         if any(frequency[q] >= COMMON_TERM_ROWS for q in quoted) or (
@@ -292,11 +292,20 @@ class SQLiteLexical(TenantLexical):
         scope_params: list[Any],
         known: Mapping[int, Memory] | None,
         expected: int = 0,
+        budget: int = SEARCH_ROW_BUDGET,
     ) -> list[tuple[Memory, float]]:
-        """:meth:`search` within a session's or an end user's memories: every match of the
-        scope ranked (never the tenant's newest budget, which may hold none of them), FTS5
-        bounded to the scope's rowid range (a live conversation's rows are a narrow range of
-        the store), then the best ``limit`` read.
+        """:meth:`search` within a session's or an end user's memories: the scope's newest
+        ``budget`` matches ranked (never the tenant's newest budget, which may hold none of
+        them), FTS5 bounded to the scope's rowid range (a live conversation's rows are a narrow
+        range of the store), then the best ``limit`` read.
+
+        The bound is the unscoped search's (and PostgreSQL's, which filters by the scope before
+        it): a scope of more rows than ``budget`` whose terms may match more (``expected``)
+        has the rowid of its ``budget``-th newest match found first (a walk of the newest
+        matches, ~0.3 us a row), and only the matches from there on are ranked. Until session
+        12 every match of the scope was ranked: a bot's one session of 10,000 messages of
+        common words cost ~14 ms a search, three searches an ``assemble``
+        (``bench/backends.py``).
 
         A match in the range is kept if its rowid is in the scope: checked against the list
         of the scope's rowids (read from an index, ~0.1 us a row; ``+rowid`` keeps FTS5 from
@@ -312,20 +321,34 @@ class SQLiteLexical(TenantLexical):
         )[0]
         if lo is None:
             return []
-        if size <= SCOPE_LIST_PER_MATCH * expected:
+        keep_params: list[Any] = [tenant, *scope_params]
+        join = ""
+        if hi - lo + 1 == size:
+            # Every rowid of the range is one of the scope's rows (a conversation written
+            # alone: one bot's session, an agent's run): no other row can match in it.
+            keep, keep_params = "1", []
+        elif size <= SCOPE_LIST_PER_MATCH * expected:
             keep = (
                 "+memories_fts.rowid IN (SELECT rowid FROM memories "
                 f"WHERE tenant = ?{scope_filter})"
             )
-            join = ""
         else:
             keep = f"m.tenant = ?{scope_filter.replace(' AND ', ' AND m.')}"
             join = "JOIN memories m ON m.rowid = memories_fts.rowid "
+        if size > budget and expected > budget:
+            newest = self._query(
+                f"SELECT memories_fts.rowid FROM memories_fts {join}"
+                "WHERE memories_fts MATCH ? AND memories_fts.rowid BETWEEN ? AND ? "
+                f"AND {keep} ORDER BY memories_fts.rowid DESC LIMIT 1 OFFSET ?",
+                [match, lo, hi, *keep_params, budget - 1],
+            )
+            if newest:
+                lo = int(newest[0][0])
         ranked = self._query(
             f"SELECT memories_fts.rowid, bm25(memories_fts) AS score FROM memories_fts {join}"
             "WHERE memories_fts MATCH ? AND memories_fts.rowid BETWEEN ? AND ? "
             f"AND {keep} ORDER BY score, memories_fts.rowid LIMIT ?",
-            [match, lo, hi, tenant, *scope_params, limit],
+            [match, lo, hi, *keep_params, limit],
         )
         rank: dict[int, float] = dict(ranked)
         rows = self._memories_at(list(rank), known, tenant)
