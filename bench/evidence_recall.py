@@ -611,7 +611,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
-    embed = args.embed or EngineConfig().embed
+    # --embedder none turns embedding off (as run() does), whatever --embed says
+    embed = "off" if args.embedder == "none" else (args.embed or EngineConfig().embed)
     changes = dict(item.split("=", 1) for item in args.weights.split(",") if item)
     retrieval = RetrievalWeights(
         **{k: type(getattr(RetrievalWeights(), k))(float(v)) for k, v in changes.items()}
