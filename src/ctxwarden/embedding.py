@@ -86,7 +86,9 @@ def fold_in_store(
     progress: Callable[[int], None] | None,
 ) -> SemanticReport:
     """Layer C over ``memories`` with the store's vectors of ``model``: each memory against the
-    earlier ones of its channel and author in the window; a fold merges (unless ``dry_run``)."""
+    earlier ones of its channel and author in the window; a fold merges (unless ``dry_run``).
+    A ``config`` without a threshold folds at the line measured for ``model``
+    (:func:`~ctxwarden.semantic.for_model`)."""
 
     def window(memory: Memory, since: float) -> list[tuple[Memory, npt.NDArray[np.float32]]]:
         return store.vector_window(
@@ -111,7 +113,11 @@ def fold_in_store(
             )
 
     return fold_semantic(
-        memories, window, config, merge=None if dry_run else merge, progress=progress
+        memories,
+        window,
+        for_model(config, model),
+        merge=None if dry_run else merge,
+        progress=progress,
     )
 
 
@@ -442,7 +448,7 @@ class Embeddings:
             self.store,
             memories,
             model,
-            for_model(config or self.config.semantic, model),
+            config or self.config.semantic,
             clock=self.clock,
             flush_log=self.flush_log,
             dry_run=dry_run,

@@ -227,7 +227,10 @@ _WORDS = ("alpha", "beta", "gamma", "delta", "kafka", "lunch")
         min_size=1,
         max_size=40,
     ),
-    terms=st.lists(st.sampled_from(_WORDS), min_size=1, max_size=3, unique=True),
+    # Two terms at most: a search keeps its two rarest terms whatever its budget, so the
+    # reference (limit 1,000) and the scoped search (a smaller budget) search the same terms;
+    # with three, the scoped search may leave the commonest out and score without it.
+    terms=st.lists(st.sampled_from(_WORDS), min_size=1, max_size=2, unique=True),
     session=st.sampled_from((None, "s1", "s2")),
     user=st.sampled_from((None, "ana", "bo")),
     limit=st.integers(min_value=1, max_value=12),
@@ -271,14 +274,15 @@ def test_a_scoped_search_is_the_tenants_ranking_filtered_to_the_scope(
     assert [(m.id, score) for m, score in found] == expected
 
 
-@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize(("interleaved", "shared"), [(False, False), (True, False), (True, True)])
 def test_a_scoped_search_ranks_the_scopes_newest_budget_of_matches(
-    store: Store, interleaved: bool
+    store: Store, interleaved: bool, shared: bool
 ) -> None:
     """A session of 62 matches, searched for one result (a budget of 20 matching rows): the
     best of its newest 20 matches is found, not the equal match that ranks first over the
     whole session, which is older. Alone in its rowid range or interleaved with another
-    session's rows, on both backends."""
+    session's rows, in a store of one tenant or shared with another (SQLite's tenant-own
+    ranking), on both backends."""
     with store.write() as w:
         w.insert(_memory("old-best", "kafka kafka lag"))  # the best match (and its twin, newest)
         for i in range(60):
@@ -286,6 +290,8 @@ def test_a_scoped_search_ranks_the_scopes_newest_budget_of_matches(
             if interleaved:
                 w.insert(dataclasses.replace(_memory(f"o{i}", "kafka lag elsewhere"), session="o"))
         w.insert(_memory("new-best", "kafka kafka lag"))
+        if shared:
+            w.insert(_memory("theirs", "kafka lag", tenant="u"))
     scope = ReadScope(kind="session", session="s")
     assert sqlite_module.row_budget(1) == 20
     [(found, _)] = store.search("t", ["kafka", "lag"], limit=1, scope=scope)

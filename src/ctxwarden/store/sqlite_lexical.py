@@ -184,7 +184,7 @@ class SQLiteLexical(TenantLexical):
             return []
         match = " OR ".join(quoted)
         scope_filter, scope_params = scope_sql(scope)
-        if scope_filter:  # every match of the scope ranked: no bound by the newest rows
+        if scope_filter:  # the scope's own newest matches are the bound (_search_scope)
             expected = sum(frequency[q] for q in quoted)
             return self._search_scope(
                 tenant, match, limit, scope_filter, scope_params, known, expected, budget
@@ -277,10 +277,9 @@ class SQLiteLexical(TenantLexical):
         kept = [q for q in kept if frequency[q]]
         if not kept:
             return []
-        # A scope ranks every match of its own rows, as _search_scope does.
-        bound = budget if scope is None or scope_sql(scope)[0] == "" else None
+        # The newest `budget` matches, of the scope's rows when scoped (as _search_scope).
         return self.rank_tenant(
-            tenant, kept, frequency, rows, mean_length, bound, limit, scope, known, stamp
+            tenant, kept, frequency, rows, mean_length, budget, limit, scope, known, stamp
         )
 
     def _search_scope(
