@@ -421,6 +421,7 @@ def test_backends(capsys: pytest.CaptureFixture[str], pg_schema_dsn: str) -> Non
         "ingest 50 (500/call)",
         "assemble at 50: p50 / p99",
         "assemble with a query at 50: p50 / p99",
+        "the same, another process: p50 / p99",
         "ingest 1 record/call",
         "2 processes, 1 record/call",
     ]

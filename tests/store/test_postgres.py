@@ -210,3 +210,25 @@ def test_a_grown_table_is_analysed_so_lookups_use_their_index(pg_schema_dsn: str
         )
     assert "memories_exact" in plan
     store.close()
+
+
+def test_a_word_search_is_planned_for_its_own_terms_every_time(pg_schema_dsn: str) -> None:
+    """psycopg prepares a statement on its sixth run on a connection, and the server may then
+    run one generic plan for any values. For the word search that plan ranked a large scope's
+    matches ~4x slower, so the search is never prepared (the server plans each run for its
+    terms and bounds), while other reads still are."""
+    from ctxwarden.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_schema_dsn, min_size=1, max_size=1)  # one connection to look at
+    with store.write() as w:
+        for i in range(40):
+            w.insert(_memory(f"m{i}", f"budget review {i} with the design team"))
+    for word in ("budget", "review", "design", "team", "budget", "review", "design", "team"):
+        assert store.search("t", [word], limit=5)
+    for _ in range(8):
+        store.get("t", "m1")
+    with store._pool.connection() as conn:
+        prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
+    assert prepared  # the other reads are prepared: the check can see a prepared statement
+    assert not [s for s in prepared if "ts_rank_cd" in s]
+    store.close()

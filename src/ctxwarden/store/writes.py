@@ -55,9 +55,11 @@ def access_bump(greatest: str) -> str:
         "ON CONFLICT (memory_rowid) DO UPDATE SET "
         "access_count = memory_access.access_count + 1, "
         "last_accessed_at = excluded.last_accessed_at, "
-        "access_score = memory_access.access_score * exp(-"
+        # The exponent is kept at -700 or above: PostgreSQL's exp raises an underflow error
+        # past about -745 (a gap of ~14 years at a week's tau) where SQLite gives 0.
+        f"access_score = memory_access.access_score * exp({greatest}(-700.0, -"
         f"{greatest}(0.0, excluded.access_score_at - coalesce(memory_access.access_score_at, "
-        f"excluded.access_score_at)) / {ACCESS_TAU_SECONDS!r}) + 1.0, "
+        f"excluded.access_score_at)) / {ACCESS_TAU_SECONDS!r})) + 1.0, "
         "access_score_at = excluded.access_score_at, "
         "included_tokens_total = memory_access.included_tokens_total "
         "+ excluded.included_tokens_total"
