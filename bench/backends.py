@@ -7,8 +7,7 @@ Without ``--dsn`` it starts a throw-away PostgreSQL 18 + pgvector from the ``emb
 package (scripts/pg.py; fsync off, so commits are cheaper than on a durable server). Rows: batch
 ingest (500 records a call), ``--singles`` one-record ingest calls, assemble p50/p99 (8,000-token
 budget, o200k, 40-word messages, with the inclusion log write; no query, then a query of three
-of the messages' words: word searches and neighbours, no vectors; the same from a second
-process, as a server reads what another process stored), and ``--procs`` processes
+of the messages' words: word searches and neighbours, no vectors), and ``--procs`` processes
 ingesting one record a call into one database at once (SQLite: one writer at a time behind its
 busy timeout).
 """
@@ -23,7 +22,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from assemble import WORDS, fmt, history, timed
@@ -38,32 +36,6 @@ def _worker(target: str, p: int, n: int) -> None:
         record["session"] = f"conc{p}"
         engine.ingest([record])
     engine.close()
-
-
-def _query_assembles(target: str, session: str, n: int, runs: int, out: Any) -> None:
-    engine = Engine.open(target, config=EngineConfig(embed="off"))
-    rng = random.Random(n + 1)
-    out.put(
-        timed(
-            lambda: engine.assemble(
-                session=session, model="gpt-4o", budget=8000, query=" ".join(rng.sample(WORDS, 3))
-            ),
-            runs,
-        )
-    )
-    engine.close()
-
-
-def elsewhere(target: str, session: str, n: int, runs: int) -> tuple[float, float]:
-    """p50 / p99 of ``assemble`` with a query in a process of its own (a new store, its own
-    connections): on PostgreSQL a statement's cached plans are per connection."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    worker = ctx.Process(target=_query_assembles, args=(target, session, n, runs, out))
-    worker.start()
-    p50, p99 = out.get(timeout=600)
-    worker.join()
-    return p50, p99
 
 
 def concurrent(target: str, procs: int, n: int) -> float:
@@ -104,8 +76,6 @@ def run(
             runs,
         )
         out[f"assemble with a query at {n:,}: p50 / p99"] = f"{fmt(p50)} / {fmt(p99)}"
-        p50, p99 = elsewhere(target, session, n, runs)
-        out["the same, another process: p50 / p99"] = f"{fmt(p50)} / {fmt(p99)}"
     records = history(singles, seed=3)
     start = time.perf_counter()
     for i, record in enumerate(records):

@@ -421,11 +421,22 @@ def test_backends(capsys: pytest.CaptureFixture[str], pg_schema_dsn: str) -> Non
         "ingest 50 (500/call)",
         "assemble at 50: p50 / p99",
         "assemble with a query at 50: p50 / p99",
-        "the same, another process: p50 / p99",
         "ingest 1 record/call",
         "2 processes, 1 record/call",
     ]
     assert all(cell.endswith(("rec/s", "ms", "us")) for row in rows[2:] for cell in row[1:])
+
+
+@pytest.mark.postgres
+def test_pg_search_plans(capsys: pytest.CaptureFixture[str], pg_schema_dsn: str) -> None:
+    rows = _rows(_run(capsys, "pg_search_plans", "--size 60 --queries 3 --runs 2", "--dsn",
+                      pg_schema_dsn))  # fmt: skip
+    assert rows[0] == ["statement", "p50"]
+    assert [row[0] for row in rows[2:]] == [
+        "word search at 60, as the store runs it (planned for its values)",
+        "word search at 60, prepared, on the generic plan",
+    ]
+    assert all(row[1].endswith(("ms", "us")) for row in rows[2:])
 
 
 # -- benches newer than this file's branch (main after the 'semantic' and 'attachments' merges) --
