@@ -304,17 +304,11 @@ def test_a_memory_included_again_after_centuries_scores_one(store: Store) -> Non
     clock jumped (a replay of old logs, a test's clock at 0) must still log its contexts."""
     with store.write() as w:
         a = w.insert(_memory("a"))
-    for n, at in enumerate((0.0, 1000 * 365 * 86400.0)):
-        store.log_context(
-            ContextLog(
-                id=f"ctx{n}", tenant="t", session="s", created_at=at, model="m", tokenizer="x",
-                exact=True, cap=100, tokens=5, blocks={},
-                inclusions=[Inclusion(rowid=a, id="a", block="recent", tokens=5)],
-            )
-        )  # fmt: skip
+    _log(store, "ctx0", 0.0, (a, "a", 5))
+    _log(store, "ctx1", 1000 * 365 * 86400.0, (a, "a", 5))
     memory = store.get("t", "a")
     assert (memory.access_count, memory.access_score) == (2, pytest.approx(1.0))
-    assert store.inclusions("ctx1") == [{"memory_id": "a", "block": "recent", "tokens": 5}]
+    assert store.inclusions("ctx1") == [{"memory_id": "a", "block": "related", "tokens": 5}]
 
 
 # -- access stats (migration 8: the narrow memory_access table) -------------------------------
