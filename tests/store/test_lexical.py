@@ -302,11 +302,12 @@ def test_a_scoped_search_ranks_the_scopes_newest_budget_of_matches(
 
 @pytest.mark.postgres
 def test_postgres_counts_a_small_tenants_terms_again_only_after_a_row_is_added(
-    pg_schema_dsn: str,
+    pg_schema_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tenant under FRESH_ROWS reuses its statistics while the store's newest row is the
     same (three searches of one assemble count each term once), and counts them again once a
     row is added, so a new row's words weigh what they now do."""
+    from ctxwarden.store import pg_lexical
     from ctxwarden.store.pg_lexical import Lexical
     from ctxwarden.store.postgres import PostgresStore
 
@@ -344,5 +345,13 @@ def test_postgres_counts_a_small_tenants_terms_again_only_after_a_row_is_added(
         second = idfs()
         assert counted() == 2
         assert second["kafka"] < first["kafka"]  # seven of thirteen rows now hold it
+        stamps = sum("max(rowid)" in sql for sql in ran)
+        assert stamps == 4  # one probe a search of a small tenant
+        # A tenant of FRESH_ROWS or more keeps its statistics by time alone: no probe.
+        monkeypatch.setattr(pg_lexical, "FRESH_ROWS", 10)
+        lexical = Lexical()
+        idfs()  # counts: 13 rows now make a large tenant
+        idfs()
+        assert sum("max(rowid)" in sql for sql in ran) == stamps + 1  # the first search only
     finally:
         store.close()

@@ -34,8 +34,8 @@ Statistics are cached in the process (at most :data:`CACHE_ENTRIES` entries). A 
 :data:`FRESH_ROWS` rows or more reuses ``N``, ``avg|d|`` and each ``n(t)`` for
 :data:`STATS_TTL_SECONDS`, so a growing store is re-measured every ten minutes at most. A
 smaller tenant reuses them only while no row was added to the table since they were measured
-(its ``max(rowid)``, one index probe a search: the store's change stamp, as SQLite's data
-version is) and for :data:`STAMPED_TTL_SECONDS` at most, which bounds how long another
+(its ``max(rowid)``, one index probe a search of such a tenant: the store's change stamp, as
+SQLite's data version is) and for :data:`STAMPED_TTL_SECONDS` at most, which bounds how long another
 process's deletes and edits (which the stamp does not see) can shift a weight. They were read
 at every search: bounded counts, but at 10,000 rows of common words ~20 ms a search, three
 searches an ``assemble`` (docs/postgres.md). Only the weights can be stale: which rows match
@@ -141,7 +141,11 @@ class Lexical:
         if not unique or limit < 1:
             return None
         now = time.monotonic()
-        stamp = int(query(_STAMP, {})[0][0])
+        cached = self._tenants.get(tenant)
+        # The stamp is read only for a tenant whose statistics it keeps (under FRESH_ROWS at
+        # its last count); -1 never matches one, so a tenant that shrank counts again.
+        large = cached is not None and cached[0] >= FRESH_ROWS
+        stamp = -1 if large else int(query(_STAMP, {})[0][0])
         rows, mean_length = self._tenant(query, tenant, now, stamp)
         if rows == 0:
             return None
